@@ -1,0 +1,143 @@
+"""Generate ``conf/grpo_trainer.yaml`` and ``docs/configuration.md`` from the schema.
+
+    python -m grpo_dist.config.docgen          # rewrite both files
+    python -m grpo_dist.config.docgen --check  # exit 1 if either is out of date (used by the tests)
+
+The schema dataclasses hold the defaults and help texts; these files are views of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import MISSING, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_dist.config.loader import CONF_DIR, SCHEMA_NAME
+from grpo_dist.config.schema import INTERPOLATED_HELP, VERL_DEFAULT_DIFFERENCES, GRPOConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+YAML_PATH = CONF_DIR / "grpo_trainer.yaml"
+DOC_PATH = ROOT / "docs" / "configuration.md"
+
+
+def _default(f: Any) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    raise AssertionError(f"field {f.name} has no default")
+
+
+def _yaml_scalar(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    s = str(v)
+    if s == "" or any(c in s for c in ":#{}[],&*?|<>=!%@`'\"") or s.strip() != s:
+        return "'" + s.replace("'", "''") + "'"
+    return s
+
+
+def _help(f: Any, key: str) -> str:
+    return f.metadata.get("help") or INTERPOLATED_HELP.get(key, "")
+
+
+def _walk(cls: type, prefix: str = ""):
+    """Yield ("section", key, help, depth) and ("leaf", key, field, depth) in declaration order."""
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        depth = key.count(".")
+        val = _default(f)
+        if is_dataclass(val):
+            yield "section", key, f.metadata.get("help", ""), depth
+            yield from _walk(type(val), key + ".")
+        else:
+            yield "leaf", key, f, depth
+
+
+def render_yaml() -> str:
+    lines = [
+        "# grpo_dist trainer configuration: verl's key tree.",
+        "# GENERATED from grpo_dist/config/schema.py by `python -m grpo_dist.config.docgen`; do not edit by hand.",
+        "# Override any key on the command line, e.g.:",
+        "#   python -m grpo_dist.main data.train_batch_size=64 actor_rollout_ref.rollout.n=8",
+        "defaults:",
+        f"  - {SCHEMA_NAME}",
+        "  - _self_",
+        "",
+    ]
+    for kind, key, payload, depth in _walk(GRPOConfig):
+        ind = "  " * depth
+        name = key.rsplit(".", 1)[-1]
+        if kind == "section":
+            if depth == 0:
+                lines.append("")
+            lines.append(f"{ind}{name}:  # {payload}")
+        else:
+            f = payload
+            val = _default(f)
+            lines.append(f"{ind}{name}: {_yaml_scalar(val)}  # {_help(f, key)}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_doc() -> str:
+    out = [
+        "# Configuration reference",
+        "",
+        "<!-- GENERATED from grpo_dist/config/schema.py by `python -m grpo_dist.config.docgen`; do not edit by hand. -->",
+        "",
+        "grpo_dist reads verl's key tree. Every key below can be overridden on the command line",
+        "(`python -m grpo_dist.main key=value ...`); `python -m grpo_dist.main --cfg job` prints the",
+        "composed configuration. An unknown key, a value of the wrong type, or a combination that",
+        "cannot work stops the run before any process starts, with a message naming the key.",
+        "",
+    ]
+    for kind, key, payload, depth in _walk(GRPOConfig):
+        if kind == "section":
+            out += ["", f"{'#' * min(depth + 2, 4)} `{key}`", "", payload, "", "| key | default | meaning |", "| --- | --- | --- |"]
+        else:
+            f = payload
+            default = _yaml_scalar(_default(f)).replace("|", "\\|")
+            out.append(f"| `{key}` | `{default}` | {_help(f, key).replace('|', '/')} |")
+    out += [
+        "",
+        "## Defaults that differ from verl's",
+        "",
+        "The no-argument run is the embedded CPU job, so a few defaults differ from verl's",
+        "`ppo_trainer.yaml`. A recipe that sets these keys explicitly trains the same way.",
+        "",
+        "| key | why |",
+        "| --- | --- |",
+    ]
+    out += [f"| `{k}` | {v} |" for k, v in VERL_DEFAULT_DIFFERENCES.items()]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="fail if the generated files are out of date")
+    args = ap.parse_args(argv)
+    stale = []
+    for path, text in ((YAML_PATH, render_yaml()), (DOC_PATH, render_doc())):
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print("out of date (run `python -m grpo_dist.config.docgen`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

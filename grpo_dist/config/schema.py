@@ -1,0 +1,306 @@
+"""The configuration schema: verl's key tree as typed dataclasses.
+
+This module is the single source of every default. ``conf/grpo_trainer.yaml`` and
+``docs/configuration.md`` are generated from it (``python -m grpo_dist.config.docgen``) and a
+test keeps them in step, so a default can never be written in two places that drift.
+
+Each field carries its one-line help text in ``metadata["help"]``; the generator writes it as the
+YAML comment. Defaults follow verl's ``ppo_trainer.yaml`` except where the no-argument run must be
+the embedded CPU job (data files, model, sizes, estimator, KL loss, device, logger); those
+differences are listed in ``VERL_DEFAULT_DIFFERENCES`` and in the generated reference.
+
+Cross-key rules (divisibility, ranges, files that must exist) live in ``validate.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from omegaconf import II
+
+# Where the embedded default task and model live (built on first use, see grpo_dist.tasks).
+BUILTIN_PREFIX = "builtin:"
+
+
+def F(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - mirrors argparse's name
+    """A dataclass field with a default and its one-line help text."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def S(cls: type, help: str) -> Any:
+    """A nested config section."""
+    return field(default_factory=cls, metadata={"help": help})
+
+
+# --------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------
+@dataclass
+class DataConfig:
+    tokenizer: Optional[str] = F(None, "tokenizer path; null = the model's own (actor_rollout_ref.model.path)")
+    train_files: Any = F(
+        "builtin:reverse/train",
+        "training prompts: a parquet/jsonl path or a list of them, in verl's row format ('builtin:' = embedded task)",
+    )
+    val_files: Any = F(
+        "builtin:reverse/test",
+        "validation prompts: a parquet/jsonl path or list; null = no validation",
+    )
+    prompt_key: str = F("prompt", "column holding the prompt (a list of chat messages, or a string)")
+    reward_fn_key: str = F("data_source", "column that selects the rule-based scorer for a row")
+    max_prompt_length: int = F(64, "longest prompt in tokens (after the chat template)")
+    max_response_length: int = F(24, "longest response in tokens")
+    train_batch_size: int = F(32, "prompts per training step; responses per step = train_batch_size x rollout.n")
+    val_batch_size: Optional[int] = F(None, "prompts per validation batch; null = the whole validation set at once")
+    shuffle: bool = F(True, "shuffle the training prompts every epoch (seeded by data.seed)")
+    seed: int = F(42, "seed of the prompt shuffling")
+    filter_overlong_prompts: bool = F(False, "drop prompts longer than max_prompt_length instead of applying truncation")
+    truncation: str = F("error", "prompt longer than max_prompt_length: error | left | right | middle")
+    skip_bad_rows: bool = F(False, "skip malformed data rows (and count them) instead of stopping with an error")
+    return_raw_chat: bool = F(False, "keep the raw chat messages in the batch (verl compatibility; unused here)")
+
+
+# --------------------------------------------------------------------------------------------
+# actor_rollout_ref
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    path: str = F("builtin:tiny-reverse", "Hugging Face model directory (or hub-cache name) of the policy and reference")
+    enable_gradient_checkpointing: bool = F(True, "recompute activations in the backward pass to save memory")
+    use_remove_padding: bool = F(False, "pack sequences without padding (accepted for verl compatibility; padded path used)")
+    trust_remote_code: bool = F(False, "allow the model directory's own Python code to run when loading it")
+    attn_implementation: str = F("auto", "attention kernel: auto (sdpa, or flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = F(5e-4, "peak learning rate of AdamW")
+    weight_decay: float = F(0.01, "AdamW weight decay")
+    betas: List[float] = F([0.9, 0.999], "AdamW betas")
+    lr_warmup_steps: int = F(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio")
+    lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
+    lr_scheduler_type: str = F("constant", "schedule after warm-up: constant | cosine")
+    min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
+    total_training_steps: int = F(-1, "set by the trainer from the data and trainer.total_epochs; -1 = derive")
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = F(False, "keep parameters in CPU memory between uses")
+    optimizer_offload: bool = F(False, "keep optimizer state in CPU memory")
+    reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
+    model_dtype: str = F("float32", "dtype of the master weights: float32 | bfloat16")
+    dtype: str = F("auto", "compute (mixed-precision) dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+
+
+@dataclass
+class CheckpointConfig:
+    contents: List[str] = F(["model", "optimizer", "extra"], "what a checkpoint holds: model, optimizer, extra (schedule, RNG, data position), hf_model")
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = F("fsdp2", "training backend: fsdp2 (fsdp is accepted as an alias)")
+    ppo_mini_batch_size: int = F(16, "prompts per optimizer step (x rollout.n responses); a global size over all ranks")
+    ppo_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
+    )
+    use_dynamic_bsz: bool = F(False, "cut micro-batches by token budget (ppo_max_token_len_per_gpu) instead of by count")
+    ppo_max_token_len_per_gpu: int = F(16384, "token budget of one micro-batch when use_dynamic_bsz is on")
+    ppo_epochs: int = F(1, "passes over each step's responses")
+    shuffle: bool = F(False, "shuffle responses before cutting them into mini-batches (seeded)")
+    clip_ratio: float = F(0.2, "PPO clip range epsilon (both sides unless clip_ratio_low/high are set)")
+    clip_ratio_low: Optional[float] = F(None, "lower clip range; null = clip_ratio")
+    clip_ratio_high: Optional[float] = F(None, "upper clip range (clip-higher); null = clip_ratio")
+    clip_ratio_c: float = F(3.0, "dual-clip constant bounding the loss of negative-advantage tokens; must be > 1")
+    loss_agg_mode: str = F(
+        "token-mean", "loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)"
+    )
+    entropy_coeff: float = F(0.0, "entropy bonus coefficient")
+    use_kl_loss: bool = F(True, "add beta x KL(policy || reference) to the loss (GRPO); needs the reference model")
+    kl_loss_coef: float = F(0.001, "beta, the coefficient of the KL loss")
+    kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3) | full")
+    grad_clip: float = F(1.0, "clip the global gradient norm to this value")
+    optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
+    fsdp_config: FSDPConfig = S(FSDPConfig, "FSDP2 sharding and precision")
+    checkpoint: CheckpointConfig = S(CheckpointConfig, "checkpoint contents")
+
+
+@dataclass
+class RefFSDPConfig:
+    param_offload: bool = F(False, "keep the reference model's parameters in CPU memory between uses")
+    reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass")
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per reference forward on one rank; null = all at once")
+    log_prob_use_dynamic_bsz: bool = F(False, "cut reference forwards by token budget")
+    log_prob_max_token_len_per_gpu: int = F(16384, "token budget of one reference forward")
+    fsdp_config: RefFSDPConfig = S(RefFSDPConfig, "FSDP2 settings of the reference model")
+
+
+@dataclass
+class ValKwargsConfig:
+    n: int = F(1, "samples per validation prompt")
+    temperature: float = F(0.0, "validation sampling temperature (0 = greedy)")
+    top_p: float = F(1.0, "validation nucleus sampling")
+    top_k: int = F(-1, "validation top-k (-1 = off)")
+    do_sample: bool = F(False, "sample during validation (false = greedy)")
+
+
+@dataclass
+class RolloutConfig:
+    name: str = F("vllm", "rollout engine: vllm | hf (Hugging Face generate)")
+    mode: str = F("sync", "rollout mode (sync only)")
+    n: int = F(8, "responses sampled per prompt (the GRPO group size)")
+    temperature: float = F(1.0, "sampling temperature")
+    top_p: float = F(1.0, "nucleus sampling")
+    top_k: int = F(-1, "top-k sampling (-1 = off)")
+    do_sample: bool = F(True, "sample (false = greedy)")
+    prompt_length: int = II("data.max_prompt_length")
+    response_length: int = II("data.max_response_length")
+    dtype: str = F("auto", "engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    gpu_memory_utilization: float = F(0.5, "fraction of device memory the engine may take")
+    kv_cache_gib: float = F(1.0, "KV-cache size in GiB on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)")
+    tensor_model_parallel_size: int = F(1, "tensor-parallel ranks per rollout engine")
+    max_num_seqs: int = F(1024, "most sequences the engine batches at once")
+    max_num_batched_tokens: int = F(8192, "most tokens the engine schedules in one iteration")
+    max_model_len: Optional[int] = F(None, "engine context length; null = prompt_length + response_length")
+    enforce_eager: bool = F(True, "disable CUDA graphs in the engine")
+    free_cache_engine: bool = F(True, "release the engine's KV cache while the actor trains (where supported)")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per old-log-prob forward on one rank; null = all at once")
+    log_prob_use_dynamic_bsz: bool = F(False, "cut old-log-prob forwards by token budget")
+    log_prob_max_token_len_per_gpu: int = F(16384, "token budget of one old-log-prob forward")
+    seed: int = F(0, "engine sampling seed (each rollout rank adds its rank)")
+    val_kwargs: ValKwargsConfig = S(ValKwargsConfig, "sampling for validation")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = F(True, "colocate actor, reference and rollout of a rank on one device")
+    model: ModelConfig = S(ModelConfig, "the policy model")
+    actor: ActorConfig = S(ActorConfig, "the policy update")
+    ref: RefConfig = S(RefConfig, "the frozen reference policy (created only when a KL term is used)")
+    rollout: RolloutConfig = S(RolloutConfig, "response generation")
+
+
+# --------------------------------------------------------------------------------------------
+# algorithm, reward
+# --------------------------------------------------------------------------------------------
+@dataclass
+class KLCtrlConfig:
+    type: str = F("fixed", "KL-in-reward controller: fixed | adaptive")
+    kl_coef: float = F(0.001, "initial coefficient of the KL penalty in the reward")
+    horizon: int = F(10000, "adaptive controller horizon")
+    target_kl: float = F(0.1, "adaptive controller target KL")
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = F("grpo", "advantage estimator: grpo | grpo_process | rloo | reinforce_plus_plus | gae")
+    norm_adv_by_std_in_grpo: bool = F(True, "divide group-relative advantages by the group std (false = Dr. GRPO)")
+    gamma: float = F(1.0, "discount factor (gae, reinforce_plus_plus)")
+    lam: float = F(1.0, "GAE lambda")
+    use_kl_in_reward: bool = F(False, "subtract a KL penalty from the reward (PPO style) instead of/besides the KL loss")
+    kl_penalty: str = F("kl", "KL estimator of the in-reward penalty: kl | abs | mse | low_var_kl")
+    kl_ctrl: KLCtrlConfig = S(KLCtrlConfig, "coefficient control of the in-reward KL penalty")
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = F(False, "score with a learned reward model (not supported yet; rule-based scorers are used)")
+    reward_manager: str = F("naive", "how responses are scored: naive (one score per response) | prime (parallel, same result)")
+    num_workers: int = F(2, "processes scoring responses in parallel")
+    timeout_s: float = F(10.0, "time limit for scoring one response, in seconds")
+    on_error: str = F("raise", "a scorer that raises, hangs or returns a non-number: raise (stop, naming the sample) | zero (score 0, counted)")
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = F(None, "Python file defining the reward function (runs with the trainer's rights); null = built-in scorers")
+    name: str = F("compute_score", "function in that file: fn(data_source, solution_str, ground_truth, extra_info=None) -> float")
+
+
+# --------------------------------------------------------------------------------------------
+# trainer, ray
+# --------------------------------------------------------------------------------------------
+@dataclass
+class TrainerConfig:
+    total_epochs: int = F(30, "passes over the training data (total_training_steps, when set, wins)")
+    total_training_steps: Optional[int] = F(60, "training steps; null = total_epochs x steps per epoch")
+    project_name: str = F("grpo_dist", "project name (loggers, default output folder)")
+    experiment_name: str = F("reverse_tiny", "experiment name (loggers, default output folder)")
+    logger: List[str] = F(["console", "file"], "loggers: console | file (metrics.jsonl) | tensorboard | wandb")
+    nnodes: int = F(1, "nodes in the Ray cluster used for training")
+    n_gpus_per_node: int = F(1, "devices per node (with trainer.device=cpu: ranks per node)")
+    device: str = F("auto", "cuda | cpu | auto (cuda when available)")
+    save_freq: int = F(-1, "save a checkpoint every N steps (-1 = only at the end)")
+    test_freq: int = F(10, "validate every N steps (-1 = never during training)")
+    val_before_train: bool = F(True, "validate before the first step")
+    resume_mode: str = F("auto", "auto (latest checkpoint in default_local_dir) | disable | resume_path")
+    resume_from_path: Optional[str] = F(None, "checkpoint folder (global_step_N) for resume_mode=resume_path")
+    default_local_dir: str = F(
+        "checkpoints/${trainer.project_name}/${trainer.experiment_name}",
+        "output folder: checkpoints, metrics.jsonl, report",
+    )
+    max_actor_ckpt_to_keep: Optional[int] = F(None, "keep only the newest N checkpoints; null = all")
+    seed: int = F(1, "seed of model-side randomness (dropout, mini-batch shuffling)")
+    progress_bar: bool = F(True, "show a progress bar over training steps")
+
+
+@dataclass
+class RayInitConfig:
+    address: Optional[str] = F(None, "Ray cluster to attach to (or RAY_ADDRESS); null = start a local one")
+    num_cpus: Optional[int] = F(None, "CPUs of the local Ray instance; null = all")
+    include_dashboard: bool = F(False, "start Ray's dashboard (bound to 127.0.0.1) for a local instance")
+
+
+@dataclass
+class RayKwargsConfig:
+    ray_init: RayInitConfig = S(RayInitConfig, "ray.init arguments")
+
+
+@dataclass
+class GRPOConfig:
+    data: DataConfig = S(DataConfig, "prompt data")
+    actor_rollout_ref: ActorRolloutRefConfig = S(ActorRolloutRefConfig, "policy, reference and rollout")
+    algorithm: AlgorithmConfig = S(AlgorithmConfig, "advantage estimation and KL in reward")
+    reward_model: RewardModelConfig = S(RewardModelConfig, "reward scoring")
+    custom_reward_function: CustomRewardFunctionConfig = S(CustomRewardFunctionConfig, "a user-supplied reward function")
+    trainer: TrainerConfig = S(TrainerConfig, "the training loop")
+    ray_kwargs: RayKwargsConfig = S(RayKwargsConfig, "Ray")
+
+
+# Interpolated keys have no help metadata of their own (II cannot carry it); documented here.
+INTERPOLATED_HELP = {
+    "actor_rollout_ref.rollout.prompt_length": "longest prompt the engine sees (= data.max_prompt_length)",
+    "actor_rollout_ref.rollout.response_length": "longest response the engine samples (= data.max_response_length)",
+}
+
+# Keys whose default differs from verl's, and why. Shown in docs/configuration.md.
+VERL_DEFAULT_DIFFERENCES = {
+    "data.train_files": "the embedded task, so that the no-argument run works offline",
+    "data.val_files": "the embedded task's test split",
+    "data.max_prompt_length": "sized for the embedded task (verl: 512)",
+    "data.max_response_length": "sized for the embedded task (verl: 512)",
+    "data.train_batch_size": "sized for a 2-core CPU (verl: 1024)",
+    "actor_rollout_ref.model.path": "the embedded tiny model",
+    "actor_rollout_ref.actor.ppo_mini_batch_size": "sized for the embedded task (verl: 256)",
+    "actor_rollout_ref.actor.use_kl_loss": "on, as in the GRPO recipe (verl: false)",
+    "actor_rollout_ref.actor.optim.lr": "a tiny model needs a large step (verl: 1e-6)",
+    "actor_rollout_ref.actor.strategy": "FSDP2 is the only backend (verl: fsdp)",
+    "actor_rollout_ref.rollout.n": "a GRPO group (verl: 1)",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "one rank per engine (verl: 2)",
+    "algorithm.adv_estimator": "GRPO (verl: gae)",
+    "trainer.device": "auto-detect (verl: cuda)",
+    "trainer.n_gpus_per_node": "one device (verl: 8)",
+    "trainer.logger": "console and metrics.jsonl (verl: console, wandb)",
+    "trainer.total_training_steps": "the embedded job's length (verl: null)",
+    "trainer.test_freq": "validate every 10 steps (verl: -1)",
+    "trainer.project_name": "(verl: verl_examples)",
+    "trainer.experiment_name": "(verl: gsm8k)",
+}

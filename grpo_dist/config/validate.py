@@ -1,0 +1,253 @@
+"""Cross-key validation of a composed configuration, before any process starts.
+
+Every check raises ``ConfigError`` with one message naming the key, the value given and what
+would be valid. Nothing here loads a model, starts Ray or reads a data file beyond checking
+that it exists (checks that need the model or the data run later, in the trainer's set-up).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from grpo_dist.config.loader import ConfigError
+from grpo_dist.config.schema import BUILTIN_PREFIX, GRPOConfig
+
+ROLLOUT_NAMES = ("vllm", "hf")
+STRATEGIES = ("fsdp2", "fsdp")
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+LR_SCHEDULERS = ("constant", "cosine")
+KL_CTRL_TYPES = ("fixed", "adaptive")
+RESUME_MODES = ("auto", "disable", "resume_path")
+DEVICES = ("auto", "cpu", "cuda")
+LOGGERS = ("console", "file", "tensorboard", "wandb")
+REWARD_MANAGERS = ("naive", "prime")
+ON_ERROR = ("raise", "zero")
+DTYPES = ("float32", "bfloat16", "float16")
+ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
+CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+
+
+def _bad(key: str, value: Any, valid: str) -> ConfigError:
+    return ConfigError(f"{key} = {value!r} is not valid: {valid}")
+
+
+def _choice(key: str, value: Any, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise _bad(key, value, "expected one of " + ", ".join(choices))
+
+
+def _positive(key: str, value: float | int | None, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        raise _bad(key, value, "expected a number " + (">= 0" if allow_zero else "> 0"))
+
+
+def _freq(key: str, value: int) -> None:
+    if value != -1 and value <= 0:
+        raise _bad(key, value, "expected -1 (off) or a positive number of steps")
+
+
+def _paths(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _check_exists(key: str, value: Any, *, kind: str) -> None:
+    for p in _paths(value):
+        if p.startswith(BUILTIN_PREFIX):
+            from grpo_dist.tasks import builtin_names
+
+            names = builtin_names(kind)
+            if p[len(BUILTIN_PREFIX):] not in names:
+                raise _bad(key, p, f"the embedded {kind}s are " + ", ".join(BUILTIN_PREFIX + n for n in names))
+            continue
+        path = Path(os.path.expanduser(p))
+        if not path.exists():
+            parent = path.parent
+            hint = f" ({parent} exists)" if parent.is_dir() else f" (folder {parent} does not exist either)"
+            raise _bad(key, p, f"no such {'directory' if kind == 'model' else 'file'}{hint}")
+
+
+def data_parallel_size(cfg: GRPOConfig) -> int:
+    """Ranks of the actor: one per device over all nodes."""
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
+    """Raise ConfigError on the first problem found. Order: choices, ranges, sizes, paths."""
+    from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
+    from grpo_dist.core.kl import canonical_kl_kind
+    from grpo_dist.core.losses import LOSS_AGG_MODES
+
+    d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    actor, rollout, optim = arr.actor, arr.rollout, arr.actor.optim
+
+    # --- choices -----------------------------------------------------------------------------
+    if alg.adv_estimator not in list_adv_estimators():
+        raise _bad("algorithm.adv_estimator", alg.adv_estimator, "expected one of " + ", ".join(list_adv_estimators()))
+    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", alg.kl_penalty)):
+        try:
+            canonical_kl_kind(kind)
+        except ValueError as exc:
+            raise _bad(key, kind, str(exc)) from None
+    if canonical_kl_kind(alg.kl_penalty) == "full":
+        raise _bad("algorithm.kl_penalty", alg.kl_penalty, "the in-reward penalty needs a per-token estimator: kl, abs, mse or low_var_kl")
+    _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
+    _choice("actor_rollout_ref.rollout.mode", rollout.mode, ("sync",))
+    _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
+    _choice("data.truncation", d.truncation, TRUNCATION_MODES)
+    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULERS)
+    _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CTRL_TYPES)
+    _choice("trainer.resume_mode", tr.resume_mode, RESUME_MODES)
+    _choice("trainer.device", tr.device, DEVICES)
+    for lg in tr.logger:
+        _choice("trainer.logger", lg, LOGGERS)
+    _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    _choice("reward_model.on_error", cfg.reward_model.on_error, ON_ERROR)
+    if cfg.reward_model.enable:
+        raise _bad("reward_model.enable", True, "learned reward models are not supported yet; use rule-based scorers or custom_reward_function.path")
+    _choice("actor_rollout_ref.actor.fsdp_config.model_dtype", actor.fsdp_config.model_dtype, DTYPES)
+    for key, val in (
+        ("actor_rollout_ref.actor.fsdp_config.dtype", actor.fsdp_config.dtype),
+        ("actor_rollout_ref.rollout.dtype", rollout.dtype),
+    ):
+        _choice(key, val, ("auto",) + DTYPES)
+    _choice("actor_rollout_ref.model.attn_implementation", arr.model.attn_implementation, ATTN_IMPLS)
+    for c in actor.checkpoint.contents:
+        _choice("actor_rollout_ref.actor.checkpoint.contents", c, CKPT_CONTENTS)
+
+    # --- ranges ------------------------------------------------------------------------------
+    spec = get_adv_estimator(alg.adv_estimator)
+    if spec.group_based and rollout.n < 2:
+        raise _bad(
+            "actor_rollout_ref.rollout.n",
+            rollout.n,
+            f"algorithm.adv_estimator={alg.adv_estimator} compares responses within a group; set rollout.n >= 2",
+        )
+    if spec.needs_values:
+        raise _bad("algorithm.adv_estimator", alg.adv_estimator, "gae needs a critic, which grpo_dist does not train; use grpo, rloo or reinforce_plus_plus")
+    if rollout.n < 1:
+        raise _bad("actor_rollout_ref.rollout.n", rollout.n, "expected >= 1")
+    clip_low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
+    clip_high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
+    for key, val in (
+        ("actor_rollout_ref.actor.clip_ratio", actor.clip_ratio),
+        ("actor_rollout_ref.actor.clip_ratio_low", clip_low),
+        ("actor_rollout_ref.actor.clip_ratio_high", clip_high),
+    ):
+        _positive(key, val)
+    if clip_low >= 1:
+        raise _bad("actor_rollout_ref.actor.clip_ratio_low", clip_low, "expected a number in (0, 1): the ratio is clipped at 1 - clip_ratio_low")
+    if actor.clip_ratio_c <= 1:
+        raise _bad("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, "expected a number > 1 (dual-clip bound, verl's default 3.0)")
+    for key, val in (
+        ("actor_rollout_ref.actor.kl_loss_coef", actor.kl_loss_coef),
+        ("actor_rollout_ref.actor.entropy_coeff", actor.entropy_coeff),
+        ("algorithm.kl_ctrl.kl_coef", alg.kl_ctrl.kl_coef),
+        ("actor_rollout_ref.actor.optim.weight_decay", optim.weight_decay),
+        ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", optim.lr_warmup_steps_ratio),
+        ("actor_rollout_ref.actor.optim.min_lr_ratio", optim.min_lr_ratio),
+        ("actor_rollout_ref.rollout.temperature", rollout.temperature),
+        ("actor_rollout_ref.rollout.val_kwargs.temperature", rollout.val_kwargs.temperature),
+    ):
+        _positive(key, val, allow_zero=True)
+    for key, val in (
+        ("actor_rollout_ref.actor.optim.lr", optim.lr),
+        ("actor_rollout_ref.actor.grad_clip", actor.grad_clip),
+        ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
+        ("data.max_prompt_length", d.max_prompt_length),
+        ("data.max_response_length", d.max_response_length),
+        ("actor_rollout_ref.rollout.prompt_length", rollout.prompt_length),
+        ("actor_rollout_ref.rollout.response_length", rollout.response_length),
+        ("data.train_batch_size", d.train_batch_size),
+        ("data.val_batch_size", d.val_batch_size),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", rollout.log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", arr.ref.log_prob_micro_batch_size_per_gpu),
+        ("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n),
+        ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
+        ("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs),
+        ("actor_rollout_ref.rollout.kv_cache_gib", rollout.kv_cache_gib),
+        ("trainer.nnodes", tr.nnodes),
+        ("trainer.n_gpus_per_node", tr.n_gpus_per_node),
+        ("trainer.total_epochs", tr.total_epochs),
+        ("trainer.total_training_steps", tr.total_training_steps),
+        ("reward_model.timeout_s", cfg.reward_model.timeout_s),
+        ("reward_model.num_workers", cfg.reward_model.num_workers),
+        ("algorithm.kl_ctrl.horizon", alg.kl_ctrl.horizon),
+        ("algorithm.kl_ctrl.target_kl", alg.kl_ctrl.target_kl),
+    ):
+        _positive(key, val)
+    for key, val in (("actor_rollout_ref.rollout.top_p", rollout.top_p), ("actor_rollout_ref.rollout.val_kwargs.top_p", rollout.val_kwargs.top_p)):
+        if not 0 < val <= 1:
+            raise _bad(key, val, "expected a number in (0, 1]")
+    if not 0 <= alg.gamma <= 1 or not 0 <= alg.lam <= 1:
+        raise _bad("algorithm.gamma/lam", (alg.gamma, alg.lam), "expected numbers in [0, 1]")
+    if optim.min_lr_ratio > 1:
+        raise _bad("actor_rollout_ref.actor.optim.min_lr_ratio", optim.min_lr_ratio, "expected a number in [0, 1]")
+    if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
+        raise _bad("actor_rollout_ref.actor.optim.betas", list(optim.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+    _freq("trainer.save_freq", tr.save_freq)
+    _freq("trainer.test_freq", tr.test_freq)
+    if tr.resume_mode == "resume_path" and not tr.resume_from_path:
+        raise _bad("trainer.resume_from_path", tr.resume_from_path, "trainer.resume_mode=resume_path needs a checkpoint folder (…/global_step_N)")
+    if (tr.max_actor_ckpt_to_keep is not None) and tr.max_actor_ckpt_to_keep < 1:
+        raise _bad("trainer.max_actor_ckpt_to_keep", tr.max_actor_ckpt_to_keep, "expected null (keep all) or >= 1")
+
+    # --- batch sizes -------------------------------------------------------------------------
+    if d.train_batch_size % actor.ppo_mini_batch_size:
+        raise _bad(
+            "actor_rollout_ref.actor.ppo_mini_batch_size",
+            actor.ppo_mini_batch_size,
+            f"data.train_batch_size ({d.train_batch_size}) must be divisible by it; "
+            f"valid: {', '.join(str(x) for x in _divisors(d.train_batch_size))}",
+        )
+    if actor.ppo_mini_batch_size > d.train_batch_size:
+        raise _bad("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, f"expected <= data.train_batch_size ({d.train_batch_size})")
+    dp = data_parallel_size(cfg)
+    mini_responses = actor.ppo_mini_batch_size * rollout.n
+    micro = actor.ppo_micro_batch_size_per_gpu if not actor.use_dynamic_bsz else None
+    per_step = dp * (micro or 1)
+    if mini_responses % per_step:
+        what = f"{dp} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node)"
+        if micro:
+            what += f" x ppo_micro_batch_size_per_gpu {micro}"
+        raise _bad(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" if micro else "actor_rollout_ref.actor.ppo_mini_batch_size",
+            micro if micro else actor.ppo_mini_batch_size,
+            f"a mini-batch of ppo_mini_batch_size x rollout.n = {mini_responses} responses must split evenly over {what}",
+        )
+    if dp % rollout.tensor_model_parallel_size:
+        raise _bad(
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            rollout.tensor_model_parallel_size,
+            f"must divide the {dp} devices (trainer.nnodes x trainer.n_gpus_per_node)",
+        )
+
+    # --- paths -------------------------------------------------------------------------------
+    if check_paths:
+        _check_exists("actor_rollout_ref.model.path", arr.model.path, kind="model")
+        if d.tokenizer:
+            _check_exists("data.tokenizer", d.tokenizer, kind="model")
+        _check_exists("data.train_files", d.train_files, kind="data")
+        _check_exists("data.val_files", d.val_files, kind="data")
+        if not _paths(d.train_files):
+            raise _bad("data.train_files", d.train_files, "expected a parquet/jsonl path or a list of them")
+        if cfg.custom_reward_function.path:
+            _check_exists("custom_reward_function.path", cfg.custom_reward_function.path, kind="file")
+        if tr.resume_mode == "resume_path":
+            _check_exists("trainer.resume_from_path", tr.resume_from_path, kind="checkpoint")
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]

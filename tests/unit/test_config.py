@@ -1,0 +1,196 @@
+"""Configuration: composition, overrides, generated files in step, and every validation failure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_dist.config import docgen
+from grpo_dist.config.loader import ConfigError, all_keys, compose, to_typed
+from grpo_dist.config.validate import validate_config
+from grpo_dist.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(*overrides: str, check_paths: bool = True):
+    cfg = to_typed(compose(list(overrides)), list(overrides))
+    validate_config(cfg, check_paths=check_paths)
+    return cfg
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    return d
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    f = tmp_path / "train.parquet"
+    f.write_bytes(b"PAR1")
+    return f
+
+
+def test_defaults_compose_and_validate():
+    cfg = load()
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is True
+    # interpolations resolve to the data keys, as in verl
+    assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length
+    assert cfg.trainer.default_local_dir == "checkpoints/grpo_dist/reverse_tiny"
+
+
+def test_overrides_reach_typed_config():
+    cfg = load(
+        "actor_rollout_ref.rollout.n=4",
+        "data.max_response_length=17",
+        "actor_rollout_ref.actor.optim.betas=[0.8,0.9]",
+        "trainer.logger=[console]",
+    )
+    assert cfg.actor_rollout_ref.rollout.n == 4
+    assert cfg.actor_rollout_ref.rollout.response_length == 17
+    assert list(cfg.actor_rollout_ref.actor.optim.betas) == [0.8, 0.9]
+    assert list(cfg.trainer.logger) == ["console"]
+
+
+def test_generated_yaml_and_docs_are_in_step():
+    assert docgen.main(["--check"]) == 0, "run `python -m grpo_dist.config.docgen`"
+
+
+def test_every_key_is_documented_in_yaml_with_a_comment():
+    text = (ROOT / "conf" / "grpo_trainer.yaml").read_text()
+    for key in all_keys():
+        leaf = key.rsplit(".", 1)[-1]
+        lines = [ln for ln in text.splitlines() if ln.strip().startswith(leaf + ":")]
+        assert lines and all("# " in ln and ln.split("# ", 1)[1].strip() for ln in lines), key
+
+
+def test_required_verl_keys_exist():
+    keys = set(all_keys())
+    for k in [
+        "data.train_files", "data.val_files", "data.prompt_key", "data.max_prompt_length", "data.max_response_length",
+        "data.train_batch_size", "data.val_batch_size", "data.shuffle", "data.seed", "data.filter_overlong_prompts",
+        "data.truncation", "actor_rollout_ref.model.path", "actor_rollout_ref.model.enable_gradient_checkpointing",
+        "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.model.trust_remote_code",
+        "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.use_dynamic_bsz",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.actor.ppo_epochs",
+        "actor_rollout_ref.actor.shuffle", "actor_rollout_ref.actor.clip_ratio", "actor_rollout_ref.actor.clip_ratio_low",
+        "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_c", "actor_rollout_ref.actor.loss_agg_mode",
+        "actor_rollout_ref.actor.entropy_coeff", "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_coef",
+        "actor_rollout_ref.actor.kl_loss_type", "actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.lr",
+        "actor_rollout_ref.actor.optim.weight_decay", "actor_rollout_ref.actor.optim.betas",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
+        "actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.min_lr_ratio",
+        "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+        "actor_rollout_ref.actor.fsdp_config.reshard_after_forward", "actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.n",
+        "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.top_k",
+        "actor_rollout_ref.rollout.response_length", "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.enforce_eager", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.val_kwargs.n", "actor_rollout_ref.rollout.val_kwargs.temperature",
+        "actor_rollout_ref.rollout.val_kwargs.top_p", "actor_rollout_ref.rollout.val_kwargs.do_sample",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.gamma", "algorithm.lam",
+        "algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef",
+        "algorithm.kl_ctrl.horizon", "algorithm.kl_ctrl.target_kl", "reward_model.enable", "reward_model.reward_manager",
+        "custom_reward_function.path", "custom_reward_function.name", "trainer.total_epochs", "trainer.total_training_steps",
+        "trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.nnodes", "trainer.n_gpus_per_node",
+        "trainer.device", "trainer.save_freq", "trainer.test_freq", "trainer.val_before_train", "trainer.resume_mode",
+        "trainer.resume_from_path", "trainer.default_local_dir", "trainer.max_actor_ckpt_to_keep", "trainer.seed",
+        "ray_kwargs.ray_init.address", "ray_kwargs.ray_init.num_cpus",
+    ]:
+        assert k in keys, k
+
+
+# --- every validation failure: (overrides, text that must appear in the one message) ---------------
+FAILURES = [
+    (["actor_rollout_ref.actor.ppo_epoch=2"], ["unknown config key", "actor_rollout_ref.actor.ppo_epochs"]),
+    (["trainer.nodes=2"], ["unknown config key", "trainer.nnodes"]),
+    (["algorithm.adv_estimator=ppo"], ["algorithm.adv_estimator", "'ppo'", "grpo", "rloo"]),
+    (["actor_rollout_ref.actor.loss_agg_mode=mean"], ["loss_agg_mode", "'mean'", "token-mean", "seq-mean-token-sum-norm"]),
+    (["actor_rollout_ref.actor.kl_loss_type=k9"], ["kl_loss_type", "'k9'", "low_var_kl"]),
+    (["actor_rollout_ref.rollout.name=sglang"], ["rollout.name", "'sglang'", "vllm", "hf"]),
+    (["actor_rollout_ref.rollout.n=1"], ["rollout.n", "1", ">= 2", "grpo"]),
+    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], ["rollout.n", ">= 2", "rloo"]),
+    (["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=12"], ["ppo_mini_batch_size", "12", "divisible", "32"]),
+    (
+        ["actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=3", "trainer.n_gpus_per_node=4"],
+        ["ppo_mini_batch_size", "6 responses", "4 data-parallel ranks"],
+    ),
+    (
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5", "trainer.n_gpus_per_node=2"],
+        ["ppo_micro_batch_size_per_gpu", "5", "128 responses", "2 data-parallel ranks"],
+    ),
+    (["actor_rollout_ref.actor.clip_ratio=0"], ["clip_ratio", "0", "> 0"]),
+    (["actor_rollout_ref.actor.clip_ratio_high=-0.1"], ["clip_ratio_high", "-0.1", "> 0"]),
+    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], ["clip_ratio_c", "1.0", "> 1"]),
+    (["actor_rollout_ref.actor.kl_loss_coef=-0.01"], ["kl_loss_coef", "-0.01", ">= 0"]),
+    (["actor_rollout_ref.actor.entropy_coeff=-1"], ["entropy_coeff", ">= 0"]),
+    (["actor_rollout_ref.actor.optim.lr=-1e-5"], ["optim.lr", "-1e-05", "> 0"]),
+    (["algorithm.kl_ctrl.kl_coef=-0.5"], ["kl_ctrl.kl_coef", ">= 0"]),
+    (["data.max_response_length=0"], ["response_length", "0", "> 0"]),
+    (["actor_rollout_ref.model.path=/nonexistent/model"], ["actor_rollout_ref.model.path", "/nonexistent/model", "no such directory"]),
+    (["data.train_files=/nonexistent/train.parquet"], ["data.train_files", "/nonexistent/train.parquet", "no such file"]),
+    (["data.val_files=[/nonexistent/a.jsonl]"], ["data.val_files", "/nonexistent/a.jsonl"]),
+    (["custom_reward_function.path=/nonexistent/r.py"], ["custom_reward_function.path", "no such"]),
+    (["trainer.nnodes=abc"], ["trainer.nnodes", "'abc'", "Integer"]),
+    (["trainer.device=tpu"], ["trainer.device", "cpu", "cuda"]),
+    (["trainer.resume_mode=resume_path"], ["resume_from_path", "resume_path"]),
+    (["trainer.logger=[console,neptune]"], ["trainer.logger", "'neptune'", "tensorboard"]),
+]
+
+
+@pytest.mark.parametrize("overrides,needles", FAILURES, ids=[" ".join(o) for o, _ in FAILURES])
+def test_validation_failure_message(overrides, needles):
+    with pytest.raises(ConfigError) as ei:
+        load(*overrides)
+    msg = str(ei.value)
+    for n in needles:
+        assert n in msg, f"{n!r} not in message: {msg}"
+    assert "Traceback" not in msg
+
+
+def test_valid_paths_pass(model_dir, data_file):
+    cfg = load(f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data_file}", "data.val_files=null")
+    assert cfg.data.val_files is None
+
+
+def test_cli_prints_composed_config(capsys):
+    assert main(["--cfg", "job", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=8"]) == 0
+    out = capsys.readouterr().out
+    assert "adv_estimator: grpo" in out and "'n': 8" in out and "train_batch_size:" in out
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["algorithm.adv_estimator=nope"], "algorithm.adv_estimator"),
+        (["bogus"], "not an override"),
+        (["--frobnicate"], "unknown flag"),
+        (["--cfg", "everything"], "--cfg"),
+    ],
+)
+def test_cli_errors_are_one_message(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert err.startswith("grpo_dist: configuration error:")
+
+
+def test_cli_subprocess_fails_fast_without_traceback():
+    """The real entry point: non-zero exit, one message, within seconds, nothing started."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_dist.main", "actor_rollout_ref.actor.loss_agg_mode=bogus"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert "loss_agg_mode" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
