@@ -1,0 +1,464 @@
+"""Advantage estimators: pure functions from rewards to per-token advantages.
+
+Every estimator is registered under a name (``algorithm.adv_estimator`` in the configuration) with
+:func:`register_adv_estimator` and looked up with :func:`get_adv_estimator`. All estimators share one
+keyword-only signature, so the driver calls them the same way::
+
+    spec = get_adv_estimator("grpo")
+    advantages_BT, returns_BT = spec.fn(
+        token_level_rewards_BT=..., response_mask_BT=..., index_B=uids,
+        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6,
+        values_BT=None, step_end_mask_BT=None,
+    )
+
+Shapes: ``B`` is the number of responses (prompts x rollout.n), ``T`` the padded response length.
+``response_mask_BT`` (float or bool) is 1 on response tokens that count. ``index_B`` is a sequence
+(list, numpy array or tensor) of hashable group ids, e.g. prompt uid strings: responses with equal ids
+form one group of size G. Estimators take what they need and ignore the rest.
+
+The names and semantics follow verl's ``verl/trainer/ppo/core_algos.py``. Differences (all
+documented at the function): advantages are always zero outside the mask, the masked whitening used
+by ``gae`` and ``reinforce_plus_plus`` does not raise on masks with 0 or 1 token, and group statistics
+are computed in float64 so that a group of equal rewards gives exactly zero advantages.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = [
+    "AdvEstimatorFn",
+    "AdvEstimatorSpec",
+    "register_adv_estimator",
+    "get_adv_estimator",
+    "list_adv_estimators",
+    "scores_from_token_rewards",
+    "masked_whiten",
+    "compute_grpo_advantage",
+    "compute_rloo_advantage",
+    "compute_reinforce_plus_plus_advantage",
+    "compute_gae_advantage",
+    "compute_grpo_process_advantage",
+]
+
+AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class AdvEstimatorSpec:
+    """A registered advantage estimator.
+
+    Attributes:
+        name: the registry name (``algorithm.adv_estimator``).
+        fn: the estimator; keyword-only, returns ``(advantages_BT, returns_BT)``.
+        group_based: it compares responses within a group, so ``rollout.n`` must be > 1 to be useful
+            and ``index_B`` must be given.
+        needs_values: it needs ``values_BT`` from a critic.
+        needs_step_rewards: it needs per-step rewards and ``step_end_mask_BT`` (process supervision).
+    """
+
+    name: str
+    fn: AdvEstimatorFn
+    group_based: bool
+    needs_values: bool = False
+    needs_step_rewards: bool = False
+
+
+_REGISTRY: dict[str, AdvEstimatorSpec] = {}
+
+
+def register_adv_estimator(
+    name: str,
+    *,
+    group_based: bool,
+    needs_values: bool = False,
+    needs_step_rewards: bool = False,
+) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
+    """Decorator: register ``fn`` as the advantage estimator called ``name``.
+
+    Registering a second, different function under a name already taken raises ``ValueError``.
+    Returns the function unchanged.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"advantage estimator name must be a non-empty string, got {name!r}")
+
+    def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
+        old = _REGISTRY.get(name)
+        if old is not None and old.fn is not fn:
+            raise ValueError(
+                f"advantage estimator {name!r} is already registered (to {old.fn.__qualname__}); "
+                "choose another name"
+            )
+        _REGISTRY[name] = AdvEstimatorSpec(
+            name=name,
+            fn=fn,
+            group_based=group_based,
+            needs_values=needs_values,
+            needs_step_rewards=needs_step_rewards,
+        )
+        return fn
+
+    return decorator
+
+
+def get_adv_estimator(name: str) -> AdvEstimatorSpec:
+    """The registered estimator ``name``; ``ValueError`` naming the valid names if there is none."""
+    spec = _REGISTRY.get(name) if isinstance(name, str) else None
+    if spec is None:
+        raise ValueError(
+            f"unknown advantage estimator {name!r} (algorithm.adv_estimator); "
+            f"valid names: {list_adv_estimators()}"
+        )
+    return spec
+
+
+def list_adv_estimators() -> list[str]:
+    """Sorted names of all registered advantage estimators."""
+    return sorted(_REGISTRY)
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def scores_from_token_rewards(token_level_rewards_BT: torch.Tensor) -> torch.Tensor:
+    """Outcome score per response: ``r_B[i] = sum_t token_level_rewards_BT[i, t]``.
+
+    Shapes: ``token_level_rewards_BT`` [B, T] -> ``r_B`` [B]. Like verl, the sum runs over all T
+    positions (rewards are expected to be zero outside the response).
+    """
+    if token_level_rewards_BT.dim() != 2:
+        raise ValueError(
+            f"token_level_rewards_BT must be 2-D [B, T], got shape {tuple(token_level_rewards_BT.shape)}"
+        )
+    return token_level_rewards_BT.sum(dim=-1)
+
+
+def masked_whiten(values_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Whiten ``values_BT`` with the mean and unbiased variance of its masked entries.
+
+    ``mean = sum(v*m)/(sum(m)+1e-8)``, ``var = sum((v-mean)^2*m)/(sum(m)+1e-8) * n/(n-1)`` with
+    ``n = sum(m)``, result ``(v - mean) * rsqrt(var + eps)``. Shapes: [B, T] -> [B, T].
+
+    Unlike verl (which raises when ``n`` is 0 or 1), the Bessel factor is 1 when ``n <= 1``: then every
+    masked entry equals the mean and its whitened value is 0 either way. Entries outside the mask are
+    transformed too (not zeroed); callers multiply by the mask.
+    """
+    m = mask_BT.to(values_BT.dtype)
+    n = m.sum()
+    v = torch.where(m != 0, values_BT, torch.zeros_like(values_BT))
+    mean = (v * m).sum() / (n + 1e-8)
+    centered = values_BT - mean
+    c = torch.where(m != 0, centered, torch.zeros_like(centered))
+    var = (c.square() * m).sum() / (n + 1e-8)
+    bessel = torch.where(n > 1, n / (n - 1).clamp_min(1e-8), torch.ones_like(n))
+    var = var * bessel
+    return centered * torch.rsqrt(var + eps)
+
+
+def _apply_mask(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """``x * mask``, with exact zeros (never NaN) where the mask is 0."""
+    return torch.where(mask_BT != 0, x_BT * mask_BT, torch.zeros_like(x_BT))
+
+
+def _check_rewards_and_mask(token_level_rewards_BT: torch.Tensor, response_mask_BT: torch.Tensor) -> None:
+    if token_level_rewards_BT.dim() != 2:
+        raise ValueError(
+            f"token_level_rewards_BT must be 2-D [B, T], got shape {tuple(token_level_rewards_BT.shape)}"
+        )
+    if response_mask_BT.shape != token_level_rewards_BT.shape:
+        raise ValueError(
+            f"response_mask_BT shape {tuple(response_mask_BT.shape)} must equal token_level_rewards_BT "
+            f"shape {tuple(token_level_rewards_BT.shape)}"
+        )
+
+
+def _group_ids(index_B: Any, batch_size: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Map hashable group ids to dense ints 0..G-1 in order of first appearance.
+
+    Returns ``(gid_B, G)`` with ``gid_B`` a long tensor [B] on ``device``.
+    """
+    if index_B is None:
+        raise ValueError("index_B (the group id of each response, e.g. prompt uids) is required")
+    ids = index_B.tolist() if hasattr(index_B, "tolist") else list(index_B)
+    if len(ids) != batch_size:
+        raise ValueError(f"index_B has {len(ids)} entries but the batch has B={batch_size} responses")
+    dense: dict[Any, int] = {}
+    try:
+        gid = [dense.setdefault(x, len(dense)) for x in ids]
+    except TypeError as e:
+        raise ValueError(f"index_B entries must be hashable group ids (str or int): {e}") from None
+    return torch.tensor(gid, dtype=torch.long, device=device), len(dense)
+
+
+def _group_mean_std(
+    x_N: torch.Tensor, gid_N: torch.Tensor, num_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group count, mean and unbiased std of the float64 values ``x_N`` grouped by ``gid_N``.
+
+    Groups with one element get mean 0 and std 1 (verl's convention); empty groups get mean 0, std 1.
+    Returns ``(count_G, mean_G, std_G)``, all float64 [G].
+    """
+    assert x_N.dtype == torch.float64 and x_N.shape == gid_N.shape
+    zeros_G = torch.zeros(num_groups, dtype=torch.float64, device=x_N.device)
+    count_G = zeros_G.index_add(0, gid_N, torch.ones_like(x_N))
+    sum_G = zeros_G.index_add(0, gid_N, x_N)
+    mean_G = sum_G / count_G.clamp_min(1.0)
+    sq_G = zeros_G.index_add(0, gid_N, (x_N - mean_G[gid_N]).square())
+    std_G = torch.sqrt(sq_G / (count_G - 1.0).clamp_min(1.0))
+    many_G = count_G > 1
+    mean_G = torch.where(many_G, mean_G, torch.zeros_like(mean_G))
+    std_G = torch.where(many_G, std_G, torch.ones_like(std_G))
+    return count_G, mean_G, std_G
+
+
+# --------------------------------------------------------------------------------------------------
+# estimators
+# --------------------------------------------------------------------------------------------------
+
+
+@register_adv_estimator("grpo", group_based=True)
+@torch.no_grad()
+def compute_grpo_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage (DeepSeekMath), verl's ``grpo``.
+
+    ``r_i = sum_t token_level_rewards[i, t]``; within the group ``g`` of response ``i``::
+
+        A_i = (r_i - mean_g(r)) / (std_g(r) + epsilon)     norm_adv_by_std=True  (GRPO)
+        A_i =  r_i - mean_g(r)                             norm_adv_by_std=False (Dr. GRPO)
+
+    ``std`` is unbiased (``torch.std``); a group of one has mean 0 and std 1 (verl's convention), so
+    its advantage is ``r_i / (1 + epsilon)``. Every token gets its sequence's value:
+    ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``.
+
+    Shapes: token_level_rewards_BT, response_mask_BT [B, T]; index_B [B] -> two [B, T] tensors in
+    the dtype of the rewards. Group statistics are computed in float64, so a group of equal rewards
+    gets exactly 0. ``gamma``, ``lam``, ``values_BT``, ``step_end_mask_BT`` are ignored.
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
+    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    _, mean_G, std_G = _group_mean_std(scores_B, gid_B, num_groups)
+    adv_B = scores_B - mean_G[gid_B]
+    if norm_adv_by_std:
+        adv_B = adv_B / (std_G[gid_B] + epsilon)
+    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    advantages_BT = _apply_mask(adv_B.to(token_level_rewards_BT.dtype).unsqueeze(-1), mask_BT)
+    return advantages_BT, advantages_BT
+
+
+@register_adv_estimator("rloo", group_based=True)
+@torch.no_grad()
+def compute_rloo_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (REINFORCE leave-one-out) outcome advantage, verl's ``rloo``.
+
+    With ``r_i = sum_t token_level_rewards[i, t]`` and a group of size ``G > 1``::
+
+        A_i = r_i - (sum_{j != i} r_j) / (G - 1) = r_i * G/(G-1) - mean_g(r) * G/(G-1)
+
+    A group of one keeps ``A_i = r_i`` (verl's convention). ``advantages[i, t] = A_i * mask[i, t]``;
+    ``returns = advantages``. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Other arguments are
+    ignored.
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
+    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    count_G, mean_G, _ = _group_mean_std(scores_B, gid_B, num_groups)
+    g_B = count_G[gid_B]
+    scale_B = g_B / (g_B - 1.0).clamp_min(1.0)
+    adv_B = torch.where(g_B > 1, scores_B * scale_B - mean_G[gid_B] * scale_B, scores_B)
+    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    advantages_BT = _apply_mask(adv_B.to(token_level_rewards_BT.dtype).unsqueeze(-1), mask_BT)
+    return advantages_BT, advantages_BT
+
+
+@register_adv_estimator("reinforce_plus_plus", group_based=False)
+@torch.no_grad()
+def compute_reinforce_plus_plus_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any] | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ advantage (verl's ``reinforce_plus_plus``): whitened discounted returns-to-go.
+
+    Iterating ``t = T-1 .. 0`` with ``running = 0``::
+
+        running      = r[:, t] + gamma * running
+        returns[:, t] = running
+        running      = running * mask[:, t]        # the return does not flow across masked positions
+
+    then ``advantages = masked_whiten(returns, mask) * mask`` (batch-wide mean and unbiased variance
+    over mask tokens, ``(x - mean) * rsqrt(var + 1e-8)``).
+
+    Shapes: token_level_rewards_BT, response_mask_BT [B, T] -> (advantages_BT, returns_BT) [B, T].
+    ``index_B``, ``lam``, ``values_BT``, ``step_end_mask_BT`` are ignored.
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    returns_BT = torch.zeros_like(token_level_rewards_BT)
+    running_B = torch.zeros_like(token_level_rewards_BT[:, 0])
+    for t in reversed(range(token_level_rewards_BT.shape[1])):
+        running_B = token_level_rewards_BT[:, t] + gamma * running_B
+        returns_BT[:, t] = running_B
+        running_B = running_B * mask_BT[:, t]
+    advantages_BT = _apply_mask(masked_whiten(returns_BT, mask_BT), mask_BT)
+    return advantages_BT, returns_BT
+
+
+@register_adv_estimator("gae", group_based=False, needs_values=True)
+@torch.no_grad()
+def compute_gae_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any] | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (PPO with a critic), verl's ``gae``.
+
+    Iterating ``t = T-1 .. 0`` with ``nextvalues = lastgaelam = 0`` and ``m = mask[:, t]``::
+
+        delta      = r[:, t] + gamma * nextvalues - V[:, t]
+        gae_t      = delta + gamma * lam * lastgaelam
+        nextvalues = m * V[:, t] + (1 - m) * nextvalues   # masked positions are skipped:
+        lastgaelam = m * gae_t   + (1 - m) * lastgaelam   # they neither add a TD error nor a value
+        adv[:, t]  = lastgaelam
+
+    ``returns = adv + V`` (before whitening); ``advantages = masked_whiten(adv, mask) * mask``.
+
+    Shapes: token_level_rewards_BT, values_BT, response_mask_BT [B, T] -> (advantages_BT, returns_BT)
+    [B, T]. Interpretation of verl: verl leaves whitened values at masked positions, here advantages
+    are zeroed outside the mask (no masked loss changes). ``index_B``, ``step_end_mask_BT`` are ignored.
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    if values_BT is None:
+        raise ValueError("the 'gae' advantage estimator needs values_BT (critic values, [B, T]); got None")
+    if values_BT.shape != token_level_rewards_BT.shape:
+        raise ValueError(
+            f"values_BT shape {tuple(values_BT.shape)} must equal token_level_rewards_BT shape "
+            f"{tuple(token_level_rewards_BT.shape)}"
+        )
+    dtype = token_level_rewards_BT.dtype
+    mask_BT = response_mask_BT.to(dtype)
+    values_BT = values_BT.to(dtype)
+    nextvalues_B = torch.zeros_like(token_level_rewards_BT[:, 0])
+    lastgaelam_B = torch.zeros_like(nextvalues_B)
+    adv_BT = torch.zeros_like(token_level_rewards_BT)
+    for t in reversed(range(token_level_rewards_BT.shape[1])):
+        m_B = mask_BT[:, t]
+        delta_B = token_level_rewards_BT[:, t] + gamma * nextvalues_B - values_BT[:, t]
+        gae_B = delta_B + gamma * lam * lastgaelam_B
+        nextvalues_B = m_B * values_BT[:, t] + (1 - m_B) * nextvalues_B
+        lastgaelam_B = m_B * gae_B + (1 - m_B) * lastgaelam_B
+        adv_BT[:, t] = lastgaelam_B
+    returns_BT = adv_BT + values_BT
+    advantages_BT = _apply_mask(masked_whiten(adv_BT, mask_BT), mask_BT)
+    return advantages_BT, returns_BT
+
+
+@register_adv_estimator("grpo_process", group_based=True, needs_step_rewards=True)
+@torch.no_grad()
+def compute_grpo_process_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO with process supervision (DeepSeekMath, section 4.1.3).
+
+    ``step_end_mask_BT[i, t] = 1`` marks the token that ends a reasoning step of response ``i``, and
+    ``token_level_rewards_BT[i, t]`` holds that step's reward ``r_i^{index(j)}``. All step rewards
+    ``R`` of a group (every step of all G responses) are normalised together::
+
+        r~_i^{index(j)} = (r_i^{index(j)} - mean(R)) / (std(R) + epsilon)   norm_adv_by_std=True
+        r~_i^{index(j)} =  r_i^{index(j)} - mean(R)                         norm_adv_by_std=False
+
+    (``std`` unbiased; a group with a single step reward has mean 0, std 1, like ``grpo``), and each
+    token gets the sum of the normalised rewards of the steps ending at or after it::
+
+        A_{i,t} = sum_{j: index(j) >= t} r~_i^{index(j)}     (a reverse cumulative sum over t)
+
+    times ``mask[i, t]``; ``returns = advantages``. Tokens after the last step end get 0.
+
+    Shapes: token_level_rewards_BT, response_mask_BT, step_end_mask_BT [B, T]; index_B [B] -> two
+    [B, T]. ``ValueError`` if ``step_end_mask_BT`` is missing, marks a position outside the response
+    mask, or a reward is non-zero away from a step end (e.g. a KL penalty folded into the rewards
+    with ``use_kl_in_reward``: this estimator reads rewards only at step ends).
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    if step_end_mask_BT is None:
+        raise ValueError(
+            "the 'grpo_process' advantage estimator needs step_end_mask_BT ([B, T], 1 on the last token "
+            "of each reasoning step); got None"
+        )
+    if step_end_mask_BT.shape != token_level_rewards_BT.shape:
+        raise ValueError(
+            f"step_end_mask_BT shape {tuple(step_end_mask_BT.shape)} must equal token_level_rewards_BT "
+            f"shape {tuple(token_level_rewards_BT.shape)}"
+        )
+    is_end_BT = step_end_mask_BT != 0
+    in_resp_BT = response_mask_BT != 0
+    if bool((is_end_BT & ~in_resp_BT).any()):
+        raise ValueError("step_end_mask_BT marks step ends at positions where response_mask_BT is 0")
+    if bool(((token_level_rewards_BT != 0) & ~is_end_BT).any()):
+        raise ValueError(
+            "token_level_rewards_BT has non-zero rewards at positions that are not step ends; "
+            "'grpo_process' reads rewards only where step_end_mask_BT is 1 "
+            "(do not combine it with algorithm.use_kl_in_reward)"
+        )
+    B = token_level_rewards_BT.shape[0]
+    gid_B, num_groups = _group_ids(index_B, B, token_level_rewards_BT.device)
+    rewards_N = token_level_rewards_BT.double()[is_end_BT]
+    gid_N = gid_B.unsqueeze(-1).expand_as(is_end_BT)[is_end_BT]
+    _, mean_G, std_G = _group_mean_std(rewards_N, gid_N, num_groups)
+    norm_N = rewards_N - mean_G[gid_N]
+    if norm_N.numel() > 0 and norm_adv_by_std:
+        norm_N = norm_N / (std_G[gid_N] + epsilon)
+    step_BT = torch.zeros_like(token_level_rewards_BT, dtype=torch.float64)
+    step_BT[is_end_BT] = norm_N
+    adv_BT = step_BT.flip(-1).cumsum(-1).flip(-1)
+    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    advantages_BT = _apply_mask(adv_BT.to(token_level_rewards_BT.dtype), mask_BT)
+    return advantages_BT, advantages_BT
