@@ -1,0 +1,212 @@
+"""The rollout contract: sampling settings in, token ids and their sampling log-probs out.
+
+A rollout engine turns ``B`` prompts (token ids) into ``B x n`` responses. Every engine returns one
+:class:`RolloutOutput`, flattened prompt-major::
+
+    index = prompt_index * n + sample_index
+    (prompt0-sample0, ..., prompt0-sample(n-1), prompt1-sample0, ...)
+
+so that ``output.response_ids[i * n : (i + 1) * n]`` is the group of prompt ``i`` (GRPO's group).
+
+Log-probs are those of the *processed* distribution the token was drawn from: the logits after
+temperature, top-k and top-p, renormalised (tokens removed by top-k/top-p have probability 0 and are
+never drawn). For greedy decoding (``do_sample=False``) that is the raw distribution,
+``log_softmax(logits)``. With ``temperature=1, top_p=1, top_k=-1`` processed == raw, which is the
+setting under which rollout log-probs and trainer log-probs are directly comparable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingSettings:
+    """How to sample responses (keyword-only).
+
+    Attributes:
+        n: responses per prompt (GRPO's group size), >= 1.
+        temperature: > 0 when ``do_sample``; ignored (treated as 0) when greedy.
+        top_p: nucleus sampling mass in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; -1 disables it (0 is refused: ambiguous across engines).
+        max_tokens: the most tokens generated per response (the EOS token counts), >= 1.
+        do_sample: False means greedy decoding (temperature 0); then ``n`` must be 1, since all
+            samples of a prompt would be identical.
+        seed: seed of the sampling noise for this call; None draws from the engine's own stream.
+    """
+
+    n: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int
+    do_sample: bool = True
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingSettings.n must be >= 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingSettings.max_tokens must be >= 1, got {self.max_tokens}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"SamplingSettings.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ValueError(
+                f"SamplingSettings.top_k must be -1 (disabled) or >= 1, got {self.top_k}"
+            )
+        if self.do_sample:
+            if not (math.isfinite(self.temperature) and self.temperature > 0.0):
+                raise ValueError(
+                    "SamplingSettings.temperature must be > 0 when do_sample=True, got "
+                    f"{self.temperature}; use do_sample=False for greedy decoding"
+                )
+        elif self.n != 1:
+            raise ValueError(
+                f"greedy decoding (do_sample=False) gives n={self.n} identical responses; use n=1 "
+                "or do_sample=True"
+            )
+
+    @classmethod
+    def greedy(cls, max_tokens: int) -> SamplingSettings:
+        """One greedy response per prompt."""
+        return cls(n=1, temperature=0.0, max_tokens=max_tokens, do_sample=False)
+
+
+@dataclass
+class RolloutOutput:
+    """``B x n`` responses, flattened prompt-major (``prompt_index * n + sample_index``).
+
+    Attributes:
+        response_ids: ``[B*n][T_i]`` generated token ids; the EOS token is included when generation
+            stopped on it. ``1 <= T_i <= max_tokens``.
+        logprobs: ``[B*n][T_i]`` log-prob of each generated token under the engine's processed
+            sampling distribution (see the module docstring); finite.
+        finished_by_eos: ``[B*n]`` True when the response ended on an EOS / stop token, False when it
+            was cut at ``max_tokens`` (or by the context length).
+    """
+
+    response_ids: list[list[int]]
+    logprobs: list[list[float]]
+    finished_by_eos: list[bool]
+
+    def __post_init__(self) -> None:
+        if not (len(self.response_ids) == len(self.logprobs) == len(self.finished_by_eos)):
+            raise ValueError(
+                "RolloutOutput fields disagree on the number of responses: "
+                f"{len(self.response_ids)} response_ids, {len(self.logprobs)} logprobs, "
+                f"{len(self.finished_by_eos)} finished_by_eos"
+            )
+        for i, (ids, lps) in enumerate(zip(self.response_ids, self.logprobs)):
+            if len(ids) != len(lps):
+                raise ValueError(
+                    f"response {i} has {len(ids)} token ids but {len(lps)} logprobs"
+                )
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def response_lengths(self) -> list[int]:
+        """``[B*n]`` number of generated tokens per response."""
+        return [len(ids) for ids in self.response_ids]
+
+
+def pad_responses(
+    output: RolloutOutput, pad_id: int, max_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad the responses of ``output`` into tensors of width ``max_len``.
+
+    Returns:
+        responses_BR: ``[B*n, max_len]`` long; token ids, ``pad_id`` after each response.
+        response_mask_BR: ``[B*n, max_len]`` float32; 1.0 on generated tokens (up to and including
+            EOS), 0.0 on padding.
+        rollout_logp_BR: ``[B*n, max_len]`` float32; the sampling log-probs, 0.0 on padding.
+
+    Raises:
+        ValueError: a response is longer than ``max_len``, or ``max_len < 1``.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    n_rows = len(output)
+    responses_BR = torch.full((n_rows, max_len), pad_id, dtype=torch.long)
+    response_mask_BR = torch.zeros((n_rows, max_len), dtype=torch.float32)
+    rollout_logp_BR = torch.zeros((n_rows, max_len), dtype=torch.float32)
+    for row, (ids, lps) in enumerate(zip(output.response_ids, output.logprobs)):
+        length = len(ids)
+        if length > max_len:
+            raise ValueError(
+                f"response {row} has {length} tokens, more than max_len={max_len}; raise max_len "
+                "to the rollout's max_tokens"
+            )
+        if length == 0:
+            continue
+        responses_BR[row, :length] = torch.tensor(ids, dtype=torch.long)
+        response_mask_BR[row, :length] = 1.0
+        rollout_logp_BR[row, :length] = torch.tensor(lps, dtype=torch.float32)
+    return responses_BR, response_mask_BR, rollout_logp_BR
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the rollout worker needs from an inference engine."""
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingSettings
+    ) -> RolloutOutput:
+        """Sample ``sampling.n`` responses for each prompt (``B`` prompts, unpadded token ids);
+        return them flattened prompt-major."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights in place (Hugging Face parameter names, e.g. a full state dict of the
+        policy); no restart, no disk. The next ``generate`` uses them."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the engine's device memory (weights, KV cache) where supported; else a no-op."""
+        ...
+
+    def wake_up(self) -> None:
+        """Restore what ``sleep`` freed; a no-op where ``sleep`` is."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine; the object is unusable afterwards."""
+        ...
+
+
+def _make_vllm(**kwargs: Any) -> RolloutEngine:
+    from grpo_dist.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(**kwargs)
+
+
+def _make_hf(**kwargs: Any) -> RolloutEngine:
+    from grpo_dist.rollout.hf_engine import HFEngine
+
+    return HFEngine(**kwargs)
+
+
+#: Engine name -> constructor. The constructors import their backends lazily.
+ENGINES: dict[str, Callable[..., RolloutEngine]] = {"vllm": _make_vllm, "hf": _make_hf}
+
+
+def make_engine(name: str, **kwargs: Any) -> RolloutEngine:
+    """Build the rollout engine ``name`` ("vllm" or "hf") with the engine's keyword arguments
+    (see :class:`~grpo_dist.rollout.vllm_engine.VLLMEngine`, :class:`~grpo_dist.rollout.hf_engine.HFEngine`).
+
+    Raises:
+        ValueError: ``name`` is not a registered engine.
+    """
+    try:
+        factory = ENGINES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown rollout engine {name!r}; valid names: {', '.join(sorted(ENGINES))}"
+        ) from None
+    return factory(**kwargs)

@@ -1,0 +1,291 @@
+"""vLLM rollout engine: ``vllm.LLM`` in the calling process, weights updated in place.
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): inside a Ray actor no extra
+engine process is spawned, weight updates pass tensors by reference (no serialisation), and scripts
+need no ``if __name__ == "__main__":`` guard. vLLM is imported lazily in :class:`VLLMEngine`, so
+``import grpo_dist.rollout`` stays cheap.
+
+Measured facts about vLLM 0.32 (CPU build) that shape this module:
+
+- KV cache size: left unset, the CPU backend reserves nearly all of the machine's memory. We pass
+  ``kv_cache_memory_bytes`` (default 1 GiB on CPU). The legacy ``VLLM_CPU_KVCACHE_SPACE`` (whole
+  GiB only) would override it, so it is removed from the environment when the engine starts.
+- Weight sync: ``LLM.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` calls the
+  worker's public ``reload_weights``; it runs the model's ``load_weights`` (Hugging Face names,
+  fused qkv/gate-up mapping) and then re-packs the weights for the CPU kernels. Calling
+  ``model.load_weights`` directly is not enough on CPU (the packed copies go stale).
+- Prefix cache: KV blocks cached under the old weights would be reused after a weight update and
+  give wrong tokens for prompts of >= one block (128 tokens on CPU); ``update_weights`` resets the
+  prefix cache.
+- Log-probs: the engine is built with ``logprobs_mode="processed_logprobs"``: the log-prob of each
+  sampled token under the distribution it was drawn from (after temperature, top-k, top-p). Prompt
+  log-probs (``compute_logprobs``) are always of the raw distribution (``log_softmax(logits)``).
+- Side effects on the hosting process (in-process engine): the CPU worker replaces
+  ``torch.set_num_threads`` with a no-op for the whole process (set the thread count *before*
+  starting the engine), and the engine core ``gc.freeze()``s the heap (undone by ``close``).
+- The first request that asks for log-probs compiles a small ``torch.compile`` (inductor) kernel
+  for token ranks: ~10-15 s on 2 cores with a cold inductor cache, ~1-2 s warm.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+
+
+class VLLMEngine:
+    """A :class:`~grpo_dist.rollout.base.RolloutEngine` backed by ``vllm.LLM``.
+
+    Args:
+        model_path: a Hugging Face model directory (``config.json``, safetensors, tokenizer).
+        dtype: weight/activation dtype; None picks "float32" on CPU and "bfloat16" on GPU.
+        max_model_len: the longest prompt + response, in tokens.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); on GPU
+            it sizes the KV cache unless ``kv_cache_gib`` is given. Unused on CPU.
+        tensor_parallel_size: GPUs per engine. ``update_weights`` passes tensors by reference,
+            which needs the in-process executor: only 1 is supported for now.
+        max_num_seqs: the most sequences decoded at once.
+        enforce_eager: no CUDA graphs / compilation (faster start; the CPU path always wants True).
+        seed: seed of the engine's sampling noise when ``SamplingSettings.seed`` is None.
+        enable_sleep_mode: let ``sleep()`` offload weights and free the KV cache (GPU only).
+        kv_cache_gib: KV cache size in GiB; None means 1 GiB on CPU, and on GPU whatever
+            ``gpu_memory_utilization`` leaves.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        dtype: str | None = None,
+        max_model_len: int = 1024,
+        gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
+        max_num_seqs: int = 256,
+        enforce_eager: bool = True,
+        seed: int = 0,
+        enable_sleep_mode: bool = False,
+        kv_cache_gib: float | None = None,
+    ) -> None:
+        if max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
+        if not (0.0 < gpu_memory_utilization <= 1.0):
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
+            )
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size={tensor_parallel_size} is not supported yet: the in-process "
+                "engine used for in-place weight updates runs one worker; use 1"
+            )
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if kv_cache_gib is not None and not kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be > 0 (or None), got {kv_cache_gib}")
+
+        on_gpu = torch.cuda.is_available()
+        if enable_sleep_mode and not on_gpu:
+            raise ValueError(
+                "enable_sleep_mode=True needs a GPU (vLLM's CPU backend has no sleep mode); "
+                "set it to False on CPU"
+            )
+        self.dtype = dtype or ("bfloat16" if on_gpu else "float32")
+        self.max_model_len = max_model_len
+        self.enable_sleep_mode = enable_sleep_mode
+        self._asleep = False
+
+        # Must be in the environment before vLLM reads it (at engine construction).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        engine_kwargs: dict[str, Any] = {}
+        if not on_gpu:
+            kv_cache_gib = 1.0 if kv_cache_gib is None else kv_cache_gib
+            legacy = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+            if legacy not in (None, "") and legacy.strip() != f"{kv_cache_gib:g}":
+                logger.warning(
+                    "VLLM_CPU_KVCACHE_SPACE=%s is ignored: the KV cache is %g GiB (kv_cache_gib)",
+                    legacy,
+                    kv_cache_gib,
+                )
+        if kv_cache_gib is not None:
+            engine_kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GIB)
+
+        from vllm import LLM
+
+        self._llm = LLM(
+            model=str(model_path),
+            dtype=self.dtype,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            enable_sleep_mode=enable_sleep_mode,
+            logprobs_mode="processed_logprobs",
+            **engine_kwargs,
+        )
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: SamplingSettings
+    ) -> RolloutOutput:
+        """Sample ``sampling.n`` responses for each of the ``B`` prompts.
+
+        Returns ``B * n`` responses flattened prompt-major, each with the processed log-prob of
+        every generated token and whether it ended on an EOS/stop token (the token is included).
+        With ``sampling.seed = s``, prompt ``i`` is sampled with seed ``s + i * n`` (vLLM gives its
+        ``n`` samples the seeds ``s + i*n + 0 .. n-1``), so the call is reproducible.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_awake()
+        _check_prompts(prompt_token_ids)
+        if not prompt_token_ids:
+            return RolloutOutput(response_ids=[], logprobs=[], finished_by_eos=[])
+
+        n = sampling.n
+        common: dict[str, Any] = dict(
+            n=n,
+            max_tokens=sampling.max_tokens,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+        if sampling.do_sample:
+            common.update(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=max(sampling.top_k, 0),  # vLLM: 0 disables top-k
+            )
+        else:
+            common.update(temperature=0.0, top_p=1.0, top_k=0)
+        if sampling.seed is None:
+            params: SamplingParams | list[SamplingParams] = SamplingParams(**common)
+        else:
+            params = [
+                SamplingParams(**common, seed=sampling.seed + i * n)
+                for i in range(len(prompt_token_ids))
+            ]
+        prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+
+        response_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        finished_by_eos: list[bool] = []
+        for out in outputs:
+            completions = sorted(out.outputs, key=lambda c: c.index)
+            assert len(completions) == n, (len(completions), n)
+            for c in completions:
+                ids = list(c.token_ids)
+                assert c.logprobs is not None and len(c.logprobs) == len(ids)
+                response_ids.append(ids)
+                logprobs.append([float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)])
+                # "stop": an EOS / stop token (we set no stop strings); "length": max_tokens or
+                # max_model_len.
+                finished_by_eos.append(c.finish_reason == "stop")
+        return RolloutOutput(
+            response_ids=response_ids, logprobs=logprobs, finished_by_eos=finished_by_eos
+        )
+
+    def compute_logprobs(
+        self, prompt_ids: list[list[int]], response_ids: list[list[int]]
+    ) -> list[list[float]]:
+        """Log-probs of FIXED responses under the engine's current weights (teacher forcing).
+
+        Args:
+            prompt_ids: ``[B][P_i]`` prompt token ids.
+            response_ids: ``[B][T_i]`` response token ids, ``T_i >= 1``.
+
+        Returns:
+            ``[B][T_i]``: ``log p(response[t] | prompt, response[:t])`` of the raw distribution
+            (``log_softmax(logits)``, temperature 1, no top-k/top-p), as a trainer computes it.
+        """
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_awake()
+        if len(prompt_ids) != len(response_ids):
+            raise ValueError(
+                f"{len(prompt_ids)} prompts but {len(response_ids)} responses; they must pair up"
+            )
+        _check_prompts(prompt_ids)
+        if any(len(r) == 0 for r in response_ids):
+            raise ValueError("every response must have at least one token")
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        prompts = [
+            TokensPrompt(prompt_token_ids=list(p) + list(r))
+            for p, r in zip(prompt_ids, response_ids)
+        ]
+        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        result: list[list[float]] = []
+        for out, p, r in zip(outputs, prompt_ids, response_ids):
+            plp = out.prompt_logprobs
+            assert plp is not None
+            start = len(p)
+            result.append([float(plp[start + t][tok].logprob) for t, tok in enumerate(r)])
+        return result
+
+    # ------------------------------------------------------------------ weights and memory
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(name, tensor)`` pairs (Hugging Face names, any float dtype, a full state dict) into
+        the running engine, in place, and drop the prefix cache computed under the old weights.
+
+        Uses the worker's public ``reload_weights(weights_iterator=...)``; on the CPU backend it
+        also re-packs the weights for the CPU kernels. (GPU vLLM releases without
+        ``reload_weights(weights_iterator=...)`` need ``model_runner.model.load_weights`` instead.)
+        """
+        self._check_awake()
+        weights = list(named_tensors)  # references, no copies; vLLM copies into its parameters
+        if not weights:
+            raise ValueError("update_weights got no tensors")
+        self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+
+    def sleep(self) -> None:
+        """Offload the weights to host memory and free the KV cache (``enable_sleep_mode`` only;
+        otherwise a no-op)."""
+        if self.enable_sleep_mode and not self._asleep:
+            self._llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Bring back what ``sleep`` freed; a no-op when not asleep."""
+        if self._asleep:
+            self._llm.wake_up()
+            self._asleep = False
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        self._llm = None
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # best effort: the engine is going away either way
+            logger.debug("vLLM engine shutdown raised", exc_info=True)
+        del llm
+
+    def _check_awake(self) -> None:
+        if getattr(self, "_llm", None) is None:
+            raise RuntimeError("VLLMEngine is closed")
+        if self._asleep:
+            raise RuntimeError("VLLMEngine is asleep; call wake_up() first")
+
+
+def _check_prompts(prompt_token_ids: list[list[int]]) -> None:
+    for i, p in enumerate(prompt_token_ids):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")

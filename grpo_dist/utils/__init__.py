@@ -1,0 +1,1 @@
+"""Small helpers shared across the package (no heavy imports at package import time)."""

@@ -1,0 +1,200 @@
+"""The real vLLM engine (CPU build) against the Hugging Face model it serves.
+
+One engine is started for the whole module (in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set
+before vLLM is imported) and is never restarted, weight sync included. The model is a tiny random
+Qwen2 built into a temporary directory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before anything imports vllm
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from grpo_dist.rollout import SamplingSettings, make_engine  # noqa: E402
+from grpo_dist.utils.tiny_model import build_tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+EOS_IDS = {1, 3}  # <|endoftext|>, <|im_end|> (generation_config.eos_token_id)
+MAX_MODEL_LEN = 512
+# One prompt longer than a KV block (128 tokens on CPU), so the prefix cache holds blocks of it.
+LONG_PROMPT = [2] + [4 + (7 * i) % 100 for i in range(150)]
+PROMPTS = [[2, 34, 32, 18, 31, 100], [2, 5, 6, 7, 8], [2, 50, 60, 70, 80, 90, 11, 12], LONG_PROMPT]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("rollout") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(model_dir):
+    engine = make_engine(
+        "vllm",
+        model_path=model_dir,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=64,
+        seed=0,
+        kv_cache_gib=0.25,
+    )
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def hf_engine(model_dir):
+    return make_engine("hf", model_path=model_dir, dtype="float32", device="cpu", seed=0)
+
+
+def _hf_logits(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """``[T, V]`` logits that predict each response token (teacher forcing)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0].float()
+    return logits[len(prompt) - 1 : len(prompt) + len(response) - 1]
+
+
+def _processed_logprobs(
+    logits_TV: torch.Tensor, tokens: list[int], temperature: float, top_k: int
+) -> list[float]:
+    """log_softmax(top_k(logits / T)) at ``tokens``: the distribution vLLM samples from."""
+    scaled = logits_TV / temperature
+    if top_k > 0:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    logp = scaled.log_softmax(-1)
+    return logp.gather(-1, torch.tensor(tokens).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+def _check_response_shape(out, n_prompts: int, n: int, max_tokens: int) -> None:
+    assert len(out.response_ids) == n_prompts * n
+    for ids, lps, eos in zip(out.response_ids, out.logprobs, out.finished_by_eos):
+        assert 1 <= len(ids) <= max_tokens and len(lps) == len(ids)
+        assert all(math.isfinite(x) and x <= 1e-6 for x in lps)
+        # EOS ends a response and is kept in it; a response without EOS ran to max_tokens.
+        assert not (set(ids[:-1]) & EOS_IDS)
+        assert eos == (ids[-1] in EOS_IDS)
+        if not eos:
+            assert len(ids) == max_tokens
+
+
+def test_vllm_generate_is_prompt_major_stops_on_eos_and_returns_sampling_logprobs(
+    vllm_engine, hf_engine
+):
+    prompts, n, max_tokens = PROMPTS[:3], 8, 24
+    out = vllm_engine.generate(prompts, SamplingSettings(n=n, temperature=1.0, max_tokens=max_tokens, seed=7))
+    _check_response_shape(out, len(prompts), n, max_tokens)
+    assert any(out.finished_by_eos) and not all(out.finished_by_eos)
+    assert len({tuple(r) for r in out.response_ids[:n]}) > 1  # n samples, not n copies
+
+    # Row i*n + j belongs to prompt i: its log-probs are the model's under prompt i (and not
+    # under the next prompt). temperature 1, no top-k/top-p: processed == raw log-probs.
+    model = hf_engine.model
+    for row, (ids, lps) in enumerate(zip(out.response_ids, out.logprobs)):
+        prompt = prompts[row // n]
+        expected = _hf_logits(model, prompt, ids).log_softmax(-1)
+        expected = expected.gather(-1, torch.tensor(ids).unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(lps), expected, atol=1e-4, rtol=0)
+        other = prompts[(row // n + 1) % len(prompts)]
+        wrong = _hf_logits(model, other, ids).log_softmax(-1)[0, ids[0]].item()
+        assert abs(wrong - lps[0]) > 1e-3
+
+    # The same seed gives the same samples.
+    again = vllm_engine.generate(prompts, SamplingSettings(n=n, temperature=1.0, max_tokens=max_tokens, seed=7))
+    assert again.response_ids == out.response_ids
+
+
+@pytest.mark.parametrize("engine_name", ["vllm", "hf"])
+def test_logprobs_are_of_the_processed_distribution(engine_name, vllm_engine, hf_engine):
+    engine = vllm_engine if engine_name == "vllm" else hf_engine
+    temperature, top_k, n, max_tokens = 0.7, 10, 4, 12
+    sampling = SamplingSettings(n=n, temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=3)
+    prompts = PROMPTS[:2]
+    out = engine.generate(prompts, sampling)
+    _check_response_shape(out, len(prompts), n, max_tokens)
+    max_raw_gap = 0.0
+    for row, (ids, lps) in enumerate(zip(out.response_ids, out.logprobs)):
+        logits = _hf_logits(hf_engine.model, prompts[row // n], ids)
+        expected = _processed_logprobs(logits, ids, temperature, top_k)
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(expected), atol=1e-4, rtol=0)
+        raw = _processed_logprobs(logits, ids, 1.0, 0)
+        max_raw_gap = max(max_raw_gap, max(abs(a - b) for a, b in zip(lps, raw)))
+    assert max_raw_gap > 1e-2  # the raw log-probs are a different thing
+
+    # A seed makes the call reproducible; another seed gives other samples.
+    assert engine.generate(prompts, sampling).response_ids == out.response_ids
+    reseeded = SamplingSettings(n=n, temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=4)
+    assert engine.generate(prompts, reseeded).response_ids != out.response_ids
+
+
+def test_hf_greedy_equals_vllm_greedy_token_for_token(vllm_engine, hf_engine):
+    greedy = SamplingSettings.greedy(max_tokens=32)
+    v = vllm_engine.generate(PROMPTS, greedy)
+    h = hf_engine.generate(PROMPTS, greedy)
+    assert v.response_ids == h.response_ids
+    assert v.finished_by_eos == h.finished_by_eos
+    for a, b in zip(v.logprobs, h.logprobs):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-4, rtol=0)
+
+
+def test_weight_sync_updates_the_running_engine_in_place(vllm_engine, hf_engine, model_dir):
+    from transformers import AutoModelForCausalLM
+
+    trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    original = {k: v.clone() for k, v in trainer_model.state_dict().items()}
+    llm_before = vllm_engine._llm
+    prompt, response = LONG_PROMPT, [40, 41, 42, 43, 44, 45, 3]
+
+    before = vllm_engine.compute_logprobs([prompt], [response])[0]
+    trainer_before = _hf_logits(trainer_model, prompt, response).log_softmax(-1)
+    trainer_before = trainer_before.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(torch.tensor(before), trainer_before, atol=1e-4, rtol=0)
+    greedy = SamplingSettings.greedy(max_tokens=16)
+    vllm_engine.generate([prompt], greedy)  # puts the long prompt's KV blocks in the prefix cache
+
+    # A few optimizer steps raise the likelihood of `response`: a real policy update.
+    optim = torch.optim.AdamW(trainer_model.parameters(), lr=1e-2)
+    for _ in range(3):
+        logits = trainer_model(torch.tensor([prompt + response])).logits[0]
+        logp = logits[len(prompt) - 1 : -1].log_softmax(-1)
+        loss = -logp.gather(-1, torch.tensor(response).unsqueeze(-1)).mean()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    trainer_model.eval()
+
+    try:
+        vllm_engine.update_weights(trainer_model.state_dict().items())
+        hf_engine.update_weights(trainer_model.state_dict().items())
+
+        after = vllm_engine.compute_logprobs([prompt], [response])[0]
+        trainer_after = _hf_logits(trainer_model, prompt, response).log_softmax(-1)
+        trainer_after = trainer_after.gather(-1, torch.tensor(response).unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(torch.tensor(after), trainer_after, atol=1e-4, rtol=0)
+        assert max(abs(a - b) for a, b in zip(after, before)) > 0.1
+        assert sum(after) > sum(before)  # the update made the response more likely
+
+        # Generation uses the new weights too (no stale prefix-cache blocks), and agrees with the
+        # HF engine that received the same weights.
+        v = vllm_engine.generate([prompt, PROMPTS[0]], greedy)
+        h = hf_engine.generate([prompt, PROMPTS[0]], greedy)
+        assert v.response_ids == h.response_ids
+        assert vllm_engine._llm is llm_before  # same engine: no restart
+    finally:
+        vllm_engine.update_weights(original.items())
+        hf_engine.update_weights(original.items())
+
+    restored = vllm_engine.compute_logprobs([prompt], [response])[0]
+    torch.testing.assert_close(torch.tensor(restored), torch.tensor(before), atol=1e-5, rtol=0)
+
+
+def test_hf_engine_update_weights_rejects_unknown_names(hf_engine):
+    with pytest.raises(ValueError, match="names the model does not have"):
+        hf_engine.update_weights([("model.not_a_layer.weight", torch.zeros(2))])
