@@ -136,6 +136,13 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("algorithm.adv_estimator", alg.adv_estimator, "gae needs a critic, which grpo_dist does not train; use grpo, rloo or reinforce_plus_plus")
     if rollout.n < 1:
         raise _bad("actor_rollout_ref.rollout.n", rollout.n, "expected >= 1")
+    if (not rollout.do_sample or rollout.temperature == 0) and rollout.n > 1:
+        raise _bad("actor_rollout_ref.rollout.do_sample", rollout.do_sample,
+                   f"greedy decoding (do_sample=false or temperature=0) gives rollout.n={rollout.n} identical responses; sample with temperature > 0")
+    vk = rollout.val_kwargs
+    if (not vk.do_sample or vk.temperature == 0) and vk.n > 1:
+        raise _bad("actor_rollout_ref.rollout.val_kwargs.n", vk.n,
+                   "greedy validation (val_kwargs.do_sample=false or temperature=0) needs val_kwargs.n=1; set val_kwargs.do_sample=true and a temperature > 0 for n > 1")
     clip_low = actor.clip_ratio if actor.clip_ratio_low is None else actor.clip_ratio_low
     clip_high = actor.clip_ratio if actor.clip_ratio_high is None else actor.clip_ratio_high
     for key, val in (

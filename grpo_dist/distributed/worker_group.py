@@ -1,0 +1,198 @@
+"""Ray worker groups: one actor per rank, placed over nnodes x devices_per_node.
+
+Placement: one placement group per node (STRICT_PACK), ``devices_per_node`` bundles each, one
+bundle per rank. Rank r lives in bundle ``r % devices_per_node`` of node ``r // devices_per_node``.
+Colocated roles (actor, reference, rollout of a rank) are created in the same bundle and split
+its resources, so they share the rank's device.
+
+Calls fan out to every rank and are collected with fault handling: if a worker dies or raises,
+``WorkerError`` names the role and the rank, and the call never waits forever.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+
+class WorkerError(RuntimeError):
+    """A worker failed; the message names the role, the rank and what happened."""
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """How many ranks, where, and what each bundle holds."""
+
+    nnodes: int
+    devices_per_node: int
+    device: str  # "cpu" | "cuda"
+    cpus_per_rank: float = 1.0
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.devices_per_node
+
+    def bundle(self) -> dict[str, float]:
+        b = {"CPU": self.cpus_per_rank}
+        if self.device == "cuda":
+            b["GPU"] = 1.0
+        return b
+
+
+def create_placement_groups(plan: ResourcePlan, timeout_s: float = 120.0) -> list[PlacementGroup]:
+    """One STRICT_PACK placement group per node; waits until all are placed (or fails clearly)."""
+    pgs = [placement_group([plan.bundle()] * plan.devices_per_node, strategy="STRICT_PACK") for _ in range(plan.nnodes)]
+    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout_s)
+    if len(ready) < len(pgs):
+        avail = ray.available_resources()
+        for pg in pgs:
+            remove_placement_group(pg)
+        raise WorkerError(
+            f"could not place {plan.nnodes} node(s) x {plan.devices_per_node} bundle(s) of {plan.bundle()} within "
+            f"{timeout_s:.0f}s; the Ray cluster has {len(ray.nodes())} node(s) with available resources {avail}. "
+            "Check trainer.nnodes, trainer.n_gpus_per_node and trainer.device."
+        )
+    return pgs
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a remote failure: the innermost exception type and message."""
+    cause = getattr(exc, "cause", None)
+    if cause is not None and cause is not exc:
+        return _describe(cause)
+    text = str(exc).strip().splitlines()
+    last = [t for t in text if t.strip()]
+    msg = last[-1] if last else ""
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+class WorkerGroup:
+    """``world_size`` Ray actors of one role, one per rank, in the given placement groups."""
+
+    def __init__(
+        self,
+        role: str,
+        actor_cls: Any,
+        plan: ResourcePlan,
+        pgs: Sequence[PlacementGroup],
+        *,
+        init_kwargs: Callable[[int], dict] | dict,
+        num_cpus: float,
+        num_gpus: float = 0.0,
+        env: dict[str, str] | None = None,
+        ranks: Sequence[int] | None = None,
+    ) -> None:
+        self.role = role
+        self.ranks = list(range(plan.world_size)) if ranks is None else list(ranks)
+        self.workers = []
+        for rank in self.ranks:
+            node, local = divmod(rank, plan.devices_per_node)
+            kwargs = init_kwargs(rank) if callable(init_kwargs) else dict(init_kwargs)
+            opts = dict(
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pgs[node], placement_group_bundle_index=local
+                ),
+                name=None,
+                max_restarts=0,
+                max_task_retries=0,
+            )
+            if env:
+                opts["runtime_env"] = {"env_vars": dict(env)}
+            self.workers.append(actor_cls.options(**opts).remote(**kwargs))
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    # ---- calls ------------------------------------------------------------------------------
+    def submit(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list:
+        """Start ``method`` on every rank; ``per_rank[i]`` gives rank i's positional args."""
+        refs = []
+        for i, w in enumerate(self.workers):
+            a = per_rank[i] if per_rank is not None else args
+            refs.append(getattr(w, method).remote(*a, **kwargs))
+        return refs
+
+    def collect(self, refs: list, what: str, timeout_s: float | None = None) -> list:
+        """Wait for every rank's result; fail fast (naming the rank) on the first error."""
+        pending = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            wait_s = 5.0 if deadline is None else max(0.0, min(5.0, deadline - time.monotonic()))
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+            for ref in done:
+                i = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except Exception as exc:  # RayActorError, RayTaskError, ...
+                    raise WorkerError(
+                        f"{self.role} worker rank {self.ranks[i]} failed during {what}: {_describe(exc)}"
+                    ) from None
+            if deadline is not None and time.monotonic() > deadline and pending:
+                stuck = sorted(self.ranks[i] for i in pending.values())
+                raise WorkerError(f"{self.role} worker rank(s) {stuck} did not finish {what} within {timeout_s:.0f}s")
+        return results
+
+    def call(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None,
+             timeout_s: float | None = None, **kwargs: Any) -> list:
+        return self.collect(self.submit(method, *args, per_rank=per_rank, **kwargs), method, timeout_s)
+
+    def kill(self) -> None:
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.workers = []
+
+
+def wait_all(groups_and_refs: Sequence[tuple[WorkerGroup, list, str]], timeout_s: float | None = None) -> list[list]:
+    """Collect several groups' calls that run at the same time (e.g. colocated collectives)."""
+    return [g.collect(refs, what, timeout_s) for g, refs, what in groups_and_refs]
+
+
+class SingleWorker:
+    """A one-actor role (the reward scorer) with the same failure reporting as WorkerGroup."""
+
+    def __init__(self, role: str, actor_cls: Any, *, num_cpus: float = 0.0, **init_kwargs: Any) -> None:
+        self.role = role
+        self.handle = actor_cls.options(num_cpus=num_cpus, max_restarts=0).remote(**init_kwargs)
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        ref = getattr(self.handle, method).remote(*args)
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerError(f"{self.role} worker did not finish {method} within {timeout_s:.0f}s") from None
+        except Exception as exc:
+            raise WorkerError(f"{self.role} worker failed during {method}: {_describe(exc)}") from None
+
+    def kill(self) -> None:
+        try:
+            ray.kill(self.handle, no_restart=True)
+        except Exception:
+            pass
+
+
+def put(obj: Any) -> Any:
+    """Place an object in Ray's object store once (shared by every worker on the node)."""
+    return ray.put(obj)
+
+
+def cluster_cpus() -> float:
+    return float(ray.cluster_resources().get("CPU", 1.0))
+
+
+def remove_placement_groups(pgs: Sequence[PlacementGroup]) -> None:
+    for pg in pgs:
+        try:
+            remove_placement_group(pg)
+        except Exception:
+            pass

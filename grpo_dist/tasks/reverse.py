@@ -1,0 +1,200 @@
+"""The embedded default task: reverse a string of digits.
+
+Prompt (one user message): ``reverse 48213``; the right answer is ``31284``. The reward is 1.0
+for exactly the reversed string and 0.0 otherwise (data_source ``grpo_dist/reverse``).
+
+The base model is a small Qwen2-shaped model with a character tokenizer, warmed up with supervised
+steps on answers that are the reversed string half the time and the copied string the other half.
+So it knows the output format, and samples the reversal often enough that a group of ``rollout.n``
+responses usually has reward variance, but it does not yet prefer reversing: what GRPO has to
+teach. Everything is built locally in a few tens of seconds and cached (no downloads).
+
+    python scripts/build_default_task.py [--out DIR]   # build (or rebuild) it explicitly
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+DATA_SOURCE = "grpo_dist/reverse"
+VERSION = "v1"
+MIN_DIGITS, MAX_DIGITS = 3, 6
+N_TRAIN, N_TEST = 4096, 256
+VOCAB = list("0123456789 abcdefghijklmnopqrstuvwxyz\n")
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def make_prompt(digits: str) -> list[dict]:
+    return [{"role": "user", "content": f"reverse {digits}"}]
+
+
+def _digits(rng: random.Random) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(rng.randint(MIN_DIGITS, MAX_DIGITS)))
+
+
+def score(solution_str: str, ground_truth, extra_info=None) -> float:
+    """1.0 when the response is exactly the reversed digits (surrounding white space ignored)."""
+    return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
+
+
+def _register() -> None:
+    from grpo_dist.rewards.scorers import DEFAULT_REGISTRY
+
+    if DATA_SOURCE not in DEFAULT_REGISTRY:
+        DEFAULT_REGISTRY.register(DATA_SOURCE)(score)
+
+
+_register()
+
+
+# ------------------------------------------------------------------------------------------ data
+def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
+    """train.parquet / test.parquet in verl's row format; test strings never appear in train."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+    test: list[str] = []
+    seen: set[str] = set()
+    while len(test) < N_TEST:
+        d = _digits(rng)
+        if d not in seen:
+            seen.add(d)
+            test.append(d)
+    train = []
+    while len(train) < N_TRAIN:
+        d = _digits(rng)
+        if d not in seen:
+            train.append(d)
+    out = {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, items in (("train", train), ("test", test)):
+        rows = [
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": make_prompt(d),
+                "ability": "string",
+                "reward_model": {"style": "rule", "ground_truth": d[::-1]},
+                "extra_info": {"split": split, "index": i},
+            }
+            for i, d in enumerate(items)
+        ]
+        path = out_dir / f"{split}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        out[split] = path
+    return out
+
+
+# ----------------------------------------------------------------------------------------- model
+def warm_up(model_dir: Path, *, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
+            reverse_fraction: float = 0.5, log_every: int = 0) -> dict:
+    """Supervised warm-up: answers are the reversal with probability ``reverse_fraction``, else a copy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_dist.data.dataset import tokenize_prompt
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed + 1)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps))
+    end_id = tok.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tok.pad_token_id
+    t0 = time.perf_counter()
+    loss_val = float("nan")
+    for step in range(steps):
+        seqs, labels = [], []
+        for _ in range(batch_size):
+            d = _digits(rng)
+            ans = d[::-1] if rng.random() < reverse_fraction else d
+            p = tokenize_prompt(tok, make_prompt(d))
+            a = tok.encode(ans, add_special_tokens=False) + [end_id]
+            seqs.append(list(p) + a)
+            labels.append([-100] * len(p) + a)
+        width = max(len(s) for s in seqs)
+        ids = torch.full((batch_size, width), pad_id)
+        lab = torch.full((batch_size, width), -100)
+        att = torch.zeros((batch_size, width), dtype=torch.long)
+        for i, (s, l) in enumerate(zip(seqs, labels)):
+            ids[i, : len(s)] = torch.tensor(s)
+            lab[i, : len(l)] = torch.tensor(l)
+            att[i, : len(s)] = 1
+        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_val = loss.item()
+        if log_every and (step + 1) % log_every == 0:
+            print(f"warm-up step {step + 1}/{steps}: loss {loss_val:.4f}", flush=True)
+    model.save_pretrained(model_dir)
+    return {"steps": steps, "final_loss": loss_val, "seconds": time.perf_counter() - t0}
+
+
+def build_model(out_dir: Path, *, warmup_steps: int = 300, seed: int = 0, log_every: int = 0) -> Path:
+    import torch
+
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    threads = torch.get_num_threads()
+    try:
+        build_tiny_model(out_dir, vocab=VOCAB, hidden_size=128, num_layers=4, num_heads=2, num_kv_heads=2,
+                         head_dim=64, intermediate_size=256, max_position_embeddings=256, seed=seed)
+        info = warm_up(out_dir, steps=warmup_steps, seed=seed, log_every=log_every)
+    finally:
+        torch.set_num_threads(threads)
+    (out_dir / "grpo_dist_task.json").write_text(json.dumps({"task": "reverse", "version": VERSION, **info}))
+    return out_dir
+
+
+def ensure_model(cache: str | os.PathLike) -> Path:
+    final = Path(cache) / f"tiny-reverse-{VERSION}"
+    if (final / "grpo_dist_task.json").exists():
+        return final
+    with _lock(Path(cache) / ".tiny-reverse.lock"):
+        if (final / "grpo_dist_task.json").exists():
+            return final
+        print(f"grpo_dist: building the embedded base model in {final} (one time, about a minute)", flush=True)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_model(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return final
+
+
+def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
+    d = Path(cache) / f"reverse-data-{VERSION}"
+    paths = {"train": d / "train.parquet", "test": d / "test.parquet"}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    with _lock(Path(cache) / ".reverse-data.lock"):
+        if not all(p.exists() for p in paths.values()):
+            tmp = d.with_name(d.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            write_data(tmp)
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
+    return paths

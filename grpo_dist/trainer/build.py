@@ -1,0 +1,175 @@
+"""Map the configuration onto the numbers each library piece takes (no config objects below here)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.rollout.base import SamplingSettings
+from grpo_dist.training.actor import ActorSettings
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device = 'cuda' is not valid here: no CUDA device is visible to the driver; use trainer.device=cpu")
+    return name
+
+
+def compute_dtype(name: str, device: str) -> str:
+    if name != "auto":
+        return name
+    return "bfloat16" if device == "cuda" else "float32"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Sizes of one step derived from the config."""
+
+    train_batch_size: int  # prompts
+    n: int  # responses per prompt
+    world_size: int  # data-parallel ranks
+    num_mini_batches: int
+
+    @property
+    def responses(self) -> int:
+        return self.train_batch_size * self.n
+
+
+def step_shape(cfg: GRPOConfig) -> StepShape:
+    dp = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    return StepShape(
+        train_batch_size=cfg.data.train_batch_size,
+        n=cfg.actor_rollout_ref.rollout.n,
+        world_size=dp,
+        num_mini_batches=cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
+    )
+
+
+def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> ActorSettings:
+    a = cfg.actor_rollout_ref.actor
+    shape = step_shape(cfg)
+    clip_low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
+    clip_high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
+    mini_per_gpu = a.ppo_mini_batch_size * shape.n // shape.world_size
+    return ActorSettings(
+        ppo_mini_batch_size_per_gpu=mini_per_gpu,
+        ppo_micro_batch_size_per_gpu=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+        use_dynamic_bsz=a.use_dynamic_bsz,
+        ppo_max_token_len_per_gpu=a.ppo_max_token_len_per_gpu,
+        ppo_epochs=a.ppo_epochs,
+        shuffle=a.shuffle,
+        seed=cfg.trainer.seed,
+        clip_ratio_low=clip_low,
+        clip_ratio_high=clip_high,
+        clip_ratio_c=a.clip_ratio_c,
+        loss_agg_mode=a.loss_agg_mode,
+        norm_constant=float(cfg.actor_rollout_ref.rollout.response_length),
+        entropy_coeff=a.entropy_coeff,
+        use_kl_loss=a.use_kl_loss,
+        kl_loss_coef=a.kl_loss_coef,
+        kl_loss_type=a.kl_loss_type,
+        temperature=cfg.actor_rollout_ref.rollout.temperature or 1.0,
+        grad_clip=a.grad_clip,
+        lr=a.optim.lr,
+        weight_decay=a.optim.weight_decay,
+        betas=tuple(a.optim.betas),
+        lr_warmup_steps=a.optim.lr_warmup_steps,
+        lr_warmup_steps_ratio=a.optim.lr_warmup_steps_ratio,
+        total_training_steps=total_training_steps,
+        lr_scheduler_type=a.optim.lr_scheduler_type,
+        min_lr_ratio=a.optim.min_lr_ratio,
+        model_dtype=a.fsdp_config.model_dtype,
+        param_dtype=compute_dtype(a.fsdp_config.dtype, device),
+        reduce_dtype="float32",
+        attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
+        enable_gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        reshard_after_forward=a.fsdp_config.reshard_after_forward,
+        param_offload=a.fsdp_config.param_offload,
+        optimizer_offload=a.fsdp_config.optimizer_offload,
+        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+    )
+
+
+def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
+    r = cfg.actor_rollout_ref.ref
+    return dict(
+        param_dtype=compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, device),
+        param_offload=r.fsdp_config.param_offload,
+        reshard_after_forward=r.fsdp_config.reshard_after_forward,
+        attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
+        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+    )
+
+
+def train_sampling(cfg: GRPOConfig, seed: int | None = None) -> SamplingSettings:
+    r = cfg.actor_rollout_ref.rollout
+    return SamplingSettings(
+        n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.response_length,
+        do_sample=r.do_sample, seed=seed,
+    )
+
+
+def val_sampling(cfg: GRPOConfig) -> SamplingSettings:
+    r = cfg.actor_rollout_ref.rollout
+    v = r.val_kwargs
+    greedy = not v.do_sample or v.temperature == 0
+    return SamplingSettings(
+        n=v.n, temperature=0.0 if greedy else v.temperature, top_p=v.top_p, top_k=v.top_k,
+        max_tokens=r.response_length, do_sample=not greedy, seed=None,
+    )
+
+
+def needs_reference(cfg: GRPOConfig) -> bool:
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
+    """Constructor arguments of the rollout engine named by actor_rollout_ref.rollout.name."""
+    r = cfg.actor_rollout_ref.rollout
+    dtype = compute_dtype(r.dtype, device)
+    if r.name == "hf":
+        return dict(model_path=model_path, dtype=dtype, device=device)
+    return dict(
+        model_path=model_path,
+        dtype=dtype,
+        max_model_len=r.max_model_len or (r.prompt_length + r.response_length),
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=r.tensor_model_parallel_size,
+        max_num_seqs=r.max_num_seqs,
+        enforce_eager=r.enforce_eager,
+        enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
+        kv_cache_gib=r.kv_cache_gib if device == "cpu" else None,
+    )
+
+
+def engine_env(cfg: GRPOConfig, device: str) -> dict[str, str]:
+    """Environment of the rollout worker processes (read by vLLM at import/start)."""
+    # The engine runs in the worker's own process (no extra engine-core process); the KV cache
+    # size is passed to the engine directly (kv_cache_gib), not through VLLM_CPU_KVCACHE_SPACE.
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+
+
+def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
+    """Checks that need the model's config and the tokenizer (cheap: no weights are loaded)."""
+    from transformers import AutoConfig
+
+    mc = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    r = cfg.actor_rollout_ref.rollout
+    ctx = getattr(mc, "max_position_embeddings", None)
+    need = r.prompt_length + r.response_length
+    if ctx is not None and need > ctx:
+        raise ValueError(
+            f"data.max_prompt_length + data.max_response_length = {need} is longer than the model's context "
+            f"(max_position_embeddings = {ctx} in {model_path}/config.json); lower one of them"
+        )
+    vocab = getattr(mc, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}: they do not belong "
+            f"together (data.tokenizer = {cfg.data.tokenizer!r}, actor_rollout_ref.model.path = {model_path!r})"
+        )

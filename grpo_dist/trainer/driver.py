@@ -1,0 +1,438 @@
+"""The single-controller driver: owns the loop, holds no model, drives the worker groups.
+
+One step (see docs/ and DESIGN): generate -> reward -> old log-probs -> reference log-probs ->
+advantages -> update -> weight sync -> metrics, validation, checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from grpo_dist.batch import Batch
+from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.core.advantages import get_adv_estimator
+from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
+from grpo_dist.data.dataset import EpochSampler, PromptDataset, collate_prompts
+from grpo_dist.distributed.worker_group import (
+    ResourcePlan,
+    SingleWorker,
+    WorkerGroup,
+    cluster_cpus,
+    create_placement_groups,
+    put,
+    remove_placement_groups,
+)
+from grpo_dist.rewards.tokens import place_scores_on_last_token
+from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, pad_responses
+from grpo_dist.trainer import build, checkpoint
+from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
+from grpo_dist.trainer.tracking import Tracker
+from grpo_dist.training.micro_batches import rank_shard_indices
+
+UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages")
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+@dataclass
+class RunSummary:
+    steps: int = 0
+    first_step: int = 0
+    wall_s: float = 0.0
+    tokens: int = 0
+    val_before: dict[str, float] = field(default_factory=dict)
+    val_after: dict[str, float] = field(default_factory=dict)
+    last_checkpoint: str | None = None
+    out_dir: str = ""
+
+
+class GRPOTrainer:
+    def __init__(
+        self,
+        cfg: GRPOConfig,
+        *,
+        model_path: str,
+        tokenizer: Any,
+        tokenizer_path: str,
+        train_data: PromptDataset,
+        val_data: PromptDataset | None,
+        device: str,
+        out_dir: str,
+    ) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        self.tokenizer = tokenizer
+        self.tokenizer_path = tokenizer_path
+        self.train_data, self.val_data = train_data, val_data
+        self.device = device
+        self.out_dir = Path(out_dir)
+        self.shape = build.step_shape(cfg)
+        self.pad_id = train_data.pad_id
+        self.sampler = EpochSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        t = cfg.trainer
+        self.total_steps = t.total_training_steps or t.total_epochs * self.sampler.steps_per_epoch
+        self.global_step = 0
+        self.estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        self.use_ref = build.needs_reference(cfg)
+        self.groups: list[WorkerGroup] = []
+        self.pgs: list = []
+        self.summary = RunSummary(out_dir=str(self.out_dir))
+
+    # ================================================================ set-up / tear-down
+    def start_workers(self) -> None:
+        cfg, dev = self.cfg, self.device
+        world = self.shape.world_size
+        plan = ResourcePlan(cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, dev, cpus_per_rank=1.0)
+        self.pgs = create_placement_groups(plan)
+        roles = 3 if self.use_ref else 2
+        share = 1.0 / roles
+        threads = max(1, int(cluster_cpus() // max(world, 1))) if dev == "cpu" else 4
+        gpu = share if dev == "cuda" else 0.0
+        common = dict(world_size=world, device=dev, num_threads=threads)
+        self.actor = WorkerGroup("actor", _actor_cls(), plan, self.pgs, init_kwargs=lambda r: dict(rank=r, **common),
+                                 num_cpus=share, num_gpus=gpu)
+        self.groups.append(self.actor)
+        self.ref = None
+        if self.use_ref:
+            self.ref = WorkerGroup("reference", _ref_cls(), plan, self.pgs, init_kwargs=lambda r: dict(rank=r, **common),
+                                   num_cpus=share, num_gpus=gpu)
+            self.groups.append(self.ref)
+        engine_kwargs = build.engine_kwargs(cfg, self.model_path, dev)
+        self.rollout = WorkerGroup(
+            "rollout", _rollout_cls(), plan, self.pgs,
+            init_kwargs=lambda r: dict(rank=r, device=dev, num_threads=threads, engine=cfg.actor_rollout_ref.rollout.name,
+                                       engine_kwargs={**engine_kwargs, "seed": cfg.actor_rollout_ref.rollout.seed + r}),
+            num_cpus=share, num_gpus=gpu,
+            env=build.engine_env(cfg, dev),
+        )
+        self.groups.append(self.rollout)
+        rm = cfg.reward_model
+        self.reward_group = SingleWorker(
+            "reward", _reward_cls(), custom_path=cfg.custom_reward_function.path,
+            custom_name=cfg.custom_reward_function.name, num_workers=rm.num_workers, timeout_s=rm.timeout_s,
+            on_error=rm.on_error,
+        )
+
+        backend = "nccl" if dev == "cuda" else "gloo"
+        settings = build.actor_settings(cfg, dev, self.total_steps)
+        refs = []
+        for group, extra in ((self.actor, dict(settings=settings)), (self.ref, build.reference_kwargs(cfg, dev))):
+            if group is None:
+                continue
+            addr, port = group.call("address")[0]
+            refs.append((group, group.submit("init_model", master_addr=addr, master_port=port, backend=backend,
+                                             model_path=self.model_path, **extra)))
+        for group, r in refs:
+            group.collect(r, "model loading")
+        # Engines are started by now (their constructors ran); make sure they are up.
+        self.rollout.call("memory_gb")
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.kill()
+        self.groups = []
+        if getattr(self, "reward_group", None) is not None:
+            self.reward_group.kill()
+            self.reward_group = None
+        remove_placement_groups(self.pgs)
+        self.pgs = []
+
+    # ================================================================ stages
+    def prompt_batch(self, items: list[dict], uid_prefix: str) -> Batch:
+        c = collate_prompts(items, self.pad_id, self.cfg.data.max_prompt_length)
+        tensors = {k: c[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        non = {
+            "data_source": c["data_source"],
+            "ground_truth": c["ground_truth"],
+            "extra_info": c["extra_info"],
+            "prompt_ids": c["prompt_ids"],
+            "uid": [f"{uid_prefix}-{i}" for i in range(len(items))],
+        }
+        return Batch.from_dict(tensors, non)
+
+    def generate(self, prompts: Batch, sampling: SamplingSettings) -> Batch:
+        """Sample ``sampling.n`` responses per prompt on the rollout ranks; rows grouped by prompt."""
+        prompt_ids = list(prompts["prompt_ids"])
+        k = len(self.rollout)
+        bounds = np.linspace(0, len(prompt_ids), k + 1).astype(int)
+        per_rank = [(prompt_ids[bounds[i]:bounds[i + 1]], sampling) for i in range(k)]
+        outs: list[RolloutOutput] = self.rollout.call("generate", per_rank=per_rank)
+        merged = RolloutOutput(
+            response_ids=[r for o in outs for r in o.response_ids],
+            logprobs=[lp for o in outs for lp in o.logprobs],
+            finished_by_eos=[f for o in outs for f in o.finished_by_eos],
+        )
+        R = self.cfg.actor_rollout_ref.rollout.response_length
+        responses, response_mask, rollout_logp = pad_responses(merged, self.pad_id, R)
+        rows = prompts.repeat_interleave(sampling.n)
+        prompt_mask = rows["attention_mask"]
+        last_pos = rows["position_ids"][:, -1:]
+        resp_pos = last_pos + torch.arange(1, R + 1).unsqueeze(0)
+        rows["prompts"] = rows["input_ids"]
+        rows["responses"] = responses
+        rows["response_mask"] = response_mask.float()
+        rows["rollout_log_probs"] = rollout_logp.float()
+        rows["input_ids"] = torch.cat([rows["input_ids"], responses], dim=1)
+        rows["attention_mask"] = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+        rows["position_ids"] = torch.cat([rows["position_ids"], resp_pos], dim=1)
+        return rows
+
+    def decode_responses(self, batch: Batch) -> list[str]:
+        out = []
+        for ids, m in zip(batch["responses"], batch["response_mask"]):
+            out.append(self.tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True))
+        return out
+
+    def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        texts = self.decode_responses(batch)
+        scores, _extra, stats = self.reward_group.call(
+            "score", list(batch["data_source"]), texts, list(batch["ground_truth"]), list(batch["extra_info"])
+        )
+        return torch.tensor(scores, dtype=torch.float32), {k: float(v) for k, v in stats.items()}
+
+    def _shard_evenly(self, batch: Batch, keys) -> list[tuple]:
+        pieces = batch.select(*keys).chunk(self.shape.world_size)
+        return [(p.tensor_dict(),) for p in pieces]
+
+    def old_log_probs(self, batch: Batch) -> torch.Tensor:
+        r = self.cfg.actor_rollout_ref.rollout
+        micro = None if r.log_prob_use_dynamic_bsz else r.log_prob_micro_batch_size_per_gpu
+        tok = r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None
+        per_rank = [(d, micro, tok) for (d,) in self._shard_evenly(batch, FORWARD_KEYS)]
+        outs = self.actor.call("compute_log_prob", per_rank=per_rank)
+        return torch.cat([lp for lp, _ in outs], dim=0)
+
+    def ref_log_probs(self, batch: Batch) -> torch.Tensor:
+        r = self.cfg.actor_rollout_ref.ref
+        micro = None if r.log_prob_use_dynamic_bsz else r.log_prob_micro_batch_size_per_gpu
+        tok = r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None
+        temp = self.cfg.actor_rollout_ref.rollout.temperature or 1.0
+        per_rank = [(d, micro, tok, temp) for (d,) in self._shard_evenly(batch, FORWARD_KEYS)]
+        return torch.cat(self.ref.call("compute_ref_log_prob", per_rank=per_rank), dim=0)
+
+    def advantages(self, batch: Batch) -> None:
+        alg = self.cfg.algorithm
+        adv, ret = self.estimator.fn(
+            token_level_rewards_BT=batch["token_level_rewards"],
+            response_mask_BT=batch["response_mask"],
+            index_B=list(batch["uid"]),
+            gamma=alg.gamma,
+            lam=alg.lam,
+            norm_adv_by_std=alg.norm_adv_by_std_in_grpo,
+            step_end_mask_BT=batch["step_end_mask"] if "step_end_mask" in batch else None,
+        )
+        batch["advantages"] = adv
+        batch["returns"] = ret
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        keys = list(UPDATE_KEYS) + (["ref_log_prob"] if self.cfg.actor_rollout_ref.actor.use_kl_loss else [])
+        sel = batch.select(*keys)
+        per_rank = []
+        for rank in range(self.shape.world_size):
+            idx = rank_shard_indices(len(sel), num_mini_batches=self.shape.num_mini_batches, rank=rank,
+                                     world_size=self.shape.world_size)
+            per_rank.append((sel.reorder(idx).tensor_dict(),))
+        metrics = self.actor.call("update_policy", per_rank=per_rank)
+        out = dict(metrics[0])
+        out["perf/max_memory_gb/actor"] = max(m.get("perf/max_memory_gb/actor", 0.0) for m in metrics)
+        return out
+
+    def sync_weights(self) -> None:
+        dtype = build.compute_dtype(self.cfg.actor_rollout_ref.rollout.dtype, self.device)
+        sds = self.actor.call("state_dict_for_sync", dtype)
+        ref = put(sds[0])
+        self.rollout.call("update_weights", per_rank=[(ref,)] * len(self.rollout))
+        del ref
+
+    # ================================================================ one step
+    def train_step(self, items: list[dict]) -> dict[str, float]:
+        cfg = self.cfg
+        timer = Timer()
+        t0 = time.perf_counter()
+        with timer("step"):
+            with timer("gen"):
+                batch = self.generate(self.prompt_batch(items, f"s{self.global_step}"),
+                                      build.train_sampling(cfg, seed=cfg.actor_rollout_ref.rollout.seed + self.global_step))
+            with timer("reward"):
+                scores, reward_stats = self.score(batch)
+                batch["token_level_scores"] = place_scores_on_last_token(scores, batch["response_mask"])
+            with timer("old_log_prob"):
+                batch["old_log_probs"] = self.old_log_probs(batch)
+            if self.use_ref:
+                with timer("ref"):
+                    batch["ref_log_prob"] = self.ref_log_probs(batch)
+            with timer("adv"):
+                extra: dict[str, float] = {}
+                if cfg.algorithm.use_kl_in_reward:
+                    rewards, kl = apply_kl_penalty(
+                        batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"],
+                        kl_coef=self.kl_ctrl.value, kind=cfg.algorithm.kl_penalty,
+                    )
+                    extra = {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value}
+                    self.kl_ctrl.update(kl, n_steps=len(items))
+                    batch["token_level_rewards"] = rewards
+                else:
+                    batch["token_level_rewards"] = batch["token_level_scores"]
+                self.advantages(batch)
+            with timer("update_actor"):
+                actor_metrics = self.update_actor(batch)
+            with timer("update_weights"):
+                self.sync_weights()
+        step_s = time.perf_counter() - t0
+        ntok = token_count(batch)
+        self.summary.tokens += ntok
+        m: dict[str, float] = {}
+        m.update(actor_metrics)
+        m.update(extra)
+        m.update(data_metrics(batch, cfg.actor_rollout_ref.rollout.response_length))
+        m.update(reward_stats)
+        m.update(timer.metrics())
+        m.update(throughput_metrics(ntok, step_s, self.shape.world_size))
+        return m
+
+    # ================================================================ validation
+    def validate(self) -> dict[str, float]:
+        if self.val_data is None:
+            return {}
+        cfg = self.cfg
+        sampling = build.val_sampling(cfg)
+        bs = cfg.data.val_batch_size or len(self.val_data)
+        sources: list[str] = []
+        scores: list[float] = []
+        for start in range(0, len(self.val_data), bs):
+            items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
+            batch = self.generate(self.prompt_batch(items, f"v{start}"), sampling)
+            s, _ = self.score(batch)
+            sources += [str(x) for x in batch["data_source"]]
+            scores += s.tolist()
+        return reduce_validation(sources, scores, sampling.n)
+
+    # ================================================================ checkpoints
+    def save(self) -> str:
+        root = Path(self.cfg.trainer.default_local_dir)
+        tmp = checkpoint.tmp_dir(root, self.global_step)
+        self.actor.call("save_checkpoint", str(tmp / "actor"))
+        contents = self.cfg.actor_rollout_ref.actor.checkpoint.contents
+        if "hf_model" in contents or self.global_step >= self.total_steps:
+            self.actor.call("export_hf", str(tmp / "huggingface"), self.tokenizer_path)
+        state = {
+            "global_step": self.global_step,
+            "sampler": self.sampler.state_dict(),
+            "kl_coef": self.kl_ctrl.value,
+            "total_steps": self.total_steps,
+        }
+        final = checkpoint.publish(root, tmp, self.global_step, state, self.cfg.trainer.max_actor_ckpt_to_keep)
+        self.summary.last_checkpoint = str(final)
+        return str(final)
+
+    def maybe_resume(self) -> None:
+        t = self.cfg.trainer
+        root = Path(t.default_local_dir)
+        checkpoint.clean_stale_tmp(root)
+        if t.resume_mode == "disable":
+            return
+        ckpt = Path(t.resume_from_path) if t.resume_mode == "resume_path" else checkpoint.latest_checkpoint(root)
+        if ckpt is None:
+            return
+        state = checkpoint.read_state(ckpt)
+        self.actor.call("load_checkpoint", str(ckpt / "actor"))
+        self.sampler.load_state_dict(state["sampler"])
+        self.global_step = int(state["global_step"])
+        self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        self.sync_weights()
+        print(f"grpo_dist: resumed from {ckpt} (step {self.global_step})", flush=True)
+
+    # ================================================================ the loop
+    def fit(self) -> RunSummary:
+        cfg = self.cfg
+        t = cfg.trainer
+        self.maybe_resume()
+        self.summary.first_step = self.global_step
+        tracker = Tracker(list(t.logger), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
+                          config={}, resume_step=self.global_step, progress_bar=t.progress_bar)
+        bar = None
+        try:
+            if t.progress_bar:
+                from tqdm import tqdm
+
+                bar = tqdm(total=self.total_steps, initial=self.global_step, desc="GRPO", unit="step", dynamic_ncols=True)
+            t_start = time.perf_counter()
+            if t.val_before_train and self.val_data is not None and self.global_step == 0:
+                val = self.validate()
+                self.summary.val_before = val
+                tracker.log(val, step=0)
+            last_val: dict[str, float] = {}
+            while self.global_step < self.total_steps:
+                epoch = self.sampler.epoch
+                items = [self.train_data[i] for i in next(self.sampler)]
+                metrics = self.train_step(items)
+                self.global_step += 1
+                metrics["training/global_step"] = self.global_step
+                metrics["training/epoch"] = epoch
+                is_last = self.global_step >= self.total_steps
+                if self.val_data is not None and t.test_freq > 0 and (self.global_step % t.test_freq == 0 or is_last):
+                    with _timed(metrics, "timing_s/testing"):
+                        last_val = self.validate()
+                    metrics.update(last_val)
+                if (t.save_freq > 0 and self.global_step % t.save_freq == 0) or is_last:
+                    with _timed(metrics, "timing_s/save_checkpoint"):
+                        self.save()
+                tracker.log(metrics, step=self.global_step)
+                if bar is not None:
+                    post = {"score": metrics.get("critic/score/mean", math.nan), "step_s": metrics["timing_s/step"]}
+                    acc = [v for k, v in last_val.items() if k.endswith("/acc/mean@" + str(build.val_sampling(cfg).n))]
+                    if acc:
+                        post["val_acc"] = sum(acc) / len(acc)
+                    bar.set_postfix({k: f"{v:.3g}" for k, v in post.items()})
+                    bar.update(1)
+            self.summary.val_after = last_val
+            self.summary.steps = self.global_step
+            self.summary.wall_s = time.perf_counter() - t_start
+        finally:
+            if bar is not None:
+                bar.close()
+            tracker.close()
+        return self.summary
+
+
+class _timed:
+    def __init__(self, metrics: dict, key: str) -> None:
+        self.metrics, self.key = metrics, key
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.metrics[self.key] = time.perf_counter() - self.t0
+
+
+def _actor_cls():
+    from grpo_dist.workers.actor import ActorWorker
+
+    return ActorWorker
+
+
+def _ref_cls():
+    from grpo_dist.workers.reference import ReferenceWorker
+
+    return ReferenceWorker
+
+
+def _rollout_cls():
+    from grpo_dist.workers.rollout import RolloutWorker
+
+    return RolloutWorker
+
+
+def _reward_cls():
+    from grpo_dist.workers.reward import RewardWorker
+
+    return RewardWorker

@@ -1,0 +1,74 @@
+"""Per-step metrics with verl's names, so dashboards built for verl read ours."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from grpo_dist.batch import Batch
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
+    if x.numel() == 0:
+        return {}
+    x = x.float()
+    return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
+
+
+def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    """Scores, rewards, advantages and lengths of one step's responses."""
+    mask = batch["response_mask"].bool()
+    out: dict[str, float] = {}
+    out.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
+    out.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
+    out.update(_stats("critic/advantages", batch["advantages"][mask]))
+    out.update(_stats("critic/returns", batch["returns"][mask]))
+    resp_len = mask.sum(-1).float()
+    out.update(_stats("response_length", resp_len))
+    out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
+    prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
+    out.update(_stats("prompt_length", prompt_len))
+    return out
+
+
+def token_count(batch: Batch) -> int:
+    return int(batch["attention_mask"].sum().item())
+
+
+class Timer:
+    """Wall time of named phases of a step: ``with timer("gen"): ...`` -> ``timing_s/gen``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
+
+
+def throughput_metrics(num_tokens: int, step_seconds: float, n_devices: int) -> dict[str, float]:
+    return {
+        "perf/total_num_tokens": float(num_tokens),
+        "perf/time_per_step": step_seconds,
+        "perf/throughput": num_tokens / max(step_seconds, 1e-9) / max(n_devices, 1),
+    }
+
+
+def reduce_validation(data_sources, scores, n: int) -> dict[str, float]:
+    """val-core/<data_source>/acc/mean@n: mean score per data source."""
+    by_src: dict[str, list[float]] = defaultdict(list)
+    for src, s in zip(data_sources, scores):
+        by_src[str(src)].append(float(s))
+    out = {f"val-core/{src}/acc/mean@{n}": sum(v) / len(v) for src, v in by_src.items()}
+    return out

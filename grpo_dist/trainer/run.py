@@ -1,0 +1,132 @@
+"""Build everything a run needs from a validated config, train, print the summary, close.
+
+Errors a user can act on (bad data, a failing reward function, a dead worker) end the run with
+one message and a non-zero exit code, never a traceback wall.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from grpo_dist.config.schema import GRPOConfig
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    print(f"grpo_dist: error: {msg}", file=sys.stderr, flush=True)
+    return code
+
+
+def _paths(value) -> list[str]:
+    if value is None:
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def init_ray(cfg: GRPOConfig, world_size: int) -> bool:
+    """Attach to ray_kwargs.ray_init.address / RAY_ADDRESS, or start a local instance. True if started here."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ri = cfg.ray_kwargs.ray_init
+    # Worker processes: quiet library chatter (set TRANSFORMERS_VERBOSITY / VLLM_LOGGING_LEVEL to see it).
+    env = {"env_vars": {
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
+    }}
+    address = ri.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        return True
+    num_cpus = ri.num_cpus or os.cpu_count() or 1
+    # On CPU a rank is a process: make room for one bundle per rank even on a small machine.
+    num_cpus = max(num_cpus, world_size)
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=ri.include_dashboard,
+        dashboard_host="127.0.0.1",
+        runtime_env=env,
+        log_to_driver=True,
+        configure_logging=False,
+    )
+    return True
+
+
+def run(cfg: GRPOConfig) -> int:
+    from grpo_dist import tasks
+    from grpo_dist.data.dataset import DataError, PromptDataset
+    from grpo_dist.distributed.worker_group import WorkerError
+    from grpo_dist.trainer import build
+    from grpo_dist.trainer.driver import GRPOTrainer
+
+    t0 = time.perf_counter()
+    try:
+        device = build.resolve_device(cfg.trainer.device)
+        model_path = tasks.resolve(cfg.actor_rollout_ref.model.path)
+        tok_path = tasks.resolve(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
+        train_files = [tasks.resolve(p) for p in _paths(cfg.data.train_files)]
+        val_files = [tasks.resolve(p) for p in _paths(cfg.data.val_files)]
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+        build.check_model_fits(cfg, model_path, tokenizer)
+        d = cfg.data
+        common = dict(prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
+                      filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
+                      skip_bad_rows=d.skip_bad_rows)
+        train = PromptDataset.from_files(train_files, tokenizer, **common)
+        val = PromptDataset.from_files(val_files, tokenizer, **common) if val_files else None
+    except (DataError, ValueError, FileNotFoundError) as exc:
+        return _fail(str(exc), 2)
+
+    out_dir = Path(cfg.trainer.default_local_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started_ray = init_ray(cfg, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node)
+    trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path, train_data=train,
+                          val_data=val, device=device, out_dir=str(out_dir))
+    try:
+        try:
+            trainer.start_workers()
+            summary = trainer.fit()
+        except WorkerError as exc:
+            return _fail(f"{exc}\n  the newest checkpoint in {out_dir} (if any) is intact; rerun the same command to resume")
+        except KeyboardInterrupt:
+            return _fail("interrupted", 130)
+    finally:
+        trainer.close()
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+    _print_summary(summary, time.perf_counter() - t0)
+    try:
+        from grpo_dist.report import write_report
+
+        write_report(out_dir)
+    except Exception as exc:  # a report must never fail a finished run
+        print(f"grpo_dist: could not draw the report: {exc}", file=sys.stderr)
+    return 0
+
+
+def _print_summary(s, total_s: float) -> None:
+    lines = ["", "grpo_dist: training finished"]
+    lines.append(f"  steps            {s.first_step} -> {s.steps}")
+    for k in sorted(set(s.val_before) | set(s.val_after)):
+        b, a = s.val_before.get(k), s.val_after.get(k)
+        fb = f"{b:.3f}" if b is not None else "-"
+        fa = f"{a:.3f}" if a is not None else "-"
+        lines.append(f"  {k:<16} {fb} -> {fa}")
+    lines.append(f"  wall time        {total_s:.0f} s (training loop {s.wall_s:.0f} s)")
+    if s.wall_s > 0:
+        lines.append(f"  tokens/s         {s.tokens / s.wall_s:.0f}")
+    if s.last_checkpoint:
+        lines.append(f"  checkpoint       {s.last_checkpoint}")
+    lines.append(f"  metrics, report  {s.out_dir}/metrics.jsonl, {s.out_dir}/report/")
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,53 @@
+"""Ray actor shell around the FSDP2 policy (``grpo_dist.training.actor.FSDPActor``), one per rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from grpo_dist.workers.common import free_port, node_ip, process_memory_gb, setup_process
+
+
+@ray.remote
+class ActorWorker:
+    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
+        setup_process(device, num_threads)
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.actor = None
+
+    def address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any) -> None:
+        from grpo_dist.distributed.process_group import init_process_group
+        from grpo_dist.training.actor import FSDPActor
+
+        init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
+                           master_addr=master_addr, master_port=master_port)
+        dev = "cuda" if self.device == "cuda" else "cpu"
+        self.actor = FSDPActor(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
+
+    def compute_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,
+                         max_token_len: int | None, compute_entropy: bool = False):
+        logp, ent = self.actor.compute_log_prob(data, micro_batch_size=micro_batch_size, max_token_len=max_token_len,
+                                                compute_entropy=compute_entropy)
+        return logp, ent
+
+    def update_policy(self, data: dict[str, torch.Tensor]) -> dict[str, float]:
+        metrics = self.actor.update_policy(data)
+        metrics["perf/max_memory_gb/actor"] = process_memory_gb()
+        return metrics
+
+    def state_dict_for_sync(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
+        return self.actor.state_dict_for_sync(dtype)
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.actor.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.actor.load_checkpoint(directory)
+
+    def export_hf(self, directory: str, tokenizer_path: str | None) -> None:
+        self.actor.export_hf(directory, tokenizer_path)

@@ -1,0 +1,33 @@
+"""Ray actor shell around the frozen FSDP2 reference policy, one per rank."""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from grpo_dist.workers.common import free_port, node_ip, setup_process
+
+
+@ray.remote
+class ReferenceWorker:
+    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
+        setup_process(device, num_threads)
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.ref = None
+
+    def address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, **kwargs) -> None:
+        from grpo_dist.distributed.process_group import init_process_group
+        from grpo_dist.training.reference import FSDPReference
+
+        init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
+                           master_addr=master_addr, master_port=master_port)
+        dev = "cuda" if self.device == "cuda" else "cpu"
+        self.ref = FSDPReference(model_path, rank=self.rank, world_size=self.world_size, device=dev, **kwargs)
+
+    def compute_ref_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,
+                             max_token_len: int | None, temperature: float) -> torch.Tensor:
+        return self.ref.compute_ref_log_prob(data, micro_batch_size=micro_batch_size, max_token_len=max_token_len,
+                                             temperature=temperature)

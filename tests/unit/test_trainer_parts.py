@@ -1,0 +1,92 @@
+"""Driver-side pieces: the Batch container, checkpoint folders, the metrics file, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_dist.batch import Batch
+from grpo_dist.trainer import checkpoint
+from grpo_dist.trainer.tracking import Tracker
+
+
+def make_batch(n=6):
+    return Batch.from_dict(
+        {"x": torch.arange(n * 2).view(n, 2), "m": torch.ones(n, 3)},
+        {"uid": [f"u{i}" for i in range(n)]},
+        {"temperature": 1.0},
+    )
+
+
+def test_batch_split_chunk_concat_roundtrip():
+    b = make_batch(6)
+    parts = b.split(4)
+    assert [len(p) for p in parts] == [4, 2]
+    again = Batch.concat(parts)
+    assert torch.equal(again["x"], b["x"]) and list(again["uid"]) == list(b["uid"])
+    assert [list(c["uid"]) for c in b.chunk(3)] == [["u0", "u1"], ["u2", "u3"], ["u4", "u5"]]
+    with pytest.raises(AssertionError):
+        b.chunk(4)
+
+
+def test_batch_reorder_select_repeat_union():
+    b = make_batch(3)
+    r = b.reorder([2, 0, 1])
+    assert r["x"][:, 0].tolist() == [4, 0, 2] and list(r["uid"]) == ["u2", "u0", "u1"]
+    s = b.select("x", "uid")
+    assert "m" not in s and "x" in s and "uid" in s
+    rep = b.repeat_interleave(2)
+    assert list(rep["uid"]) == ["u0", "u0", "u1", "u1", "u2", "u2"]
+    other = Batch.from_dict({"y": torch.zeros(3)}, {"tag": ["a", "b", "c"]})
+    u = b.union(other)
+    assert "y" in u and list(u["tag"]) == ["a", "b", "c"] and u.meta["temperature"] == 1.0
+    b["extra"] = ["p", "q", "r"]
+    assert isinstance(b.non_tensors["extra"], np.ndarray)
+
+
+def test_checkpoint_publish_is_atomic_and_prunes(tmp_path):
+    root = tmp_path / "ckpts"
+    for step in (1, 2, 3):
+        tmp = checkpoint.tmp_dir(root, step)
+        (tmp / "actor").mkdir()
+        checkpoint.publish(root, tmp, step, {"global_step": step}, max_keep=2)
+    names = sorted(p.name for p in checkpoint.complete_checkpoints(root))
+    assert names == ["global_step_2", "global_step_3"]
+    assert (root / checkpoint.LATEST_FILE).read_text() == "3"
+    # a run killed while saving leaves only a temporary folder: never picked up, cleaned on start
+    half = checkpoint.tmp_dir(root, 4)
+    (half / "actor").mkdir()
+    assert checkpoint.latest_checkpoint(root).name == "global_step_3"
+    checkpoint.clean_stale_tmp(root)
+    assert not half.exists()
+    assert checkpoint.read_state(root / "global_step_3")["global_step"] == 3
+
+
+def test_metrics_file_drops_steps_after_resume_point(tmp_path):
+    tr = Tracker(["file"], out_dir=tmp_path, project="p", experiment="e", config={})
+    for s in (1, 2, 3):
+        tr.log({"actor/pg_loss": s * 1.0, "bad": "text", "nan": float("nan")}, step=s)
+    tr.close()
+    tr = Tracker(["file"], out_dir=tmp_path, project="p", experiment="e", config={}, resume_step=2)
+    tr.log({"actor/pg_loss": 30.0}, step=3)
+    tr.close()
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["actor/pg_loss"] == 30.0 and rows[0]["nan"] is None and "bad" not in rows[0]
+
+
+def test_report_draws_pngs(tmp_path):
+    from grpo_dist.report import main as report_main
+
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for s in range(1, 6):
+            f.write(json.dumps({"step": s, "critic/score/mean": s / 10, "timing_s/gen": 0.5,
+                                "val-core/x/acc/mean@1": s / 5, "actor/entropy": 1.0}) + "\n")
+    assert report_main([str(tmp_path)]) == 0
+    for name in ("summary", "reward", "val_accuracy", "kl", "entropy", "response_length", "timing"):
+        assert (tmp_path / "report" / f"{name}.png").stat().st_size > 1000
+    assert report_main([str(tmp_path / "nope")]) == 1
