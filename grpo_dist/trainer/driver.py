@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +163,13 @@ class GRPOTrainer:
         prompt_ids = list(prompts["prompt_ids"])
         k = len(self.rollout)
         bounds = np.linspace(0, len(prompt_ids), k + 1).astype(int)
-        per_rank = [(prompt_ids[bounds[i]:bounds[i + 1]], sampling) for i in range(k)]
+        # Seeds follow the prompt's global position, so the samples do not depend on how the
+        # prompts are spread over the rollout ranks.
+        per_rank = [
+            (prompt_ids[bounds[i]:bounds[i + 1]],
+             sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + int(bounds[i]) * sampling.n))
+            for i in range(k)
+        ]
         outs: list[RolloutOutput] = self.rollout.call("generate", per_rank=per_rank)
         merged = RolloutOutput(
             response_ids=[r for o in outs for r in o.response_ids],
@@ -252,6 +258,10 @@ class GRPOTrainer:
         self.rollout.call("update_weights", per_rank=[(ref,)] * len(self.rollout))
         del ref
 
+    def step_seed(self) -> int:
+        """Sampling seed of this step: a disjoint range of per-response seeds for every step."""
+        return (self.cfg.actor_rollout_ref.rollout.seed * 100_003 + self.global_step) * (self.shape.responses + 1)
+
     # ================================================================ one step
     def train_step(self, items: list[dict]) -> dict[str, float]:
         cfg = self.cfg
@@ -260,7 +270,7 @@ class GRPOTrainer:
         with timer("step"):
             with timer("gen"):
                 batch = self.generate(self.prompt_batch(items, f"s{self.global_step}"),
-                                      build.train_sampling(cfg, seed=cfg.actor_rollout_ref.rollout.seed + self.global_step))
+                                      build.train_sampling(cfg, seed=self.step_seed()))
             with timer("reward"):
                 scores, reward_stats = self.score(batch)
                 batch["token_level_scores"] = place_scores_on_last_token(scores, batch["response_mask"])

@@ -37,7 +37,6 @@ def init_ray(cfg: GRPOConfig, world_size: int) -> bool:
         "TOKENIZERS_PARALLELISM": "false",
         "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
     }}
     address = ri.address or os.environ.get("RAY_ADDRESS")

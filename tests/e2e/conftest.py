@@ -1,0 +1,20 @@
+"""One real training run shared by the end-to-end tests (starting the stack costs most of the time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import base_args, run_main
+
+HERE = Path(__file__).resolve().parent
+RESUME_ARGS = [f"custom_reward_function.path={HERE / 'reward_digits.py'}", "trainer.save_freq=2", "trainer.test_freq=2"]
+
+
+@pytest.fixture(scope="session")
+def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
+    """4 GRPO steps, 2 actor ranks, vLLM rollout, reference, reward; checkpoints at steps 2 and 4."""
+    out = tmp_path_factory.mktemp("full_run") / "run"
+    proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS)
+    return out, proc
