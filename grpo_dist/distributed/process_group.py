@@ -1,0 +1,112 @@
+"""torch.distributed process groups and the FSDP2 device mesh, without Ray.
+
+One process per data-parallel rank. The caller (a Ray worker, a test, or a launcher) picks the rank,
+the world size and the rendezvous address, then calls :func:`init_process_group` before building an
+FSDP2 model. ``gloo`` is the CPU backend, ``nccl`` the CUDA one; ``backend="auto"`` chooses by whether
+CUDA is available.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+__all__ = [
+    "BACKENDS",
+    "resolve_backend",
+    "init_process_group",
+    "make_device_mesh",
+    "destroy",
+    "find_free_port",
+    "is_initialized",
+]
+
+BACKENDS: tuple[str, ...] = ("auto", "gloo", "nccl")
+
+
+def resolve_backend(backend: str) -> str:
+    """``"auto"`` -> ``"nccl"`` when CUDA is available, else ``"gloo"``; other names are checked."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown torch.distributed backend {backend!r}; valid: {list(BACKENDS)}")
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend='nccl' needs CUDA, which is not available here; use 'gloo' or 'auto'")
+    return backend
+
+
+def init_process_group(
+    *,
+    backend: str,
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    timeout_s: float = 600,
+) -> str:
+    """Join the default process group (TCP rendezvous at ``master_addr:master_port``).
+
+    Returns the backend actually used. Idempotent for the same rank/world size: a second call in a
+    process that already joined returns without re-initialising. With ``nccl``, the current CUDA
+    device must be set by the caller (``torch.cuda.set_device(local_rank)``) before this call.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    resolved = resolve_backend(backend)
+    if dist.is_initialized():
+        if dist.get_rank() != rank or dist.get_world_size() != world_size:
+            raise RuntimeError(
+                f"process group already initialised as rank {dist.get_rank()}/{dist.get_world_size()}, "
+                f"asked for rank {rank}/{world_size}"
+            )
+        return dist.get_backend()
+    # Some torch internals (and DCP) read these; keep them consistent with the explicit arguments.
+    os.environ["MASTER_ADDR"] = master_addr
+    os.environ["MASTER_PORT"] = str(master_port)
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world_size)
+    dist.init_process_group(
+        backend=resolved,
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return resolved
+
+
+def make_device_mesh(world_size: int, device_type: str) -> DeviceMesh:
+    """A 1-D data-parallel mesh over all ranks (dim name ``"dp"``), as FSDP2's ``fully_shard`` wants.
+
+    ``device_type`` is ``"cpu"`` or ``"cuda"`` (a ``torch.device``'s ``.type``).
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("call init_process_group(...) before make_device_mesh(...)")
+    if world_size != dist.get_world_size():
+        raise ValueError(f"mesh size {world_size} != process group world size {dist.get_world_size()}")
+    return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def destroy() -> None:
+    """Leave the default process group (no-op when none was joined)."""
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

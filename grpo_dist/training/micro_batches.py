@@ -1,0 +1,200 @@
+"""Cutting a batch's rows into micro-batches, and putting results back in the original order.
+
+Two ways (verl's ``ppo_micro_batch_size_per_gpu`` and ``use_dynamic_bsz`` + ``ppo_max_token_len_per_gpu``):
+
+- by count: consecutive rows, ``micro_batch_size`` per micro-batch (the last may be smaller);
+- by token budget: each row costs its real length (``attention_mask.sum()``, prompt + response);
+  rows are packed first-fit-decreasing into as few micro-batches as that heuristic finds, each with
+  total cost ``<= max_token_len``. A row longer than the budget goes alone. Deterministic: ties are
+  broken by row index, so every rank that sees the same lengths makes the same packing.
+
+All functions return lists of row-index lists; :func:`restore_order` puts per-micro-batch results
+back in the order of the input rows. Micro-batch sizes are memory knobs only: the actor's loss uses
+global normalisers, so the packing never changes an update (up to float rounding).
+
+FSDP2 runs collectives inside every forward and backward, so all ranks must run the same number of
+micro-batches; :func:`split_to_count` raises a rank's count to the maximum over ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "split_by_count",
+    "split_by_token_budget",
+    "split_to_count",
+    "make_micro_batches",
+    "restore_order",
+    "take_rows",
+    "row_lengths",
+    "plan_micro_batches",
+    "rank_shard_indices",
+]
+
+
+def split_by_count(num_rows: int, micro_batch_size: int) -> list[list[int]]:
+    """``[[0..m-1], [m..2m-1], ...]``: consecutive rows, ``micro_batch_size`` each (last may be short)."""
+    if micro_batch_size < 1:
+        raise ValueError(f"micro batch size must be >= 1, got {micro_batch_size}")
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    return [list(range(s, min(s + micro_batch_size, num_rows))) for s in range(0, num_rows, micro_batch_size)]
+
+
+def split_by_token_budget(lengths: Sequence[int], max_token_len: int) -> list[list[int]]:
+    """Pack rows into micro-batches of total length ``<= max_token_len`` (first-fit decreasing).
+
+    ``lengths[i]`` is row i's real token count. Rows are visited longest first (ties: lower index
+    first) and put in the first micro-batch with room; a row longer than the budget gets its own
+    micro-batch. Each returned list is sorted ascending; micro-batches are in creation order.
+    """
+    if max_token_len < 1:
+        raise ValueError(f"max_token_len must be >= 1, got {max_token_len}")
+    lens = [int(x) for x in lengths]
+    if any(x < 0 for x in lens):
+        raise ValueError("row lengths must be >= 0")
+    order = sorted(range(len(lens)), key=lambda i: (-lens[i], i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for b, load in enumerate(loads):
+            if load + lens[i] <= max_token_len:
+                bins[b].append(i)
+                loads[b] += lens[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lens[i])
+    return [sorted(b) for b in bins]
+
+
+def split_to_count(micro_batches: list[list[int]], count: int) -> list[list[int]]:
+    """Split micro-batches until there are ``count`` of them (never merges; budgets stay respected).
+
+    The micro-batch with the most rows (ties: the first) is halved, repeatedly. ``ValueError`` when
+    there are fewer rows than ``count``: every micro-batch must hold at least one row.
+    """
+    mbs = [list(m) for m in micro_batches if m]
+    if count < len(mbs):
+        raise ValueError(f"cannot reduce {len(mbs)} micro-batches to {count}")
+    if sum(len(m) for m in mbs) < count:
+        raise ValueError(
+            f"{sum(len(m) for m in mbs)} rows cannot fill {count} micro-batches: every data-parallel rank "
+            "must run the same number of micro-batches (FSDP collectives); give each rank the same number "
+            "of rows"
+        )
+    while len(mbs) < count:
+        k = max(range(len(mbs)), key=lambda j: (len(mbs[j]), -j))
+        half = len(mbs[k]) // 2
+        mbs[k : k + 1] = [mbs[k][:half], mbs[k][half:]]
+    return mbs
+
+
+def row_lengths(attention_mask: torch.Tensor) -> list[int]:
+    """Real length of each row: ``attention_mask.sum(-1)`` as Python ints."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be [B, L], got shape {tuple(attention_mask.shape)}")
+    return [int(x) for x in attention_mask.sum(-1).tolist()]
+
+
+def make_micro_batches(
+    attention_mask: torch.Tensor,
+    *,
+    micro_batch_size: int | None = None,
+    max_token_len: int | None = None,
+) -> list[list[int]]:
+    """Micro-batch index lists for the rows of ``attention_mask`` [B, L].
+
+    Exactly one of ``micro_batch_size`` (by count) or ``max_token_len`` (by token budget) is given.
+    """
+    if (micro_batch_size is None) == (max_token_len is None):
+        raise ValueError("give exactly one of micro_batch_size or max_token_len")
+    if micro_batch_size is not None:
+        return split_by_count(attention_mask.shape[0], micro_batch_size)
+    assert max_token_len is not None
+    return split_by_token_budget(row_lengths(attention_mask), max_token_len)
+
+
+def take_rows(data: Mapping[str, torch.Tensor], index: Sequence[int] | torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rows ``index`` of every tensor of ``data`` (a dict or a TensorDict), as a new dict."""
+    idx = index if isinstance(index, torch.Tensor) else torch.as_tensor(list(index), dtype=torch.long)
+    return {k: v[idx.to(v.device)] for k, v in data.items()}
+
+
+def restore_order(pieces: Sequence[torch.Tensor], micro_batches: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Concatenate per-micro-batch results and reorder rows to the original row order.
+
+    ``pieces[k]`` holds the rows ``micro_batches[k]`` (in that order); the index lists together must
+    be a permutation of ``0..N-1``.
+    """
+    if len(pieces) != len(micro_batches):
+        raise ValueError(f"{len(pieces)} pieces for {len(micro_batches)} micro-batches")
+    flat = [i for m in micro_batches for i in m]
+    if sorted(flat) != list(range(len(flat))):
+        raise ValueError("micro-batch index lists must be a permutation of 0..N-1")
+    cat = torch.cat(list(pieces), dim=0)
+    inverse = torch.empty(len(flat), dtype=torch.long)
+    inverse[torch.as_tensor(flat, dtype=torch.long)] = torch.arange(len(flat))
+    return cat[inverse.to(cat.device)]
+
+
+def plan_micro_batches(
+    attention_mask: torch.Tensor,
+    *,
+    micro_batch_size: int | None = None,
+    max_token_len: int | None = None,
+    sync_count: bool = True,
+) -> list[list[int]]:
+    """:func:`make_micro_batches`, then (when a process group is up and ``sync_count``) raise the
+    count to the maximum over all ranks with :func:`split_to_count` (one all-reduce).
+
+    Neither size given: the whole batch is one micro-batch.
+    """
+    n = attention_mask.shape[0]
+    if micro_batch_size is None and max_token_len is None:
+        mbs = [list(range(n))] if n else []
+    else:
+        mbs = make_micro_batches(attention_mask, micro_batch_size=micro_batch_size, max_token_len=max_token_len)
+    if sync_count and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        device = attention_mask.device
+        if dist.get_backend() == "nccl" and device.type != "cuda":
+            device = torch.device("cuda", torch.cuda.current_device())
+        # one all-reduce gives the largest count and the smallest row count, so that an impossible
+        # plan raises the same error on every rank instead of leaving the others in a collective
+        stats = torch.tensor([len(mbs), -n], dtype=torch.long, device=device)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        count, min_rows = int(stats[0]), -int(stats[1])
+        if min_rows < count:
+            raise ValueError(
+                f"a rank has {min_rows} rows but another needs {count} micro-batches: every data-parallel "
+                "rank must run the same number of forwards (FSDP collectives); give ranks equal row counts"
+            )
+        mbs = split_to_count(mbs, count)
+    return mbs
+
+
+def rank_shard_indices(num_rows: int, *, num_mini_batches: int, rank: int, world_size: int) -> list[int]:
+    """Rows of a step's global batch that data-parallel ``rank`` gets, in the layout
+    :meth:`FSDPActor.update_policy` expects.
+
+    The global batch of ``num_rows`` rows is cut into ``num_mini_batches`` consecutive global
+    mini-batches; each global mini-batch is cut into ``world_size`` consecutive equal chunks, and rank
+    ``r`` takes chunk ``r`` of every mini-batch, in mini-batch order. So the rank's shard is
+    ``num_mini_batches`` contiguous equal chunks and chunk ``k`` over all ranks is global mini-batch ``k``.
+    ``num_rows`` must be divisible by ``num_mini_batches * world_size``.
+    """
+    if num_mini_batches < 1 or world_size < 1:
+        raise ValueError("num_mini_batches and world_size must be >= 1")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if num_rows % (num_mini_batches * world_size):
+        raise ValueError(
+            f"{num_rows} rows cannot be cut into {num_mini_batches} mini-batches x {world_size} ranks evenly"
+        )
+    mini = num_rows // num_mini_batches
+    per_rank = mini // world_size
+    return [k * mini + rank * per_rank + j for k in range(num_mini_batches) for j in range(per_rank)]

@@ -1,0 +1,98 @@
+"""The frozen reference policy under FSDP2: reference log-probs for the KL term.
+
+Collective like the actor: every rank calls :meth:`FSDPReference.compute_ref_log_prob` with its own
+rows (the same number of rows on every rank).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+from grpo_dist.distributed.process_group import make_device_mesh
+from grpo_dist.training import fsdp
+from grpo_dist.training.policy import (
+    batched_logprobs,
+    load_causal_lm,
+    resolve_attn_implementation,
+    resolve_device,
+)
+
+__all__ = ["FSDPReference"]
+
+
+class FSDPReference:
+    """A frozen copy of the initial policy (no grad, eval mode), sharded with FSDP2.
+
+    The weights are loaded in ``param_dtype`` (no separate master copy: nothing is trained).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        rank: int,
+        world_size: int,
+        device: str | torch.device,
+        param_dtype: str = "float32",
+        param_offload: bool = False,
+        reshard_after_forward: bool = True,
+        attn_implementation: str = "auto",
+        trust_remote_code: bool = False,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPReference needs torch.distributed initialised (init_process_group) first")
+        if dist.get_rank() != rank or dist.get_world_size() != world_size:
+            raise ValueError(
+                f"rank/world_size {rank}/{world_size} differ from the process group's "
+                f"{dist.get_rank()}/{dist.get_world_size()}"
+            )
+        self.rank, self.world_size = rank, world_size
+        self.device = resolve_device(device)
+        self.mesh = make_device_mesh(world_size, self.device.type)
+        dtype = fsdp.to_dtype(param_dtype)
+        model = load_causal_lm(
+            model_path,
+            dtype=dtype,
+            attn_implementation=resolve_attn_implementation(attn_implementation, self.device, dtype),
+            trust_remote_code=trust_remote_code,
+        )
+        model.requires_grad_(False)
+        self.model = fsdp.apply_fsdp2(
+            model,
+            self.mesh,
+            param_dtype=dtype,
+            reduce_dtype=dtype,
+            reshard_after_forward=reshard_after_forward,
+            cpu_offload=param_offload,
+        )
+        self.model.eval()
+
+    def compute_ref_log_prob(
+        self,
+        data: Mapping[str, torch.Tensor],
+        *,
+        micro_batch_size: int | None = None,
+        max_token_len: int | None = None,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Reference log-probs [B, R] (CPU float32, input row order) of this rank's rows.
+
+        Needs input_ids, attention_mask, position_ids, responses. Micro-batches by count or by token
+        budget (neither: all rows at once). ``temperature`` must be the rollout's, as for the actor.
+        """
+        if micro_batch_size is not None and max_token_len is not None:
+            raise ValueError("give micro_batch_size or max_token_len, not both")
+        logp, _ = batched_logprobs(
+            self.model,
+            data,
+            device=self.device,
+            micro_batch_size=micro_batch_size,
+            max_token_len=max_token_len,
+            temperature=temperature,
+            compute_entropy=False,
+        )
+        return logp

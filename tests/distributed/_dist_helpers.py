@@ -1,0 +1,144 @@
+"""Helpers for the multi-process FSDP2 tests: a tiny model, fake batches, and a gloo process launcher.
+
+Importable by the spawned children (the repository root is on the ``sys.path`` that multiprocessing
+passes to them), unlike ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+VOCAB = 64
+
+
+def build_tiny_model(directory: str | os.PathLike, *, seed: int = 0) -> Path:
+    """A 2-layer Qwen2 (vocab 64, hidden 64, head_dim 64) and a word-level tokenizer, saved to ``directory``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    directory = Path(directory)
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=128,
+        tie_word_embeddings=False,
+    )
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # non-zero biases, so a wrong (sharded / stale) copy cannot look right by accident
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+    model.save_pretrained(directory)
+    vocab = {"<pad>": 0, "<unk>": 1} | {f"t{i}": i for i in range(2, VOCAB)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>").save_pretrained(directory)
+    return directory
+
+
+def make_batch(
+    seed: int,
+    *,
+    rows: int = 8,
+    prompt_len: int = 6,
+    response_len: int = 8,
+    prompt_lengths: list[int] | None = None,
+    response_lengths: list[int] | None = None,
+) -> dict[str, torch.Tensor]:
+    """A verl-layout batch: left-padded prompts, right-padded responses, advantages per row.
+
+    Lengths are random (>= 1) unless given. Pad tokens are random ids (they must not matter).
+    Keys: input_ids, attention_mask, position_ids, responses, response_mask, advantages.
+    """
+    g = torch.Generator().manual_seed(seed)
+    P, R = prompt_len, response_len
+    input_ids = torch.randint(0, VOCAB, (rows, P + R), generator=g)
+    attention_mask = torch.zeros(rows, P + R, dtype=torch.long)
+    response_mask = torch.zeros(rows, R, dtype=torch.float32)
+    for i in range(rows):
+        pl = prompt_lengths[i] if prompt_lengths else int(torch.randint(1, P + 1, (1,), generator=g))
+        rl = response_lengths[i] if response_lengths else int(torch.randint(1, R + 1, (1,), generator=g))
+        attention_mask[i, P - pl : P + rl] = 1
+        response_mask[i, :rl] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    advantages = torch.randn(rows, 1, generator=g).expand(rows, R).contiguous()
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "responses": input_ids[:, P:].clone(),
+        "response_mask": response_mask,
+        "advantages": advantages,
+    }
+
+
+def noise(seed: int, shape: tuple[int, ...], scale: float) -> torch.Tensor:
+    return scale * torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def rows(data: dict[str, torch.Tensor], index: list[int]) -> dict[str, torch.Tensor]:
+    idx = torch.as_tensor(index, dtype=torch.long)
+    return {k: v[idx] for k, v in data.items()}
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    from grpo_dist.distributed.process_group import destroy, init_process_group
+
+    try:
+        init_process_group(
+            backend="gloo", rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port, timeout_s=120
+        )
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        destroy()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 240) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes joined by gloo.
+
+    ``fn`` must be a module-level function; its return value (torch-saveable) comes back per rank.
+    A rank that fails or a run past ``timeout_s`` fails the caller with the ranks' tracebacks.
+    """
+    from grpo_dist.distributed.process_group import find_free_port
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.start_processes(
+            _entry,
+            args=(fn, world_size, find_free_port(), out_dir, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{fn.__name__} on {world_size} ranks ran past {timeout_s} s")
+        except BaseException as exc:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            errors = [Path(out_dir, f"error{r}.txt") for r in range(world_size)]
+            details = "\n".join(e.read_text() for e in errors if e.exists())
+            raise RuntimeError(f"{fn.__name__} failed on {world_size} ranks:\n{details}") from exc
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
