@@ -122,7 +122,7 @@ class ActorConfig:
     entropy_coeff: float = F(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = F(True, "add beta x KL(policy || reference) to the loss (GRPO); needs the reference model")
     kl_loss_coef: float = F(0.001, "beta, the coefficient of the KL loss")
-    kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3) | full")
+    kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)")
     grad_clip: float = F(1.0, "clip the global gradient norm to this value")
     optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
     fsdp_config: FSDPConfig = S(FSDPConfig, "FSDP2 sharding and precision")

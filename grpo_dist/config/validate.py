@@ -98,6 +98,9 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             canonical_kl_kind(kind)
         except ValueError as exc:
             raise _bad(key, kind, str(exc)) from None
+    if canonical_kl_kind(actor.kl_loss_type) == "full":
+        raise _bad("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type,
+                   "'full' needs both models' logits over the vocabulary, which the workers do not exchange yet; use low_var_kl (k3), kl (k1), mse (k2) or abs")
     if canonical_kl_kind(alg.kl_penalty) == "full":
         raise _bad("algorithm.kl_penalty", alg.kl_penalty, "the in-reward penalty needs a per-token estimator: kl, abs, mse or low_var_kl")
     _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)

@@ -104,8 +104,8 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
 
 
 # ----------------------------------------------------------------------------------------- model
-def warm_up(model_dir: Path, *, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
-            reverse_fraction: float = 0.5, log_every: int = 0) -> dict:
+def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
+            reverse_fraction: float = 0.25, log_every: int = 0) -> dict:
     """Supervised warm-up: answers are the reversal with probability ``reverse_fraction``, else a copy."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -153,7 +153,7 @@ def warm_up(model_dir: Path, *, steps: int, batch_size: int = 64, lr: float = 3e
     return {"steps": steps, "final_loss": loss_val, "seconds": time.perf_counter() - t0}
 
 
-def build_model(out_dir: Path, *, warmup_steps: int = 300, seed: int = 0, log_every: int = 0) -> Path:
+def build_model(out_dir: Path, *, warmup_steps: int = 200, seed: int = 0, log_every: int = 0) -> Path:
     import torch
 
     from grpo_dist.utils.tiny_model import build_tiny_model
