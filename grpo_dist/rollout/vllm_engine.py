@@ -60,6 +60,8 @@ class VLLMEngine:
         enable_sleep_mode: let ``sleep()`` offload weights and free the KV cache (GPU only).
         kv_cache_gib: KV cache size in GiB; None means 1 GiB on CPU, and on GPU whatever
             ``gpu_memory_utilization`` leaves.
+        max_num_batched_tokens: the most tokens scheduled in one engine step (at least
+            ``max_model_len``). On CPU prompts are never prefilled in chunks (see the constructor).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class VLLMEngine:
         seed: int = 0,
         enable_sleep_mode: bool = False,
         kv_cache_gib: float | None = None,
+        max_num_batched_tokens: int = 8192,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -117,6 +120,12 @@ class VLLMEngine:
                 )
         if kv_cache_gib is not None:
             engine_kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GIB)
+        if not on_gpu:
+            # A prompt prefilled in chunks makes vLLM rewind the request's seeded generator
+            # (Generator.set_offset), which CPU generators do not support ("CPU Generator does not
+            # use offset"). Whole-prompt prefill keeps per-request seeds working on CPU.
+            engine_kwargs["enable_chunked_prefill"] = False
+        engine_kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens, max_model_len)
 
         from vllm import LLM
 

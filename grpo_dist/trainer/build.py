@@ -141,6 +141,7 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
         gpu_memory_utilization=r.gpu_memory_utilization,
         tensor_parallel_size=r.tensor_model_parallel_size,
         max_num_seqs=r.max_num_seqs,
+        max_num_batched_tokens=r.max_num_batched_tokens,
         enforce_eager=r.enforce_eager,
         enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
         kv_cache_gib=r.kv_cache_gib if device == "cpu" else None,

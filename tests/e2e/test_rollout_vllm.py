@@ -198,3 +198,20 @@ def test_weight_sync_updates_the_running_engine_in_place(vllm_engine, hf_engine,
 def test_hf_engine_update_weights_rejects_unknown_names(hf_engine):
     with pytest.raises(ValueError, match="names the model does not have"):
         hf_engine.update_weights([("model.not_a_layer.weight", torch.zeros(2))])
+
+
+def test_seeded_sampling_of_a_batch_larger_than_one_engine_step(model_dir):
+    """More prompt tokens than one scheduler step takes, each request seeded: no chunked-prefill
+    generator rewind on CPU ("CPU Generator does not use offset"), and the call is reproducible."""
+    engine = make_engine("vllm", model_path=model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN,
+                         max_num_seqs=64, max_num_batched_tokens=MAX_MODEL_LEN, seed=0, kv_cache_gib=0.25)
+    try:
+        prompt = list(range(10, 40))
+        prompts = [prompt[: 20 + i % 10] for i in range(24)]  # ~590 prompt tokens, budget MAX_MODEL_LEN
+        s = SamplingSettings(n=2, temperature=1.0, max_tokens=4, seed=7)
+        a = engine.generate(prompts, s)
+        b = engine.generate(prompts, s)
+    finally:
+        engine.close()
+    assert len(a.response_ids) == 2 * len(prompts)
+    assert a.response_ids == b.response_ids
