@@ -190,6 +190,47 @@ def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 
+def cluster_gpus() -> float:
+    return float(ray.cluster_resources().get("GPU", 0.0))
+
+
+def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bool, min_cpus: int) -> bool:
+    """Attach to ``address`` (or RAY_ADDRESS), or start a local instance. True if started here.
+
+    A local instance gets at least ``min_cpus`` CPUs (on CPU a rank is a process, so every rank
+    gets a bundle even on a small machine); its dashboard, when on, listens on 127.0.0.1 only.
+    """
+    import os
+
+    if ray.is_initialized():
+        return False
+    # Worker processes: quiet library chatter (set TRANSFORMERS_VERBOSITY / VLLM_LOGGING_LEVEL to see it).
+    env = {"env_vars": {
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
+    }}
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        # A submitted job brings its own runtime environment; adding ours could conflict with it.
+        ray.init(address=address, log_to_driver=True)
+        return True
+    ray.init(
+        num_cpus=max(num_cpus or os.cpu_count() or 1, min_cpus),
+        include_dashboard=include_dashboard,
+        dashboard_host="127.0.0.1",
+        runtime_env=env,
+        log_to_driver=True,
+        configure_logging=False,
+    )
+    return True
+
+
+def shutdown_ray() -> None:
+    ray.shutdown()
+
+
 def remove_placement_groups(pgs: Sequence[PlacementGroup]) -> None:
     for pg in pgs:
         try:

@@ -43,6 +43,21 @@ logger = logging.getLogger(__name__)
 _GIB = 1 << 30
 
 
+class _DropRotaryReloadWarning(logging.Filter):
+    """vLLM warns "RotaryEmbedding: Failed to load weights" on every in-place reload: the rotary
+    cos/sin cache is a buffer computed from the config, not a checkpoint weight, and vLLM puts it
+    back as it was. The warning is expected here and would repeat every training step."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage() == "RotaryEmbedding: Failed to load weights")
+
+
+def _quiet_expected_reload_warning() -> None:
+    lg = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _DropRotaryReloadWarning) for f in lg.filters):
+        lg.addFilter(_DropRotaryReloadWarning())
+
+
 class VLLMEngine:
     """A :class:`~grpo_dist.rollout.base.RolloutEngine` backed by ``vllm.LLM``.
 
@@ -128,6 +143,8 @@ class VLLMEngine:
         engine_kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens, max_model_len)
 
         from vllm import LLM
+
+        _quiet_expected_reload_warning()
 
         self._llm = LLM(
             model=str(model_path),

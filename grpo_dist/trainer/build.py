@@ -12,11 +12,12 @@ from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.training.actor import ActorSettings
 
 
-def resolve_device(name: str) -> str:
+def resolve_device(name: str, cluster_gpus: float) -> str:
+    """trainer.device against what the Ray cluster offers (the driver itself may have no GPU)."""
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device = 'cuda' is not valid here: no CUDA device is visible to the driver; use trainer.device=cpu")
+        return "cuda" if cluster_gpus > 0 or torch.cuda.is_available() else "cpu"
+    if name == "cuda" and cluster_gpus <= 0:
+        raise ValueError("trainer.device = 'cuda' is not valid here: the Ray cluster has no GPUs; use trainer.device=cpu")
     return name
 
 

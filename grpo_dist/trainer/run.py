@@ -6,7 +6,6 @@ one message and a non-zero exit code, never a traceback wall.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,48 +24,15 @@ def _paths(value) -> list[str]:
     return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
 
 
-def init_ray(cfg: GRPOConfig, world_size: int) -> bool:
-    """Attach to ray_kwargs.ray_init.address / RAY_ADDRESS, or start a local instance. True if started here."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    ri = cfg.ray_kwargs.ray_init
-    # Worker processes: quiet library chatter (set TRANSFORMERS_VERBOSITY / VLLM_LOGGING_LEVEL to see it).
-    env = {"env_vars": {
-        "TOKENIZERS_PARALLELISM": "false",
-        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
-    }}
-    address = ri.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
-        return True
-    num_cpus = ri.num_cpus or os.cpu_count() or 1
-    # On CPU a rank is a process: make room for one bundle per rank even on a small machine.
-    num_cpus = max(num_cpus, world_size)
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=ri.include_dashboard,
-        dashboard_host="127.0.0.1",
-        runtime_env=env,
-        log_to_driver=True,
-        configure_logging=False,
-    )
-    return True
-
-
 def run(cfg: GRPOConfig) -> int:
     from grpo_dist import tasks
     from grpo_dist.data.dataset import DataError, PromptDataset
-    from grpo_dist.distributed.worker_group import WorkerError
+    from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
     from grpo_dist.trainer import build
     from grpo_dist.trainer.driver import GRPOTrainer
 
     t0 = time.perf_counter()
     try:
-        device = build.resolve_device(cfg.trainer.device)
         model_path = tasks.resolve(cfg.actor_rollout_ref.model.path)
         tok_path = tasks.resolve(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
         train_files = [tasks.resolve(p) for p in _paths(cfg.data.train_files)]
@@ -86,7 +52,15 @@ def run(cfg: GRPOConfig) -> int:
 
     out_dir = Path(cfg.trainer.default_local_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    started_ray = init_ray(cfg, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node)
+    ri = cfg.ray_kwargs.ray_init
+    started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
+                           min_cpus=cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node)
+    try:
+        device = build.resolve_device(cfg.trainer.device, cluster_gpus())
+    except ValueError as exc:
+        if started_ray:
+            shutdown_ray()
+        return _fail(str(exc), 2)
     trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path, train_data=train,
                           val_data=val, device=device, out_dir=str(out_dir))
     try:
@@ -100,9 +74,7 @@ def run(cfg: GRPOConfig) -> int:
     finally:
         trainer.close()
         if started_ray:
-            import ray
-
-            ray.shutdown()
+            shutdown_ray()
 
     _print_summary(summary, time.perf_counter() - t0)
     try:
