@@ -250,6 +250,9 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int] = F(None, "keep only the newest N checkpoints; null = all")
     seed: int = F(1, "seed of model-side randomness (dropout, mini-batch shuffling)")
     progress_bar: bool = F(True, "show a progress bar over training steps")
+    max_consecutive_nonfinite_steps: int = F(
+        3, "stop (after saving a checkpoint) when this many steps in a row had a non-finite loss or gradient norm; 0 = never"
+    )
 
 
 @dataclass

@@ -207,6 +207,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("actor_rollout_ref.actor.optim.min_lr_ratio", optim.min_lr_ratio, "expected a number in [0, 1]")
     if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
         raise _bad("actor_rollout_ref.actor.optim.betas", list(optim.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+    _positive("trainer.max_consecutive_nonfinite_steps", tr.max_consecutive_nonfinite_steps, allow_zero=True)
     _freq("trainer.save_freq", tr.save_freq)
     _freq("trainer.test_freq", tr.test_freq)
     if tr.resume_mode == "resume_path" and not tr.resume_from_path:

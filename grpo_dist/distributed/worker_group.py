@@ -44,8 +44,23 @@ class ResourcePlan:
         return b
 
 
+def check_fits(plan: ResourcePlan) -> None:
+    """Fail at once, naming the keys, when the cluster cannot hold the ranks (instead of waiting)."""
+    if plan.device != "cuda":
+        return
+    per_node = sorted((n.get("Resources", {}).get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")), reverse=True)
+    fitting = sum(1 for g in per_node if g >= plan.devices_per_node)
+    if fitting < plan.nnodes:
+        raise WorkerError(
+            f"trainer.nnodes={plan.nnodes} x trainer.n_gpus_per_node={plan.devices_per_node} does not fit the Ray "
+            f"cluster: its nodes have {[int(g) for g in per_node]} GPUs, so only {fitting} node(s) can hold "
+            f"{plan.devices_per_node} ranks. Lower trainer.n_gpus_per_node or trainer.nnodes."
+        )
+
+
 def create_placement_groups(plan: ResourcePlan, timeout_s: float = 120.0) -> list[PlacementGroup]:
     """One STRICT_PACK placement group per node; waits until all are placed (or fails clearly)."""
+    check_fits(plan)
     pgs = [placement_group([plan.bundle()] * plan.devices_per_node, strategy="STRICT_PACK") for _ in range(plan.nnodes)]
     ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout_s)
     if len(ready) < len(pgs):

@@ -40,6 +40,10 @@ UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "resp
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. repeated non-finite updates); the message says why and what was saved."""
+
+
 @dataclass
 class RunSummary:
     steps: int = 0
@@ -85,6 +89,7 @@ class GRPOTrainer:
         self.groups: list[WorkerGroup] = []
         self.pgs: list = []
         self.summary = RunSummary(out_dir=str(self.out_dir))
+        self.nonfinite_streak = 0
 
     # ================================================================ set-up / tear-down
     def start_workers(self) -> None:
@@ -360,6 +365,21 @@ class GRPOTrainer:
         self.sync_weights()
         print(f"grpo_dist: resumed from {ckpt} (step {self.global_step})", flush=True)
 
+    def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
+        """Count steps whose update was skipped for a non-finite loss/gradient; stop after too many in a row."""
+        bad = metrics.get("actor/grad_norm_nonfinite_count", 0.0) > 0 or not math.isfinite(metrics.get("actor/pg_loss", 0.0))
+        self.nonfinite_streak = self.nonfinite_streak + 1 if bad else 0
+        metrics["training/nonfinite_streak"] = self.nonfinite_streak
+        limit = self.cfg.trainer.max_consecutive_nonfinite_steps
+        if limit and self.nonfinite_streak >= limit:
+            tracker.log(metrics, step=self.global_step)
+            saved = self.save()
+            raise TrainingError(
+                f"{self.nonfinite_streak} steps in a row (up to step {self.global_step}) had a non-finite loss or "
+                f"gradient norm, so their optimizer steps were skipped; stopped after saving {saved}. Lower "
+                "actor_rollout_ref.actor.optim.lr, check the rewards, or raise trainer.max_consecutive_nonfinite_steps."
+            )
+
     # ================================================================ the loop
     def fit(self) -> RunSummary:
         cfg = self.cfg
@@ -388,6 +408,7 @@ class GRPOTrainer:
                 metrics["training/global_step"] = self.global_step
                 metrics["training/epoch"] = epoch
                 is_last = self.global_step >= self.total_steps
+                self._check_finite(metrics, tracker)
                 if self.val_data is not None and t.test_freq > 0 and (self.global_step % t.test_freq == 0 or is_last):
                     with _timed(metrics, "timing_s/testing"):
                         last_val = self.validate()

@@ -6,6 +6,7 @@ one message and a non-zero exit code, never a traceback wall.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ def run(cfg: GRPOConfig) -> int:
     from grpo_dist.data.dataset import DataError, PromptDataset
     from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
     from grpo_dist.trainer import build
-    from grpo_dist.trainer.driver import GRPOTrainer
+    from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
 
     t0 = time.perf_counter()
     try:
@@ -52,27 +53,33 @@ def run(cfg: GRPOConfig) -> int:
 
     out_dir = Path(cfg.trainer.default_local_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out_dir)
     ri = cfg.ray_kwargs.ray_init
     started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
                            min_cpus=cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node)
+    trainer = None
     try:
         device = build.resolve_device(cfg.trainer.device, cluster_gpus())
-    except ValueError as exc:
-        if started_ray:
-            shutdown_ray()
-        return _fail(str(exc), 2)
-    trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path, train_data=train,
-                          val_data=val, device=device, out_dir=str(out_dir))
-    try:
+        trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
+                              train_data=train, val_data=val, device=device, out_dir=str(out_dir))
         try:
             trainer.start_workers()
-            summary = trainer.fit()
         except WorkerError as exc:
-            return _fail(f"{exc}\n  the newest checkpoint in {out_dir} (if any) is intact; rerun the same command to resume")
-        except KeyboardInterrupt:
-            return _fail("interrupted", 130)
+            return _fail(f"could not start the workers: {exc}")
+        summary = trainer.fit()
+    except TrainingError as exc:
+        return _fail(str(exc))
+    except WorkerError as exc:
+        return _fail(f"{exc}\n  the newest checkpoint in {out_dir} (if any) is intact; rerun the same command to resume")
+    except (ValueError, FileNotFoundError) as exc:
+        if os.environ.get("GRPO_DIST_DEBUG"):
+            raise
+        return _fail(f"{exc}\n  (set GRPO_DIST_DEBUG=1 to see the traceback)", 2)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
     finally:
-        trainer.close()
+        if trainer is not None:
+            trainer.close()
         if started_ray:
             shutdown_ray()
 
@@ -84,6 +91,16 @@ def run(cfg: GRPOConfig) -> int:
     except Exception as exc:  # a report must never fail a finished run
         print(f"grpo_dist: could not draw the report: {exc}", file=sys.stderr)
     return 0
+
+
+def save_config(cfg: GRPOConfig, out_dir: Path) -> None:
+    """The resolved configuration of the run, beside its metrics (it holds no secrets: keys such as
+    wandb's API key are read from the environment by their libraries, never from the config)."""
+    from dataclasses import asdict
+
+    import yaml
+
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
 
 
 def _print_summary(s, total_s: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,5 +17,7 @@ RESUME_ARGS = [f"custom_reward_function.path={HERE / 'reward_digits.py'}", "trai
 def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     """4 GRPO steps, 2 actor ranks, vLLM rollout, reference, reward; checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("full_run") / "run"
+    # A secret in the environment (as a wandb key would be) must never reach logs, configs or checkpoints.
+    os.environ.setdefault("WANDB_API_KEY", "grpo-dist-test-secret-6f1c2a")
     proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS)
     return out, proc

@@ -1,0 +1,180 @@
+"""Faults a user will meet: each gets one clear message (or is counted), never a traceback wall."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.e2e.helpers import ROOT, base_args, read_metrics, run_main
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+# A lighter stack for the fault tests: one rank, Hugging Face rollout, no reference model.
+LIGHT = ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=false",
+         "trainer.val_before_train=false", "trainer.test_freq=-1"]
+
+
+def assert_one_message(proc: subprocess.CompletedProcess, *needles: str, code: int | None = None) -> str:
+    err = proc.stderr
+    assert proc.returncode != 0 and (code is None or proc.returncode == code), (proc.returncode, err[-3000:])
+    assert "Traceback" not in err, err[-3000:]
+    line = next((l for l in err.splitlines() if l.startswith("grpo_dist: ")), "")
+    assert line, err[-3000:]
+    tail = err[err.index(line):]
+    for n in needles:
+        assert n in tail, f"{n!r} not in: {tail}"
+    return tail
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def good_row(i: int, content: str = "reverse 123") -> dict:
+    return {"data_source": "grpo_dist/reverse", "prompt": [{"role": "user", "content": content}],
+            "reward_model": {"style": "rule", "ground_truth": "321"}, "extra_info": {"index": i}}
+
+
+# --------------------------------------------------------------- checks before any worker starts
+def test_malformed_prompt_names_file_row_and_column(tiny_model_dir, reverse_data, tmp_path):
+    rows = [good_row(i) for i in range(8)]
+    rows[5]["prompt"] = 42
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = base_args(tiny_model_dir, reverse_data, tmp_path / "out", 1) + [f"data.train_files={bad}"]
+    t0 = time.time()
+    proc = run_main(args)
+    assert_one_message(proc, "bad.jsonl", "row 5", "prompt", code=2)
+    assert time.time() - t0 < 60
+    # the option that skips bad rows and counts them instead goes past the data check
+    from grpo_dist.data.dataset import load_rows
+
+    assert len(load_rows(str(bad), skip_bad_rows=True)) == 7
+
+
+def test_missing_column_and_empty_file(tiny_model_dir, reverse_data, tmp_path):
+    rows = [good_row(i) for i in range(4)]
+    for r in rows:
+        del r["data_source"]
+    f = write_parquet(tmp_path / "nocol.parquet", rows)
+    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o1", 1) + [f"data.train_files={f}"])
+    assert_one_message(proc, "nocol.parquet", "data_source", code=2)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o2", 1) + [f"data.train_files={empty}"])
+    assert_one_message(proc, "empty.jsonl", code=2)
+
+
+def test_overlong_prompt_with_truncation_error(tiny_model_dir, reverse_data, tmp_path):
+    rows = [good_row(i) for i in range(8)]
+    rows[3] = good_row(3, "reverse " + "7" * 200)
+    f = write_parquet(tmp_path / "long.parquet", rows)
+    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + [f"data.train_files={f}"])
+    assert_one_message(proc, "long.parquet", "row 3", "data.max_prompt_length", "data.truncation", code=2)
+
+
+def test_response_length_beyond_model_context(tiny_model_dir, reverse_data, tmp_path):
+    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + ["data.max_response_length=1000"])
+    assert_one_message(proc, "max_response_length", "max_position_embeddings", code=2)
+
+
+def test_tokenizer_that_does_not_fit_the_model(tiny_model_dir, reverse_data, tmp_path):
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other")  # full printable-ASCII vocabulary: larger than the model's
+    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + [f"data.tokenizer={other}"])
+    assert_one_message(proc, "tokenizer", "vocab_size", code=2)
+
+
+def test_ranks_that_do_not_fit_the_devices(tiny_model_dir, reverse_data, tmp_path):
+    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + ["trainer.device=cuda"])
+    assert_one_message(proc, "trainer.device", "no GPUs", code=2)
+
+
+# --------------------------------------------------------------- faults during training
+def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, reverse_data, tmp_path):
+    args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=always_raises"]
+    proc = run_main(args)
+    assert_one_message(proc, "reward", "always_raises", "ZeroDivisionError", "grpo_dist/reverse", code=1)
+
+
+def test_reward_faults_scored_zero_and_counted(tiny_model_dir, reverse_data, tmp_path):
+    out = tmp_path / "o"
+    args = base_args(tiny_model_dir, reverse_data, out, 1) + LIGHT + [
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=mixed_faults",
+        "reward_model.on_error=zero", "reward_model.timeout_s=2", "reward_model.num_workers=2",
+        "data.shuffle=false"]
+    proc = run_main(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_metrics(out)[1]
+    # prompts 0..3 (indices 0,1,2,3), 4 responses each: one hangs, one raises, one returns NaN per group of 4
+    assert m["reward/num_timeouts"] == 4
+    assert m["reward/num_errors"] == 8
+    assert m["critic/score/min"] == 0.0
+
+
+def test_repeated_nonfinite_updates_stop_after_saving(tiny_model_dir, reverse_data, tmp_path):
+    out = tmp_path / "o"
+    args = base_args(tiny_model_dir, reverse_data, out, 8) + LIGHT + [
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=huge_when_odd",
+        "algorithm.norm_adv_by_std_in_grpo=false", "trainer.max_consecutive_nonfinite_steps=2"]
+    proc = run_main(args)
+    tail = assert_one_message(proc, "2 steps in a row", "non-finite", "optim.lr", code=1)
+    saved = [p for p in out.glob("global_step_*")]
+    assert saved and str(saved[0]) in tail
+    m = read_metrics(out)
+    assert any(r.get("actor/grad_norm_nonfinite_count", 0) > 0 for r in m.values())
+
+
+def test_dead_worker_stops_the_run_and_rerun_resumes(tiny_model_dir, reverse_data, tmp_path):
+    out = tmp_path / "o"
+    args = base_args(tiny_model_dir, reverse_data, out, 40) + [
+        "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (out / "global_step_2").exists():
+            time.sleep(0.5)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+        victims = [p for p in psutil.process_iter(["cmdline"])
+                   if any("ray::ActorWorker" in c for c in (p.info["cmdline"] or []))]
+        assert victims, "no actor worker process found"
+        victims[0].send_signal(signal.SIGKILL)
+        t_kill = time.time()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.time() - t_kill < 120
+    assert proc.returncode == 1
+    assert "actor worker rank" in err and "Traceback" not in err and "rerun the same command" in err
+    last = max(int(p.name.split("_")[-1]) for p in out.glob("global_step_*"))
+    # the same command, run again, resumes from the newest checkpoint (at most save_freq steps lost)
+    again = [a for a in args if not a.startswith("trainer.total_training_steps=")]
+    proc2 = run_main(again + [f"trainer.total_training_steps={last + 1}"])
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    assert f"global_step_{last}" in proc2.stdout and "resumed from" in proc2.stdout
+
+
+def test_no_secret_reaches_logs_configs_or_checkpoints(full_run):
+    out, proc = full_run
+    secret = os.environ["WANDB_API_KEY"]
+    assert secret not in proc.stdout and secret not in proc.stderr
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
+    assert (out / "config.yaml").exists()
