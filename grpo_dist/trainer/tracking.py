@@ -2,8 +2,8 @@
 
 ``Tracker.log(metrics, step)`` sends one step's flat ``{name: number}`` dict to every backend.
 The file backend appends one JSON object per step to ``<default_local_dir>/metrics.jsonl``; on
-resume it first drops lines from steps after the checkpoint, so the file never holds two
-versions of a step.
+resume it first drops lines from steps after the checkpoint (a fresh run starts the file anew),
+so the file never holds two versions of a step.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ class FileLogger:
             keep = []
             for line in self.path.read_text().splitlines():
                 try:
-                    if json.loads(line).get("step", 0) <= resume_step:
+                    # a fresh run (resume_step 0) starts the file anew; a resumed one keeps the
+                    # steps up to its checkpoint and drops what an interrupted run logged after it
+                    if resume_step > 0 and json.loads(line).get("step", 0) <= resume_step:
                         keep.append(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by a crash

@@ -17,7 +17,18 @@ RESUME_ARGS = [f"custom_reward_function.path={HERE / 'reward_digits.py'}", "trai
 def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     """4 GRPO steps, 2 actor ranks, vLLM rollout, reference, reward; checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("full_run") / "run"
+    reverse_data = epoch_data(reverse_data, out.parent)
     # A secret in the environment (as a wandb key would be) must never reach logs, configs or checkpoints.
     os.environ.setdefault("WANDB_API_KEY", "grpo-dist-test-secret-6f1c2a")
     proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS)
     return out, proc
+
+
+def epoch_data(data: dict, where: Path) -> dict:
+    """8 training prompts: with 4 per step an epoch is 2 steps, so step 2 is an epoch boundary."""
+    import pyarrow.parquet as pq
+
+    small = where / "train_8.parquet"
+    if not small.exists():
+        pq.write_table(pq.read_table(data["train"]).slice(0, 8), small)
+    return {**data, "small_train": small}

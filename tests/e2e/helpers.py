@@ -21,7 +21,7 @@ def base_args(model: Path, data: dict, out: Path, steps: int) -> list[str]:
     """A tiny run: 4 prompts x 4 responses per step, 2 mini-batches, 2 CPU ranks."""
     return [
         f"actor_rollout_ref.model.path={model}",
-        f"data.train_files={data['train']}",
+        f"data.train_files={data.get('small_train', data['train'])}",
         f"data.val_files={data['test']}",
         "data.train_batch_size=4",
         "data.val_batch_size=64",

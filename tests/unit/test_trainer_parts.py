@@ -77,6 +77,9 @@ def test_metrics_file_drops_steps_after_resume_point(tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["actor/pg_loss"] == 30.0 and rows[0]["nan"] is None and "bad" not in rows[0]
+    # a fresh run (nothing to resume from) in the same folder starts the file anew
+    Tracker(["file"], out_dir=tmp_path, project="p", experiment="e", config={}).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
 def test_report_draws_pngs(tmp_path):
