@@ -69,6 +69,11 @@ def _check_exists(key: str, value: Any, *, kind: str) -> None:
                 raise _bad(key, p, f"the embedded {kind}s are " + ", ".join(BUILTIN_PREFIX + n for n in names))
             continue
         path = Path(os.path.expanduser(p))
+        if kind == "model" and not path.exists():
+            from grpo_dist.tasks import is_hub_id
+
+            if is_hub_id(p):
+                continue  # a hub name: taken from the cache (or downloaded) at start-up
         if not path.exists():
             parent = path.parent
             hint = f" ({parent} exists)" if parent.is_dir() else f" (folder {parent} does not exist either)"

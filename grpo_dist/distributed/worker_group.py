@@ -232,6 +232,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
         ray.init(address=address, log_to_driver=True)
         return True
     ray.init(
+        address="local",  # a new instance even if another Ray runs on this machine (attach with an address)
         num_cpus=max(num_cpus or os.cpu_count() or 1, min_cpus),
         include_dashboard=include_dashboard,
         dashboard_host="127.0.0.1",

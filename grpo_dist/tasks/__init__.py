@@ -8,6 +8,7 @@ values pass through unchanged (with ``~`` expanded).
 from __future__ import annotations
 
 import os
+import re
 
 from grpo_dist.config.schema import BUILTIN_PREFIX
 from grpo_dist.tasks import reverse
@@ -25,8 +26,34 @@ def cache_root() -> str:
     return os.path.expanduser(os.environ.get("GRPO_DIST_CACHE", "~/.cache/grpo_dist"))
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
+
+
+def is_hub_id(value: str) -> bool:
+    """'Qwen/Qwen2.5-0.5B-Instruct' style names (that are not a local path)."""
+    return bool(HUB_ID.match(str(value))) and not os.path.exists(os.path.expanduser(str(value)))
+
+
+def resolve_hub_model(repo_id: str, key: str = "actor_rollout_ref.model.path") -> str:
+    """A local folder for a Hugging Face hub model: from the cache, or downloaded once, on the driver
+    (workers then all read the same folder). Offline (HF_HUB_OFFLINE=1) only the cache is used."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id, allow_patterns=MODEL_FILES)
+    except Exception as exc:  # offline, not cached, no such repo, no access
+        raise ValueError(
+            f"{key} = {repo_id!r} is not a local folder, and the model could not be taken from the Hugging Face "
+            f"cache or hub ({type(exc).__name__}). Download it first (huggingface-cli download {repo_id}) or pass "
+            "the folder that holds config.json and the weights"
+        ) from None
+
+
 def resolve(value: str) -> str:
     if not str(value).startswith(BUILTIN_PREFIX):
+        if is_hub_id(value):
+            return resolve_hub_model(str(value))
         return os.path.expanduser(str(value))
     name = str(value)[len(BUILTIN_PREFIX):]
     if name == "tiny-reverse":

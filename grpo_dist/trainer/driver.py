@@ -6,6 +6,7 @@ advantages -> update -> weight sync -> metrics, validation, checkpoint.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -139,6 +140,10 @@ class GRPOTrainer:
             group.collect(r, "model loading")
         # Engines are started by now (their constructors ran); make sure they are up.
         self.rollout.call("memory_gb")
+        self.placement = {"actor_rank_nodes": self.actor.call("node_id")}
+        (self.out_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
+        nodes = sorted(set(self.placement["actor_rank_nodes"]))
+        print(f"grpo_dist: {world} rank(s) on {len(nodes)} node(s), device {dev}", flush=True)
 
     def close(self) -> None:
         for g in self.groups:

@@ -7,7 +7,7 @@ from typing import Any
 import ray
 import torch
 
-from grpo_dist.workers.common import free_port, node_ip, process_memory_gb, setup_process
+from grpo_dist.workers.common import current_node_id, free_port, node_ip, process_memory_gb, setup_process
 
 
 @ray.remote
@@ -19,6 +19,9 @@ class ActorWorker:
 
     def address(self) -> tuple[str, int]:
         return node_ip(), free_port()
+
+    def node_id(self) -> str:
+        return current_node_id()
 
     def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any) -> None:
         from grpo_dist.distributed.process_group import init_process_group

@@ -23,6 +23,12 @@ def node_ip() -> str:
     return ray.util.get_node_ip_address()
 
 
+def current_node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))

@@ -161,6 +161,18 @@ def test_validation_failure_message(overrides, needles):
     assert "Traceback" not in msg
 
 
+def test_hub_model_name_passes_validation_but_must_resolve_at_start(monkeypatch, tmp_path):
+    cfg = load("actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct")
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    from grpo_dist import tasks
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty_hf_home"))
+    with pytest.raises(ValueError) as ei:
+        tasks.resolve("Qwen/Qwen2.5-0.5B-Instruct")
+    assert "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct" in str(ei.value)
+
+
 def test_valid_paths_pass(model_dir, data_file):
     cfg = load(f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data_file}", "data.val_files=null")
     assert cfg.data.val_files is None
