@@ -265,6 +265,7 @@ class GRPOTrainer:
         dtype = build.compute_dtype(self.cfg.actor_rollout_ref.rollout.dtype, self.device)
         sds = self.actor.call("state_dict_for_sync", dtype)
         ref = put(sds[0])
+        self.rollout.call("wake_up")
         self.rollout.call("update_weights", per_rank=[(ref,)] * len(self.rollout))
         del ref
 
@@ -281,6 +282,9 @@ class GRPOTrainer:
             with timer("gen"):
                 batch = self.generate(self.prompt_batch(items, f"s{self.global_step}"),
                                       build.train_sampling(cfg, seed=self.step_seed()))
+            if cfg.actor_rollout_ref.rollout.free_cache_engine:
+                # colocated: the engine gives its device memory back while the actor trains
+                self.rollout.call("sleep")
             with timer("reward"):
                 scores, reward_stats = self.score(batch)
                 batch["token_level_scores"] = place_scores_on_last_token(scores, batch["response_mask"])
