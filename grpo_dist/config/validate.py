@@ -140,6 +140,10 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             rollout.n,
             f"algorithm.adv_estimator={alg.adv_estimator} compares responses within a group; set rollout.n >= 2",
         )
+    if spec.needs_step_rewards and alg.use_kl_in_reward:
+        raise _bad("algorithm.use_kl_in_reward", True,
+                   f"algorithm.adv_estimator={alg.adv_estimator} reads rewards only at step ends; use the KL loss "
+                   "(actor_rollout_ref.actor.use_kl_loss=true) instead")
     if spec.needs_values:
         raise _bad("algorithm.adv_estimator", alg.adv_estimator, "gae needs a critic, which grpo_dist does not train; use grpo, rloo or reinforce_plus_plus")
     if rollout.n < 1:

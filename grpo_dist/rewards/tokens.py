@@ -33,3 +33,64 @@ def place_scores_on_last_token(scores_B: torch.Tensor | Sequence[float], respons
     rows_K = torch.nonzero(has_B, as_tuple=True)[0]
     out_BR[rows_K, last_B[rows_K]] = scores_B.to(out_BR.device)[rows_K]
     return out_BR
+
+
+def step_char_ends(text: str) -> list[int]:
+    """Character offsets (exclusive) where the reasoning steps of ``text`` end.
+
+    A step is a line: each ``"\\n"`` ends one (the newline belongs to it), and a non-empty last
+    segment without a newline is the final step. ``"a\\nb"`` -> [2, 3]; ``"a\\n"`` -> [2]; ``""`` -> [].
+    """
+    ends = [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+    if text and (not ends or ends[-1] < len(text)):
+        ends.append(len(text))
+    return ends
+
+
+def place_step_rewards(
+    step_rewards_B: Sequence[Sequence[float] | None],
+    texts_B: Sequence[str],
+    token_lengths_B: Sequence[Sequence[int]],
+    response_mask_BR: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Process supervision: each step's reward on the token that ends the step.
+
+    Args:
+        step_rewards_B: per response, one reward per step (line) of its text, in order.
+        texts_B: the decoded responses the rewards were computed on.
+        token_lengths_B: per response, the number of characters each response token decodes to
+            (its cumulative sum maps a character offset to the token that contains it).
+        response_mask_BR: [B, R] 1 on response tokens.
+
+    Returns:
+        rewards_BR [B, R] (float32) with the step rewards at step ends (steps that end in the same
+        token add up there), and step_end_mask_BR [B, R] (float32, 1 at step ends).
+
+    ``ValueError`` naming the response when it has no step rewards or their number differs from
+    its number of steps.
+    """
+    B, R = response_mask_BR.shape
+    rewards_BR = torch.zeros((B, R), dtype=torch.float32)
+    ends_BR = torch.zeros((B, R), dtype=torch.float32)
+    for b in range(B):
+        ends = step_char_ends(texts_B[b])
+        got = step_rewards_B[b]
+        if got is None or len(got) != len(ends):
+            n = "no" if got is None else str(len(got))
+            raise ValueError(
+                f"response {b}: the reward function returned {n} step rewards for a response with "
+                f"{len(ends)} steps (lines); return {{'score': ..., 'step_rewards': [one per line]}}"
+            )
+        valid = torch.nonzero(response_mask_BR[b] != 0, as_tuple=True)[0].tolist()
+        if not valid:
+            continue
+        cum, total = [], 0
+        for n_chars in token_lengths_B[b][: len(valid)]:
+            total += n_chars
+            cum.append(total)
+        for end, r in zip(ends, got):
+            k = next((i for i, c in enumerate(cum) if c >= end), len(valid) - 1)
+            t = valid[min(k, len(valid) - 1)]
+            rewards_BR[b, t] += float(r)
+            ends_BR[b, t] = 1.0
+    return rewards_BR, ends_BR

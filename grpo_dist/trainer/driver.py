@@ -30,7 +30,7 @@ from grpo_dist.distributed.worker_group import (
     put,
     remove_placement_groups,
 )
-from grpo_dist.rewards.tokens import place_scores_on_last_token
+from grpo_dist.rewards.tokens import place_scores_on_last_token, place_step_rewards
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, pad_responses
 from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
@@ -207,12 +207,26 @@ class GRPOTrainer:
             out.append(self.tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True))
         return out
 
-    def score(self, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def score(self, batch: Batch, *, token_level: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores [B]; with ``token_level`` also ``token_level_scores`` in the batch: the score on the
+        last response token or, with process supervision, the per-step rewards (``step_rewards``
+        from the reward function) on the tokens that end each step (and ``step_end_mask``)."""
         texts = self.decode_responses(batch)
-        scores, _extra, stats = self.reward_group.call(
+        scores, extra, stats = self.reward_group.call(
             "score", list(batch["data_source"]), texts, list(batch["ground_truth"]), list(batch["extra_info"])
         )
-        return torch.tensor(scores, dtype=torch.float32), {k: float(v) for k, v in stats.items()}
+        scores_B = torch.tensor(scores, dtype=torch.float32)
+        if not token_level:
+            pass
+        elif self.estimator.needs_step_rewards:
+            lengths = [[len(self.tokenizer.decode([t], skip_special_tokens=True)) for t in ids[m.bool()].tolist()]
+                       for ids, m in zip(batch["responses"], batch["response_mask"])]
+            rewards, ends = place_step_rewards(extra.get("step_rewards", [None] * len(texts)), texts, lengths,
+                                               batch["response_mask"])
+            batch["token_level_scores"], batch["step_end_mask"] = rewards, ends
+        else:
+            batch["token_level_scores"] = place_scores_on_last_token(scores_B, batch["response_mask"])
+        return scores_B, {k: float(v) for k, v in stats.items()}
 
     def _shard_evenly(self, batch: Batch, keys) -> list[tuple]:
         pieces = batch.select(*keys).chunk(self.shape.world_size)
@@ -286,8 +300,7 @@ class GRPOTrainer:
                 # colocated: the engine gives its device memory back while the actor trains
                 self.rollout.call("sleep")
             with timer("reward"):
-                scores, reward_stats = self.score(batch)
-                batch["token_level_scores"] = place_scores_on_last_token(scores, batch["response_mask"])
+                _, reward_stats = self.score(batch)
             with timer("old_log_prob"):
                 batch["old_log_probs"] = self.old_log_probs(batch)
             if self.use_ref:
@@ -334,7 +347,7 @@ class GRPOTrainer:
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
             batch = self.generate(self.prompt_batch(items, f"v{start}"), sampling)
-            s, _ = self.score(batch)
+            s, _ = self.score(batch, token_level=False)
             sources += [str(x) for x in batch["data_source"]]
             scores += s.tolist()
         return reduce_validation(sources, scores, sampling.n)

@@ -117,6 +117,7 @@ FAILURES = [
     (["algorithm.adv_estimator=ppo"], ["algorithm.adv_estimator", "'ppo'", "grpo", "rloo"]),
     (["actor_rollout_ref.actor.loss_agg_mode=mean"], ["loss_agg_mode", "'mean'", "token-mean", "seq-mean-token-sum-norm"]),
     (["actor_rollout_ref.actor.kl_loss_type=k9"], ["kl_loss_type", "'k9'", "low_var_kl"]),
+    (["algorithm.adv_estimator=grpo_process", "algorithm.use_kl_in_reward=true"], ["use_kl_in_reward", "step ends"]),
     (["actor_rollout_ref.actor.kl_loss_type=full"], ["kl_loss_type", "'full'", "low_var_kl"]),
     (["actor_rollout_ref.rollout.name=sglang"], ["rollout.name", "'sglang'", "vllm", "hf"]),
     (["actor_rollout_ref.rollout.n=1"], ["rollout.n", "1", ">= 2", "grpo"]),
