@@ -76,7 +76,7 @@ def _check_exists(key: str, value: Any, *, kind: str) -> None:
                 continue  # a hub name: taken from the cache (or downloaded) at start-up
         if not path.exists():
             parent = path.parent
-            hint = f" ({parent} exists)" if parent.is_dir() else f" (folder {parent} does not exist either)"
+            hint = f" (its folder {parent} exists)" if parent.is_dir() else f" (folder {parent} does not exist either)"
             raise _bad(key, p, f"no such {'directory' if kind == 'model' else 'file'}{hint}")
 
 
