@@ -227,6 +227,9 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
     }}
     address = address or os.environ.get("RAY_ADDRESS")
+    # Ray starts worker processes at niceness 15 by default; training workers should compete for
+    # the CPU on equal terms with everything else on the machine.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     if address:
         # A submitted job brings its own runtime environment; adding ours could conflict with it.
         ray.init(address=address, log_to_driver=True)

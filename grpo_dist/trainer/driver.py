@@ -37,7 +37,7 @@ from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, th
 from grpo_dist.trainer.tracking import Tracker
 from grpo_dist.training.micro_batches import rank_shard_indices
 
-UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages")
+UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages")
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
 
@@ -91,6 +91,10 @@ class GRPOTrainer:
         self.pgs: list = []
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite_streak = 0
+        # One optimizer step per training step on freshly sampled data: the sampling policy is the
+        # current one, so the old-log-prob forward is skipped (the update uses ratio 1 exactly).
+        self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
+                          and not cfg.algorithm.use_kl_in_reward)
 
     # ================================================================ set-up / tear-down
     def start_workers(self) -> None:
@@ -264,6 +268,7 @@ class GRPOTrainer:
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         keys = list(UPDATE_KEYS) + (["ref_log_prob"] if self.cfg.actor_rollout_ref.actor.use_kl_loss else [])
+        keys += [] if self.on_policy else ["old_log_probs"]
         sel = batch.select(*keys)
         per_rank = []
         for rank in range(self.shape.world_size):
@@ -301,8 +306,9 @@ class GRPOTrainer:
                 self.rollout.call("sleep")
             with timer("reward"):
                 _, reward_stats = self.score(batch)
-            with timer("old_log_prob"):
-                batch["old_log_probs"] = self.old_log_probs(batch)
+            if not self.on_policy:
+                with timer("old_log_prob"):
+                    batch["old_log_probs"] = self.old_log_probs(batch)
             if self.use_ref:
                 with timer("ref"):
                     batch["ref_log_prob"] = self.ref_log_probs(batch)

@@ -64,9 +64,9 @@ UPDATE_KEYS: tuple[str, ...] = (
     "position_ids",
     "responses",
     "response_mask",
-    "old_log_probs",
     "advantages",
 )
+"""Keys update_policy needs; ``old_log_probs`` too unless the update is on-policy (see update_policy)."""
 
 
 @dataclass
@@ -360,6 +360,15 @@ class FSDPActor:
         s = self.settings
         keys = UPDATE_KEYS + (("ref_log_prob",) if s.use_kl_loss else ())
         require_keys(data, keys, "update_policy")
+        keys += ("old_log_probs",) if "old_log_probs" in data else ()
+        if "old_log_probs" not in data:
+            # On-policy (one mini-batch, one epoch): every micro-batch runs before the only optimizer
+            # step, so the policy that sampled is the current one and the ratio is exactly 1; the
+            # caller may skip the old-log-prob forward, and logp.detach() stands in for it.
+            on_policy = s.ppo_epochs == 1 and (s.ppo_mini_batch_size_per_gpu in (None, data["responses"].shape[0]))
+            if not on_policy:
+                raise ValueError("update_policy needs old_log_probs unless it makes a single optimizer step "
+                                 "(one mini-batch, ppo_epochs=1)")
         n = data["responses"].shape[0]
         rows_range = torch.tensor([n, -n], dtype=torch.long, device=self._comm_device)
         dist.all_reduce(rows_range, op=dist.ReduceOp.MAX)
@@ -446,7 +455,7 @@ class FSDPActor:
             )
             pg_loss, pg_metrics = ppo_clip_policy_loss(
                 logp,
-                mb["old_log_probs"].float(),
+                mb["old_log_probs"].float() if "old_log_probs" in mb else logp.detach(),
                 mb["advantages"].float(),
                 mask,
                 clip_ratio_low=s.clip_ratio_low,

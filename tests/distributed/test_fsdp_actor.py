@@ -237,6 +237,23 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
         "entropy_gain": (ent_after - ent_before)[mask].mean().item(),
     }
 
+    # on-policy (one mini-batch, one epoch): without old_log_probs the update equals the one given
+    # the current policy's own log-probs as old_log_probs; with several mini-batches it is refused
+    data = make_batch(11, rows=8)
+    data["advantages"] = noise(12, (8, 8), 1.0)
+    actor = make(settings(ppo_micro_batch_size_per_gpu=4))
+    own, _ = actor.compute_log_prob(data)
+    m_with = actor.update_policy(dict(data, old_log_probs=own.clone()))
+    p_with = actor.state_dict_for_sync()
+    actor = make(settings(ppo_micro_batch_size_per_gpu=4))
+    m_without = actor.update_policy(data)
+    out["on_policy"] = {"with": m_with, "without": m_without, "diff": max_param_diff(p_with, actor.state_dict_for_sync())}
+    try:
+        make(settings(ppo_mini_batch_size_per_gpu=4)).update_policy(data)
+        out["on_policy"]["refused"] = False
+    except ValueError:
+        out["on_policy"]["refused"] = True
+
     # (e, resharded) the 2-rank checkpoint loaded on 1 rank continues like the 2-rank run
     resume_settings = settings(
         ppo_mini_batch_size_per_gpu=4,
@@ -403,3 +420,11 @@ def test_update_direction(one_rank):
     d = one_rank["direction"]
     assert d["logp_gain"] > 1e-3
     assert d["entropy_gain"] > 1e-4
+
+
+def test_on_policy_update_needs_no_old_log_probs(one_rank):
+    r = one_rank["on_policy"]
+    assert r["diff"] < 1e-6
+    assert rel(r["with"]["actor/grad_norm"], r["without"]["actor/grad_norm"]) < 1e-5
+    assert r["without"]["actor/pg_clipfrac"] == 0.0 and r["without"]["actor/ppo_kl"] == 0.0
+    assert r["refused"], "several mini-batches without old_log_probs must be refused"

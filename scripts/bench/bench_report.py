@@ -1,0 +1,400 @@
+"""Turn the raw results of the benchmark runs into medians, efficiencies, targets and markdown tables.
+
+Pure functions of plain dicts (no torch, no subprocesses), so they are unit-tested on made-up numbers.
+
+Raw results, per workload, are lists of runs (one per repetition) of four programs:
+
+- ``grpo_dist``: ``{"metrics": [metrics.jsonl rows], "monitor": TreeMonitor.result()}``
+- ``trl``: ``{"steps": [{"step", "seconds", "gen_tokens", "gen_s", "nograd_forward_s", "warmup"}], "monitor"}``
+- ``vllm``: ``{"plain": [{"step", "seconds", "gen_tokens", "warmup"}], "as_grpo_dist": [...], "monitor"}``
+- ``torch``: ``{"steps": [{"step", "update_s", "forward_s", "warmup"}], "monitor"}``
+
+Every number in the tables is the median over the measured (non-warm-up) steps of all repetitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+#: grpo_dist's phases (timing_s/<phase>), in step order.
+PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+
+COMPARE_COLUMNS = ("workload", "program", "wall time / step (s)", "generated tokens / step", "generated tokens/s",
+                   "speed-up vs TRL", "foreign load (cores)")
+PHASE_COLUMNS = ("phase", "grpo_dist (s)", "share of step", "bare library (s)", "efficiency", "target", "result")
+TARGET_COLUMNS = ("target", "measured", "threshold", "result", "gap")
+
+#: (key, label, kind, threshold): kind "min" passes when measured >= threshold, "max" when <=.
+TARGETS = (
+    ("speedup_vs_trl", "step throughput vs TRL (generated tokens/s ratio)", "min", 3.0),
+    ("rollout_efficiency", "rollout vs bare vLLM LLM.generate (tokens/s ratio)", "min", 0.90),
+    ("update_efficiency", "update vs bare torch fwd/bwd/AdamW loop (time ratio)", "min", 0.85),
+    ("weight_sync_share", "weight sync share of the step", "max", 0.05),
+    ("driver_overhead_share", "driver overhead share of the step", "max", 0.05),
+)
+
+
+def median(xs) -> float | None:
+    vals = [float(x) for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def grpo_steps(run: dict, warmup_steps: int, responses_per_step: int) -> list[dict]:
+    """Per measured step: phase times, generated tokens, wall time between metrics lines, overheads."""
+    arrivals = {int(k): v for k, v in run.get("monitor", {}).get("step_arrivals", {}).items()}
+    out = []
+    for row in run["metrics"]:
+        k = int(row["step"])
+        if k <= warmup_steps or row.get("timing_s/step") is None:
+            continue
+        d: dict[str, Any] = {"step": k, "step_s": row["timing_s/step"]}
+        for p in PHASES:
+            d[p] = row.get(f"timing_s/{p}")
+        d["gen_tokens"] = row["response_length/mean"] * responses_per_step if "response_length/mean" in row else None
+        d["in_step_overhead_s"] = d["step_s"] - sum(d[p] for p in PHASES if d[p] is not None)
+        d["wall_s"] = d["between_s"] = None
+        if k in arrivals and k - 1 in arrivals:
+            extra = (row.get("timing_s/save_checkpoint") or 0.0) + (row.get("timing_s/testing") or 0.0)
+            d["wall_s"] = arrivals[k] - arrivals[k - 1] - extra
+            d["between_s"] = d["wall_s"] - d["step_s"]
+        d["max_memory_gb_actor"] = row.get("perf/max_memory_gb/actor")
+        out.append(d)
+    return out
+
+
+def measured(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if not r.get("warmup")]
+
+
+# ------------------------------------------------------------------------------------------------ summary
+def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
+    """Medians of each program on one workload, the efficiencies and the targets' inputs."""
+    s: dict[str, Any] = {"name": w["name"]}
+    per_step = w["batch_size"] * w["n"]
+
+    steps = [d for run in runs.get("grpo_dist", []) for d in grpo_steps(run, w["warmup_steps"], per_step)]
+    if steps:
+        g: dict[str, Any] = {"steps": len(steps), "reps": len(runs["grpo_dist"])}
+        g["step_s"] = median(d["step_s"] for d in steps)
+        for p in PHASES:
+            g[p] = median(d[p] for d in steps)
+        g["in_step_overhead_s"] = median(d["in_step_overhead_s"] for d in steps)
+        g["between_s"] = median(d["between_s"] for d in steps)
+        g["wall_s"] = median(d["wall_s"] if d["wall_s"] is not None else d["step_s"] for d in steps)
+        g["gen_tokens"] = median(d["gen_tokens"] for d in steps)
+        g["gen_tok_s"] = median(_ratio(d["gen_tokens"], d["wall_s"] or d["step_s"]) for d in steps)
+        g["rollout_tok_s"] = median(_ratio(d["gen_tokens"], d["gen"]) for d in steps)
+        g["weight_sync_share"] = median(_ratio(d["update_weights"], d["step_s"]) for d in steps)
+        g["driver_overhead_share"] = median(
+            _ratio(d["in_step_overhead_s"] + (d["between_s"] or 0.0), d["wall_s"] or d["step_s"]) for d in steps)
+        g["shares"] = {p: median(_ratio(d[p], d["step_s"]) for d in steps) for p in PHASES}
+        g["max_memory_gb_actor"] = max((d["max_memory_gb_actor"] or 0.0) for d in steps)
+        g["foreign_load"] = median(r["monitor"].get("foreign_load_cores") for r in runs["grpo_dist"])
+        g["peak_rss_gib"] = _max_peaks(runs["grpo_dist"])
+        g["peak_tree_rss_gib"] = max(r["monitor"].get("peak_tree_rss_gib", 0.0) for r in runs["grpo_dist"])
+        g["cpu_s"] = {k: median(r["monitor"].get("cpu_s", {}).get(k) for r in runs["grpo_dist"])
+                      for k in sorted({k for r in runs["grpo_dist"] for k in r["monitor"].get("cpu_s", {})})}
+        g["run_s"] = median(r["monitor"].get("wall_s") for r in runs["grpo_dist"])
+        s["grpo_dist"] = g
+
+    trl_steps = [d for run in runs.get("trl", []) for d in measured(run["steps"])]
+    if trl_steps:
+        t = {"steps": len(trl_steps), "reps": len(runs["trl"])}
+        t["wall_s"] = median(d["seconds"] for d in trl_steps)
+        t["gen_tokens"] = median(d["gen_tokens"] for d in trl_steps)
+        t["gen_tok_s"] = median(_ratio(d["gen_tokens"], d["seconds"]) for d in trl_steps)
+        t["gen_s"] = median(d.get("gen_s") for d in trl_steps)
+        t["nograd_forward_s"] = median(d.get("nograd_forward_s") for d in trl_steps)
+        t["foreign_load"] = median(r["monitor"].get("foreign_load_cores") for r in runs["trl"])
+        t["peak_rss_gib"] = max(r["monitor"].get("peak_tree_rss_gib", 0.0) for r in runs["trl"])
+        t["version"] = runs["trl"][0].get("trl_version")
+        s["trl"] = t
+
+    if runs.get("vllm"):
+        v: dict[str, Any] = {"reps": len(runs["vllm"])}
+        for variant in ("plain", "as_grpo_dist"):
+            rows = [d for run in runs["vllm"] for d in measured(run[variant])]
+            v[f"{variant}_s"] = median(d["seconds"] for d in rows)
+            v[f"{variant}_tok_s"] = median(_ratio(d["gen_tokens"], d["seconds"]) for d in rows)
+            v[f"{variant}_tokens"] = median(d["gen_tokens"] for d in rows)
+        v["foreign_load"] = median(r["monitor"].get("foreign_load_cores") for r in runs["vllm"])
+        v["peak_rss_gib"] = max(r["monitor"].get("peak_tree_rss_gib", 0.0) for r in runs["vllm"])
+        s["vllm"] = v
+
+    if runs.get("torch"):
+        rows = [d for run in runs["torch"] for d in measured(run["steps"])]
+        s["torch"] = {
+            "reps": len(runs["torch"]),
+            "update_s": median(d["update_s"] for d in rows),
+            "forward_s": median(d["forward_s"] for d in rows),
+            "response_tokens": median(d["response_tokens"] for d in rows),
+            "foreign_load": median(r["monitor"].get("foreign_load_cores") for r in runs["torch"]),
+            "peak_rss_gib": max(r["monitor"].get("peak_tree_rss_gib", 0.0) for r in runs["torch"]),
+        }
+
+    g, t, v, b = s.get("grpo_dist"), s.get("trl"), s.get("vllm"), s.get("torch")
+    s["speedup_vs_trl"] = _ratio(g["gen_tok_s"], t["gen_tok_s"]) if g and t else None
+    s["step_time_ratio_vs_trl"] = _ratio(t["wall_s"], g["wall_s"]) if g and t else None
+    s["rollout_efficiency"] = _ratio(g["rollout_tok_s"], v["plain_tok_s"]) if g and v else None
+    s["rollout_efficiency_same_requests"] = _ratio(g["rollout_tok_s"], v["as_grpo_dist_tok_s"]) if g and v else None
+    s["update_efficiency"] = _ratio(b["update_s"], g["update_actor"]) if g and b else None
+    s["old_log_prob_efficiency"] = _ratio(b["forward_s"], g["old_log_prob"]) if g and b else None
+    s["ref_efficiency"] = _ratio(b["forward_s"], g["ref"]) if g and b else None
+    s["weight_sync_share"] = g["weight_sync_share"] if g else None
+    s["driver_overhead_share"] = g["driver_overhead_share"] if g else None
+    return s
+
+
+def _max_peaks(runs: list[dict]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["monitor"].get("peak_rss_gib", {}).items():
+            out[k] = max(out.get(k, 0.0), v)
+    return out
+
+
+def evaluate_targets(s: dict) -> list[dict]:
+    """One row per target: measured value, pass/fail (None when not measured) and the gap."""
+    rows = []
+    for key, label, kind, threshold in TARGETS:
+        m = s.get(key)
+        if m is None:
+            rows.append({"key": key, "label": label, "kind": kind, "threshold": threshold, "measured": None,
+                         "passed": None, "gap": "not measured"})
+            continue
+        passed = m >= threshold if kind == "min" else m <= threshold
+        if passed:
+            gap = ""
+        elif kind == "min":
+            if m <= 0:
+                gap = "no throughput"
+            elif threshold / m >= 1.5:
+                gap = f"{threshold / m:.2f}x short"
+            else:
+                gap = f"{100 * (1 - m / threshold):.1f} % below"
+        else:
+            gap = f"{(m - threshold) * 100:.1f} pp over"
+        rows.append({"key": key, "label": label, "kind": kind, "threshold": threshold, "measured": m,
+                     "passed": passed, "gap": gap})
+    return rows
+
+
+def trl_breakdown(s: dict) -> str:
+    """One sentence: where TRL's step goes, and the best speed-up grpo_dist could reach if every phase
+    but its update were free (the update is the same torch work in both)."""
+    g, t = s.get("grpo_dist"), s.get("trl")
+    if not t or t.get("gen_s") is None:
+        return ""
+    rest = t["wall_s"] - t["gen_s"] - (t.get("nograd_forward_s") or 0.0)
+    text = (f"{s['name']}: TRL's step = generate {t['gen_s']:.3f} s ({100 * t['gen_s'] / t['wall_s']:.0f} %) + "
+            f"no-grad forwards {t.get('nograd_forward_s') or 0.0:.3f} s + update and the rest {rest:.3f} s.")
+    if g and g.get("update_actor"):
+        text += (f" Speed-up bound if everything but grpo_dist's update_actor took no time: "
+                 f"{t['wall_s'] / g['update_actor']:.2f}x.")
+    return text
+
+
+def dominant_phases(s: dict, top: int = 3) -> list[tuple[str, float]]:
+    g = s.get("grpo_dist")
+    if not g:
+        return []
+    shares = [(p, v) for p, v in g["shares"].items() if v is not None]
+    return sorted(shares, key=lambda x: -x[1])[:top]
+
+
+# ------------------------------------------------------------------------------------------------ markdown
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def table(columns, rows) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(" --- " for _ in columns) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def compare_table(summaries: list[dict]) -> str:
+    rows = []
+    for s in summaries:
+        g, t = s.get("grpo_dist"), s.get("trl")
+        if g:
+            rows.append([s["name"], "grpo_dist", _f(g["wall_s"]), _f(g["gen_tokens"], "{:.0f}"),
+                         _f(g["gen_tok_s"], "{:.1f}"), _f(s["speedup_vs_trl"], "{:.2f}x"), _f(g["foreign_load"], "{:.2f}")])
+        if t:
+            rows.append([s["name"], f"TRL {t.get('version') or ''} GRPOTrainer".replace("  ", " "), _f(t["wall_s"]),
+                         _f(t["gen_tokens"], "{:.0f}"), _f(t["gen_tok_s"], "{:.1f}"), "1.00x", _f(t["foreign_load"], "{:.2f}")])
+        elif g:
+            rows.append([s["name"], "TRL GRPOTrainer", "skipped (trl not installed)", "-", "-", "-", "-"])
+    return table(COMPARE_COLUMNS, rows)
+
+
+def phase_table(s: dict, with_targets: bool) -> str:
+    g, v, b = s.get("grpo_dist"), s.get("vllm"), s.get("torch")
+    if not g:
+        return "(grpo_dist did not run)"
+    tgt = {r["key"]: r for r in evaluate_targets(s)} if with_targets else {}
+
+    def res(key: str) -> tuple[str, str]:
+        if not with_targets:
+            return "", ""
+        r = tgt[key]
+        sign = ">=" if r["kind"] == "min" else "<="
+        thr = f"{sign} {r['threshold']:.2f}" if r["kind"] == "min" else f"{sign} {r['threshold'] * 100:.0f} %"
+        verdict = "n/a" if r["passed"] is None else ("PASS" if r["passed"] else f"FAIL ({r['gap']})")
+        return thr, verdict
+
+    bare_gen = None
+    if v and v.get("plain_tok_s") and g.get("gen_tokens"):
+        bare_gen = g["gen_tokens"] / v["plain_tok_s"]  # bare vLLM time for the same number of tokens
+    bare_gen_req = None
+    if v and v.get("as_grpo_dist_tok_s") and g.get("gen_tokens"):
+        bare_gen_req = g["gen_tokens"] / v["as_grpo_dist_tok_s"]
+    sh = g["shares"]
+    rows = [
+        ["rollout (timing_s/gen) vs LLM.generate", _f(g["gen"]), _pct(sh["gen"]), _f(bare_gen),
+         _f(s["rollout_efficiency"]), *res("rollout_efficiency")],
+        ["  same, bare with grpo_dist's request options (log-probs, seeds)", "", "", _f(bare_gen_req),
+         _f(s["rollout_efficiency_same_requests"]), "", ""],
+        ["reward", _f(g["reward"]), _pct(sh["reward"]), "", "", "", ""],
+        ["old_log_prob vs no-grad forward", _f(g["old_log_prob"]), _pct(sh["old_log_prob"]), _f(b and b["forward_s"]),
+         _f(s["old_log_prob_efficiency"]), "", ""],
+        ["ref vs no-grad forward", _f(g["ref"]), _pct(sh["ref"]), _f(b and b["forward_s"]),
+         _f(s["ref_efficiency"]), "", ""],
+        ["adv", _f(g["adv"]), _pct(sh["adv"]), "", "", "", ""],
+        ["update_actor vs torch fwd/bwd/AdamW loop", _f(g["update_actor"]), _pct(sh["update_actor"]),
+         _f(b and b["update_s"]), _f(s["update_efficiency"]), *res("update_efficiency")],
+        ["weight sync (update_weights)", _f(g["update_weights"]), _pct(sh["update_weights"]), "", "",
+         *res("weight_sync_share")],
+        ["driver overhead inside the step (step - sum of phases)", _f(g["in_step_overhead_s"]),
+         _pct(_ratio(g["in_step_overhead_s"], g["step_s"])), "", "", "", ""],
+        ["driver overhead between steps (metrics, logging, next batch)", _f(g["between_s"]),
+         _pct(_ratio(g["between_s"], g["wall_s"])), "", "", "", ""],
+        ["driver overhead, total", _f(_sum(g["in_step_overhead_s"], g["between_s"])), _pct(s["driver_overhead_share"]),
+         "", "", *res("driver_overhead_share")],
+        ["step (timing_s/step)", _f(g["step_s"]), "100 %", "", "", "", ""],
+    ]
+    return table(PHASE_COLUMNS, rows)
+
+
+def _sum(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return None
+    return a + (b or 0.0)
+
+
+def target_table(s: dict) -> str:
+    rows = []
+    for r in evaluate_targets(s):
+        sign = ">=" if r["kind"] == "min" else "<="
+        if r["kind"] == "min":
+            meas, thr = _f(r["measured"], "{:.3f}"), f"{sign} {r['threshold']:.2f}"
+        else:
+            meas, thr = _pct(r["measured"]), f"{sign} {r['threshold'] * 100:.0f} %"
+        verdict = "n/a" if r["passed"] is None else ("PASS" if r["passed"] else "FAIL")
+        rows.append([r["label"], meas, thr, verdict, r["gap"]])
+    return table(TARGET_COLUMNS, rows)
+
+
+def memory_table(summaries: list[dict]) -> str:
+    roles: list[str] = []
+    for s in summaries:
+        for k in (s.get("grpo_dist") or {}).get("peak_rss_gib", {}):
+            if k not in roles:
+                roles.append(k)
+    roles = _order_roles(roles)
+    names = [s["name"] for s in summaries]
+    cols = ("process", *[f"peak RSS (GiB), {n}" for n in names])
+    rows = []
+    for role in roles:
+        rows.append([ROLE_LABEL.get(role, role), *[_f((s.get("grpo_dist") or {}).get("peak_rss_gib", {}).get(role), "{:.2f}")
+                                              for s in summaries]])
+    rows.append(["grpo_dist, all processes summed (peak)",
+                 *[_f((s.get("grpo_dist") or {}).get("peak_tree_rss_gib"), "{:.2f}") for s in summaries]])
+    rows.append(["grpo_dist actor, perf/max_memory_gb/actor",
+                 *[_f((s.get("grpo_dist") or {}).get("max_memory_gb_actor"), "{:.2f}") for s in summaries]])
+    rows.append(["TRL GRPOTrainer process", *[_f((s.get("trl") or {}).get("peak_rss_gib"), "{:.2f}") for s in summaries]])
+    rows.append(["bare vLLM process", *[_f((s.get("vllm") or {}).get("peak_rss_gib"), "{:.2f}") for s in summaries]])
+    rows.append(["bare torch loop process", *[_f((s.get("torch") or {}).get("peak_rss_gib"), "{:.2f}") for s in summaries]])
+    return table(cols, rows)
+
+
+ROLE_ORDER = ("main process", "ActorWorker", "ReferenceWorker", "RolloutWorker", "RewardWorker")
+ROLE_LABEL = {"main process": "grpo_dist driver (python -m grpo_dist.main)"}
+
+
+def _order_roles(roles) -> list[str]:
+    return [r for r in ROLE_ORDER if r in roles] + sorted(r for r in roles if r not in ROLE_ORDER)
+
+
+def cpu_table(summaries: list[dict]) -> str:
+    """CPU seconds of each grpo_dist process over a whole run (start-up included)."""
+    roles: list[str] = []
+    for s in summaries:
+        roles += [k for k in (s.get("grpo_dist") or {}).get("cpu_s", {}) if k not in roles]
+    cols = ("process", *[f"CPU s per run, {s['name']}" for s in summaries])
+    rows = [[ROLE_LABEL.get(r, r), *[_f((s.get("grpo_dist") or {}).get("cpu_s", {}).get(r), "{:.1f}") for s in summaries]]
+            for r in _order_roles(roles)]
+    rows.append(["wall time of the run (s)", *[_f((s.get("grpo_dist") or {}).get("run_s"), "{:.1f}") for s in summaries]])
+    return table(cols, rows)
+
+
+def settings_table(workloads: list[dict]) -> str:
+    cols = ("setting", *[w["name"] for w in workloads])
+    def row(label, fn):
+        return [label, *[fn(w) for w in workloads]]
+    rows = [
+        row("model", lambda w: f"{w.get('model_desc', w['model'])}, {w.get('num_params', 0) / 1e6:.1f} M params"),
+        row("prompts x rollout.n per step", lambda w: f"{w['batch_size']} x {w['n']} = {w['batch_size'] * w['n']}"),
+        row("max response length", lambda w: str(w["response_length"])),
+        row("sampling", lambda w: f"T={w['temperature']}, top_p={w['top_p']}, top_k={w['top_k']}"),
+        row("micro-batch (update, old log-prob, ref)", lambda w: str(w["micro_batch"])),
+        row("updates per step", lambda w: "1 (ppo_mini_batch_size = train_batch_size, ppo_epochs 1)"),
+        row("KL loss", lambda w: f"on, low_var_kl (k3), coef {w['kl_coef']}"),
+        row("lr / grad clip", lambda w: f"{w['lr']} / 1.0"),
+        row("gradient checkpointing", lambda w: "on" if w["gradient_checkpointing"] else "off"),
+        row("ranks / device", lambda w: "1 (trainer.n_gpus_per_node=1) / cpu"),
+        row("steps per run (warm-up + measured)", lambda w: f"{w['warmup_steps']} + {w['steps'] - w['warmup_steps']}"),
+    ]
+    return table(cols, rows)
+
+
+def render(workloads: list[dict], summaries: list[dict], machine: dict, command: str, reps: int,
+           notes: list[str] = ()) -> str:
+    """The whole report (markdown), as printed by run_bench.py."""
+    out = ["## Settings", "", f"Command: `{command}`", "",
+           "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), "",
+           f"Repetitions: {reps} per program and workload, alternating grpo_dist / TRL; numbers are medians over "
+           "the measured steps of all repetitions. 'foreign load' = cores used by other processes meanwhile.",
+           *[f"{n}" for n in notes], "",
+           settings_table(workloads), "", "## grpo_dist vs TRL", "", compare_table(summaries), ""]
+    for s in summaries:
+        line = trl_breakdown(s)
+        if line:
+            out += [line, ""]
+    target_name = "large" if any(s["name"] == "large" for s in summaries) else None
+    for s in summaries:
+        out += [f"## Phases, {s['name']} workload", "", phase_table(s, with_targets=s["name"] == target_name), ""]
+        dom = dominant_phases(s)
+        if dom:
+            out += ["Largest phases: " + ", ".join(f"{p} {100 * v:.0f} %" for p, v in dom), ""]
+    out += ["## Peak memory (RSS sampled every 0.25 s from outside)", "", memory_table(summaries), "",
+            "## CPU time of the grpo_dist processes", "", cpu_table(summaries), ""]
+    if target_name:
+        s = next(s for s in summaries if s["name"] == target_name)
+        out += [f"## Targets ({target_name} workload)", "", target_table(s), ""]
+    else:
+        out += ["## Targets", "", "(quick mode: the targets are defined on the large workload; "
+                "values for the tiny one, for information)", "", target_table(summaries[0]), ""]
+    return "\n".join(out)

@@ -1,0 +1,135 @@
+"""The benchmark's arithmetic (scripts/bench/bench_report.py, bench_procmon.classify): medians over measured
+steps, phase efficiencies, driver overhead from metrics arrival times, target verdicts, tables."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "scripts" / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_procmon as procmon  # noqa: E402
+import bench_report as report  # noqa: E402
+
+W = dict(name="large", batch_size=2, n=4, warmup_steps=1, steps=3)
+
+
+def grpo_row(step: int, *, gen: float, update: float, extra: float = 0.0, resp_len: float = 128.0) -> dict:
+    phases = dict(gen=gen, reward=0.1, old_log_prob=1.0, ref=1.0, adv=0.01, update_actor=update, update_weights=0.2)
+    row = {"step": step, "response_length/mean": resp_len, "perf/max_memory_gb/actor": 1.5}
+    row.update({f"timing_s/{k}": v for k, v in phases.items()})
+    row["timing_s/step"] = sum(phases.values()) + extra
+    return row
+
+
+def make_runs() -> dict:
+    # step 1 is warm-up; steps 2 and 3 measured. Metrics lines arrive 0.3 s after each step ends.
+    rows = [grpo_row(1, gen=9.0, update=9.0), grpo_row(2, gen=2.0, update=4.0, extra=0.05),
+            grpo_row(3, gen=2.0, update=4.0, extra=0.05)]
+    rows[-1]["timing_s/save_checkpoint"] = 1.0
+    t1 = 20.0
+    t2 = t1 + rows[1]["timing_s/step"] + 0.3
+    t3 = t2 + rows[2]["timing_s/step"] + 0.3 + 1.0  # the last line also waits for the checkpoint
+    mon = {"step_arrivals": {"1": t1, "2": t2, "3": t3}, "foreign_load_cores": 0.1,
+           "peak_rss_gib": {"ActorWorker": 1.0, "RolloutWorker": 2.0}, "peak_tree_rss_gib": 5.0}
+    grpo = {"metrics": rows, "monitor": mon}
+    trl = {"steps": [{"step": 1, "seconds": 50.0, "gen_tokens": 1024, "warmup": True},
+                     {"step": 2, "seconds": 16.0, "gen_tokens": 1024, "gen_s": 8.0, "nograd_forward_s": 1.0, "warmup": False},
+                     {"step": 3, "seconds": 16.0, "gen_tokens": 1024, "gen_s": 8.0, "nograd_forward_s": 1.0, "warmup": False}],
+           "monitor": {"foreign_load_cores": 0.0, "peak_tree_rss_gib": 1.2}, "trl_version": "1.16.0"}
+    vllm = {"plain": [{"step": 1, "seconds": 9.0, "gen_tokens": 1024, "warmup": True},
+                      {"step": 2, "seconds": 1.6, "gen_tokens": 1024, "warmup": False},
+                      {"step": 3, "seconds": 1.6, "gen_tokens": 1024, "warmup": False}],
+            "as_grpo_dist": [{"step": 1, "seconds": 9.0, "gen_tokens": 1024, "warmup": True},
+                             {"step": 2, "seconds": 2.0, "gen_tokens": 1024, "warmup": False},
+                             {"step": 3, "seconds": 2.0, "gen_tokens": 1024, "warmup": False}],
+            "monitor": {"foreign_load_cores": 0.0, "peak_tree_rss_gib": 2.0}}
+    torch_ = {"steps": [{"step": 2, "update_s": 3.6, "forward_s": 0.9, "response_tokens": 128, "warmup": False}],
+              "monitor": {"foreign_load_cores": 0.0, "peak_tree_rss_gib": 0.8}}
+    return {"grpo_dist": [grpo], "trl": [trl], "vllm": [vllm], "torch": [torch_]}
+
+
+def test_grpo_steps_skip_warmup_and_measure_driver_overhead():
+    runs = make_runs()
+    steps = report.grpo_steps(runs["grpo_dist"][0], warmup_steps=1, responses_per_step=8)
+    assert [d["step"] for d in steps] == [2, 3]
+    for d in steps:
+        assert d["in_step_overhead_s"] == pytest.approx(0.05)
+        # the checkpoint time is taken out of the last interval
+        assert d["between_s"] == pytest.approx(0.3)
+        assert d["wall_s"] == pytest.approx(d["step_s"] + 0.3)
+        assert d["gen_tokens"] == pytest.approx(128 * 8)
+
+
+def test_summary_efficiencies_and_ratios():
+    s = report.summarise_workload(W, make_runs())
+    g = s["grpo_dist"]
+    step = 2.0 + 0.1 + 1.0 + 1.0 + 0.01 + 4.0 + 0.2 + 0.05
+    assert g["step_s"] == pytest.approx(step)
+    assert g["wall_s"] == pytest.approx(step + 0.3)
+    # rollout: 1024 tokens in 2.0 s against bare vLLM's 1024 in 1.6 s
+    assert s["rollout_efficiency"] == pytest.approx(1.6 / 2.0)
+    assert s["rollout_efficiency_same_requests"] == pytest.approx(1.0)
+    assert s["update_efficiency"] == pytest.approx(3.6 / 4.0)
+    assert s["old_log_prob_efficiency"] == pytest.approx(0.9)
+    assert s["weight_sync_share"] == pytest.approx(0.2 / step)
+    assert s["driver_overhead_share"] == pytest.approx(0.35 / (step + 0.3))
+    assert s["speedup_vs_trl"] == pytest.approx((1024 / (step + 0.3)) / (1024 / 16.0))
+    assert g["peak_rss_gib"] == {"ActorWorker": 1.0, "RolloutWorker": 2.0}
+
+
+def test_targets_pass_fail_and_gap():
+    s = report.summarise_workload(W, make_runs())
+    rows = {r["key"]: r for r in report.evaluate_targets(s)}
+    assert rows["speedup_vs_trl"]["passed"] is False  # ~1.9x < 3x
+    assert rows["speedup_vs_trl"]["gap"].endswith("x short")
+    assert rows["rollout_efficiency"]["gap"] == "11.1 % below"  # 0.8 against 0.9
+    assert rows["rollout_efficiency"]["passed"] is False  # 0.8 < 0.9
+    assert rows["update_efficiency"]["passed"] is True  # 0.9 >= 0.85
+    assert rows["weight_sync_share"]["passed"] is True
+    assert rows["driver_overhead_share"]["passed"] is True
+    over = report.evaluate_targets({"weight_sync_share": 0.08})
+    ws = next(r for r in over if r["key"] == "weight_sync_share")
+    assert ws["passed"] is False and ws["gap"] == "3.0 pp over"
+    missing = next(r for r in over if r["key"] == "speedup_vs_trl")
+    assert missing["passed"] is None and missing["measured"] is None
+
+
+def test_render_has_the_tables_and_columns():
+    s = report.summarise_workload(W, make_runs())
+    w = dict(W, model="large", num_params=22_700_000, response_length=128, temperature=1.0, top_p=1.0, top_k=20,
+             micro_batch=8, kl_coef=0.001, lr=1e-6, gradient_checkpointing=False)
+    text = report.render([w], [s], {"cores": 2}, "python scripts/bench/run_bench.py", reps=1)
+    for columns in (report.COMPARE_COLUMNS, report.PHASE_COLUMNS, report.TARGET_COLUMNS):
+        assert "| " + " | ".join(columns) + " |" in text
+    assert "## Targets (large workload)" in text
+    assert "FAIL" in text and "PASS" in text
+    assert "| ActorWorker | 1.00 |" in text
+
+
+def test_trl_missing_is_reported_as_skipped():
+    runs = make_runs()
+    runs["trl"] = []
+    s = report.summarise_workload(W, runs)
+    assert s["speedup_vs_trl"] is None
+    assert "skipped (trl not installed)" in report.compare_table([s])
+
+
+@pytest.mark.parametrize("cmdline, role", [
+    ("ray::ActorWorker", "ActorWorker"),
+    ("ray::ActorWorker.update_policy", "ActorWorker"),
+    ("ray::RolloutWorker.__init__", "RolloutWorker"),
+    ("ray::ReferenceWorker", "ReferenceWorker"),
+    ("ray::RewardWorker.score", "RewardWorker"),
+    ("ray::IDLE", "Ray idle workers"),
+    ("python .../ray/_private/workers/default_worker.py --runtime-env-hash=1", "Ray idle workers"),
+    (".../ray/core/src/ray/raylet/raylet --raylet_socket_name=x", "Ray daemons"),
+    ("ray::DashboardAgent", "Ray daemons"),
+    ("python -c from multiprocessing.forkserver import main", "other"),
+])
+def test_classify_process_titles(cmdline, role):
+    assert procmon.classify(cmdline, is_root=False) == role
+    assert procmon.classify(cmdline, is_root=True) == "main process"
