@@ -247,6 +247,9 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             micro if micro else actor.ppo_mini_batch_size,
             f"a mini-batch of ppo_mini_batch_size x rollout.n = {mini_responses} responses must split evenly over {what}",
         )
+    if rollout.tensor_model_parallel_size > 1:
+        raise _bad("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
+                   "only 1 is supported for now (one engine per rank, updated in place); use 1")
     if dp % rollout.tensor_model_parallel_size:
         raise _bad(
             "actor_rollout_ref.rollout.tensor_model_parallel_size",

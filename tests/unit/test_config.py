@@ -145,6 +145,8 @@ FAILURES = [
     (["custom_reward_function.path=/nonexistent/r.py"], ["custom_reward_function.path", "no such"]),
     (["actor_rollout_ref.rollout.val_kwargs.n=4"], ["val_kwargs.n", "greedy"]),
     (["actor_rollout_ref.rollout.temperature=0"], ["rollout.do_sample", "identical responses"]),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
+     ["tensor_model_parallel_size", "only 1"]),
     (["trainer.nnodes=abc"], ["trainer.nnodes", "'abc'", "Integer"]),
     (["trainer.device=tpu"], ["trainer.device", "cpu", "cuda"]),
     (["trainer.resume_mode=resume_path"], ["resume_from_path", "resume_path"]),
