@@ -2,7 +2,8 @@
 
     python scripts/bench/bare_torch.py WORKLOAD_JSON OUT_JSON
 
-The same model (``AutoModelForCausalLM.from_pretrained``, float32, sdpa, dropout as shipped = 0), the
+The same model (``AutoModelForCausalLM.from_pretrained``, float32 weights, sdpa, dropout as shipped = 0;
+on CUDA bf16 autocast and fused AdamW), the
 same rows as one grpo_dist step (``batch_size x n`` sequences: each step's real prompts, left-padded,
 followed by ``response_length`` response tokens), cut into the same micro-batches
 (``micro_batch`` rows), the same loss shape (clipped policy-gradient term + ``kl_coef`` x k3 KL to
@@ -19,13 +20,14 @@ is ``response_tokens`` from the workload when given (the mean length grpo_dist g
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import load_prompt_dataset, subprocess_main  # noqa: E402
+from bench_common import load_prompt_dataset, subprocess_main, train_flops  # noqa: E402
 
 
 def _batch(w: dict, prompt_ids: list[list[int]], pad_id: int, vocab: int, gen):
@@ -61,33 +63,49 @@ def run(w: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
+    cuda = w.get("device") == "cuda"
+    device = torch.device("cuda" if cuda else "cpu")
     tok, ds = load_prompt_dataset(w)
     gen = torch.Generator().manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(w["model_dir"], dtype=torch.float32, attn_implementation="sdpa")
+    model.to(device)
     model.config.use_cache = False
     vocab = model.config.vocab_size
-    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01)
+    # fused AdamW on CUDA: what a user of a plain loop would pick (one kernel launch per step)
+    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01,
+                            **({"fused": True} if cuda else {}))
+    # CUDA: float32 master weights, bf16 compute (as grpo_dist's default mixed precision and TRL's bf16=True)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
     m = w["micro_batch"]
     eps, beta = 0.2, w["kl_coef"]
     rows_out = []
     for k, idx in enumerate(w["step_prompts"]):
         ids, mask, pos, R = _batch(w, [ds[i]["prompt_ids"] for i in idx], tok.pad_token_id, vocab, gen)
+        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
         N = ids.shape[0]
         resp_mask = mask[:, -R:].float()
-        adv = torch.randn(N, 1, generator=gen).expand(N, R)
+        adv = torch.randn(N, 1, generator=gen).expand(N, R).to(device)
         chunks = [slice(s, min(s + m, N)) for s in range(0, N, m)]
 
         model.eval()
+        sync()
         t = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), amp:
             ref = torch.cat([_logp(model, ids[c], mask[c], pos[c], R) for c in chunks])
+        sync()
         fwd_s = time.perf_counter() - t
 
         model.train()
         t = time.perf_counter()
         total_tokens = resp_mask.sum()
         for c in chunks:
-            logp = _logp(model, ids[c], mask[c], pos[c], R)
+            with amp:
+                logp = _logp(model, ids[c], mask[c], pos[c], R)
             old = logp.detach()
             ratio = torch.exp(logp - old)
             pg = torch.maximum(-adv[c] * ratio, -adv[c] * ratio.clamp(1 - eps, 1 + eps))
@@ -98,10 +116,16 @@ def run(w: dict) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         update_s = time.perf_counter() - t
+        flops = train_flops(w["matmul_params"], w["attn_width"], mask.sum(-1).tolist()) if "matmul_params" in w else None
         rows_out.append({"step": k + 1, "update_s": update_s, "forward_s": fwd_s, "sequences": N,
-                         "response_tokens": R, "tokens": int(mask.sum()), "warmup": k < w["warmup_steps"]})
-    return {"steps": rows_out, "threads": torch.get_num_threads()}
+                         "response_tokens": R, "tokens": int(mask.sum()), "train_flops": flops,
+                         "warmup": k < w["warmup_steps"]})
+    out = {"steps": rows_out, "threads": torch.get_num_threads()}
+    if cuda:
+        out["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
 
 
 if __name__ == "__main__":

