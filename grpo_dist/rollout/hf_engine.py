@@ -149,17 +149,20 @@ class HFEngine:
             target.data.copy_(tensor)
 
     def sleep(self) -> None:
-        """On a GPU, move the model to host memory and free the cached device memory; a no-op on CPU."""
-        if self.device.type == "cuda" and not self._asleep:
-            self.model.to("cpu")
-            torch.cuda.empty_cache()
+        """Give the memory ``generate`` cached (its KV cache) back to the device; the weights stay.
+
+        Unlike vLLM, ``generate`` holds no memory between calls except the weights, and moving them
+        to host memory and back every step cost about 0.4 s of each step for a 243 M-parameter model
+        on an H100. ``generate`` refuses to run until ``wake_up``.
+        """
+        if not self._asleep:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
             self._asleep = True
 
     def wake_up(self) -> None:
-        """Move the model back to its device after ``sleep``."""
-        if self._asleep:
-            self.model.to(self.device)
-            self._asleep = False
+        """Allow ``generate`` again after ``sleep``."""
+        self._asleep = False
 
     def close(self) -> None:
         """Drop the model."""

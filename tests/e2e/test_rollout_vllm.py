@@ -215,3 +215,16 @@ def test_seeded_sampling_of_a_batch_larger_than_one_engine_step(model_dir):
         engine.close()
     assert len(a.response_ids) == 2 * len(prompts)
     assert a.response_ids == b.response_ids
+
+
+def test_hf_engine_sleep_refuses_generate_until_wake_up_and_keeps_the_weights(hf_engine):
+    greedy = SamplingSettings.greedy(max_tokens=8)
+    before = hf_engine.generate(PROMPTS[:2], greedy)
+    weights = {k: v.clone() for k, v in hf_engine.model.state_dict().items()}
+    hf_engine.sleep()
+    with pytest.raises(RuntimeError, match="asleep"):
+        hf_engine.generate(PROMPTS[:2], greedy)
+    hf_engine.wake_up()
+    assert hf_engine.generate(PROMPTS[:2], greedy).response_ids == before.response_ids
+    for k, v in hf_engine.model.state_dict().items():
+        assert torch.equal(v, weights[k]), k
