@@ -2,6 +2,10 @@
 
 One step (see docs/ and DESIGN): generate -> reward -> old log-probs -> reference log-probs ->
 advantages -> update -> weight sync -> metrics, validation, checkpoint.
+
+Each phase is timed on the driver (``timing_s/<phase>``). Phases done by Ray workers also log the
+workers' own busy time (``timing_s/<phase>/worker``, slowest rank; it comes back with the results,
+see ``grpo_dist.workers.common.Timed``), and the weight sync is split further (``sync_weights``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
 from grpo_dist.trainer.tracking import Tracker
 from grpo_dist.training.micro_batches import rank_shard_indices
+from grpo_dist.workers.common import unwrap_timed
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages")
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -172,8 +177,9 @@ class GRPOTrainer:
         }
         return Batch.from_dict(tensors, non)
 
-    def generate(self, prompts: Batch, sampling: SamplingSettings) -> Batch:
-        """Sample ``sampling.n`` responses per prompt on the rollout ranks; rows grouped by prompt."""
+    def generate(self, prompts: Batch, sampling: SamplingSettings) -> tuple[Batch, float]:
+        """Sample ``sampling.n`` responses per prompt on the rollout ranks; rows grouped by prompt.
+        Also returns the slowest rollout rank's busy seconds."""
         prompt_ids = list(prompts["prompt_ids"])
         k = len(self.rollout)
         bounds = np.linspace(0, len(prompt_ids), k + 1).astype(int)
@@ -184,7 +190,7 @@ class GRPOTrainer:
              sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + int(bounds[i]) * sampling.n))
             for i in range(k)
         ]
-        outs: list[RolloutOutput] = self.rollout.call("generate", per_rank=per_rank)
+        outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=per_rank))
         merged = RolloutOutput(
             response_ids=[r for o in outs for r in o.response_ids],
             logprobs=[lp for o in outs for lp in o.logprobs],
@@ -203,7 +209,7 @@ class GRPOTrainer:
         rows["input_ids"] = torch.cat([rows["input_ids"], responses], dim=1)
         rows["attention_mask"] = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
         rows["position_ids"] = torch.cat([rows["position_ids"], resp_pos], dim=1)
-        return rows
+        return rows, busy_s
 
     def decode_responses(self, batch: Batch) -> list[str]:
         out = []
@@ -236,21 +242,24 @@ class GRPOTrainer:
         pieces = batch.select(*keys).chunk(self.shape.world_size)
         return [(p.tensor_dict(),) for p in pieces]
 
-    def old_log_probs(self, batch: Batch) -> torch.Tensor:
+    def old_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """Log-probs [B, R] under the current policy, and the slowest actor rank's busy seconds."""
         r = self.cfg.actor_rollout_ref.rollout
         micro = None if r.log_prob_use_dynamic_bsz else r.log_prob_micro_batch_size_per_gpu
         tok = r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None
         per_rank = [(d, micro, tok) for (d,) in self._shard_evenly(batch, FORWARD_KEYS)]
-        outs = self.actor.call("compute_log_prob", per_rank=per_rank)
-        return torch.cat([lp for lp, _ in outs], dim=0)
+        outs, busy_s = unwrap_timed(self.actor.call("compute_log_prob", per_rank=per_rank))
+        return torch.cat([lp for lp, _ in outs], dim=0), busy_s
 
-    def ref_log_probs(self, batch: Batch) -> torch.Tensor:
+    def ref_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """Log-probs [B, R] under the reference policy, and the slowest reference rank's busy seconds."""
         r = self.cfg.actor_rollout_ref.ref
         micro = None if r.log_prob_use_dynamic_bsz else r.log_prob_micro_batch_size_per_gpu
         tok = r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None
         temp = self.cfg.actor_rollout_ref.rollout.temperature or 1.0
         per_rank = [(d, micro, tok, temp) for (d,) in self._shard_evenly(batch, FORWARD_KEYS)]
-        return torch.cat(self.ref.call("compute_ref_log_prob", per_rank=per_rank), dim=0)
+        outs, busy_s = unwrap_timed(self.ref.call("compute_ref_log_prob", per_rank=per_rank))
+        return torch.cat(outs, dim=0), busy_s
 
     def advantages(self, batch: Batch) -> None:
         alg = self.cfg.algorithm
@@ -266,7 +275,8 @@ class GRPOTrainer:
         batch["advantages"] = adv
         batch["returns"] = ret
 
-    def update_actor(self, batch: Batch) -> dict[str, float]:
+    def update_actor(self, batch: Batch) -> tuple[dict[str, float], float]:
+        """One policy update on the actor ranks: its metrics, and the slowest actor rank's busy seconds."""
         keys = list(UPDATE_KEYS) + (["ref_log_prob"] if self.cfg.actor_rollout_ref.actor.use_kl_loss else [])
         keys += [] if self.on_policy else ["old_log_probs"]
         sel = batch.select(*keys)
@@ -275,18 +285,40 @@ class GRPOTrainer:
             idx = rank_shard_indices(len(sel), num_mini_batches=self.shape.num_mini_batches, rank=rank,
                                      world_size=self.shape.world_size)
             per_rank.append((sel.reorder(idx).tensor_dict(),))
-        metrics = self.actor.call("update_policy", per_rank=per_rank)
+        metrics, busy_s = unwrap_timed(self.actor.call("update_policy", per_rank=per_rank))
         out = dict(metrics[0])
         out["perf/max_memory_gb/actor"] = max(m.get("perf/max_memory_gb/actor", 0.0) for m in metrics)
-        return out
+        return out, busy_s
 
-    def sync_weights(self) -> None:
+    def sync_weights(self) -> dict[str, float]:
+        """Send the actor's current weights to every rollout engine: the actor ranks gather the full
+        state dict (rank 0 returns it to the driver), the driver puts it in Ray's object store once,
+        and every rollout worker loads it from there.
+
+        Returns where the time went, in seconds, keyed by name under ``timing_s/``:
+        ``update_weights/gather`` (the actor ranks building the state dict, slowest rank),
+        ``update_weights/transfer`` (moving it: the two Ray calls' time outside their worker bodies,
+        i.e. actor -> driver and object store -> rollout workers, plus the driver's ``ray.put``),
+        ``update_weights/load`` (the engines loading it, slowest rank) and ``update_weights/worker``
+        (busy time inside the workers: gather + engine wake-up + load).
+        """
         dtype = build.compute_dtype(self.cfg.actor_rollout_ref.rollout.dtype, self.device)
-        sds = self.actor.call("state_dict_for_sync", dtype)
+        t0 = time.perf_counter()
+        sds, gather_s = unwrap_timed(self.actor.call("state_dict_for_sync", dtype))
+        t1 = time.perf_counter()
         ref = put(sds[0])
-        self.rollout.call("wake_up")
-        self.rollout.call("update_weights", per_rank=[(ref,)] * len(self.rollout))
+        t2 = time.perf_counter()
+        _, wake_s = unwrap_timed(self.rollout.call("wake_up"))
+        t3 = time.perf_counter()
+        _, load_s = unwrap_timed(self.rollout.call("update_weights", per_rank=[(ref,)] * len(self.rollout)))
+        t4 = time.perf_counter()
         del ref
+        return {
+            "update_weights/gather": gather_s,
+            "update_weights/transfer": (t1 - t0 - gather_s) + (t2 - t1) + (t4 - t3 - load_s),
+            "update_weights/load": load_s,
+            "update_weights/worker": gather_s + wake_s + load_s,
+        }
 
     def step_seed(self) -> int:
         """Sampling seed of this step: a disjoint range of per-response seeds for every step."""
@@ -299,8 +331,9 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         with timer("step"):
             with timer("gen"):
-                batch = self.generate(self.prompt_batch(items, f"s{self.global_step}"),
-                                      build.train_sampling(cfg, seed=self.step_seed()))
+                batch, busy_s = self.generate(self.prompt_batch(items, f"s{self.global_step}"),
+                                              build.train_sampling(cfg, seed=self.step_seed()))
+            timer.add("gen/worker", busy_s)
             if cfg.actor_rollout_ref.rollout.free_cache_engine:
                 # colocated: the engine gives its device memory back while the actor trains
                 self.rollout.call("sleep")
@@ -308,10 +341,12 @@ class GRPOTrainer:
                 _, reward_stats = self.score(batch)
             if not self.on_policy:
                 with timer("old_log_prob"):
-                    batch["old_log_probs"] = self.old_log_probs(batch)
+                    batch["old_log_probs"], busy_s = self.old_log_probs(batch)
+                timer.add("old_log_prob/worker", busy_s)
             if self.use_ref:
                 with timer("ref"):
-                    batch["ref_log_prob"] = self.ref_log_probs(batch)
+                    batch["ref_log_prob"], busy_s = self.ref_log_probs(batch)
+                timer.add("ref/worker", busy_s)
             with timer("adv"):
                 extra: dict[str, float] = {}
                 if cfg.algorithm.use_kl_in_reward:
@@ -326,9 +361,12 @@ class GRPOTrainer:
                     batch["token_level_rewards"] = batch["token_level_scores"]
                 self.advantages(batch)
             with timer("update_actor"):
-                actor_metrics = self.update_actor(batch)
+                actor_metrics, busy_s = self.update_actor(batch)
+            timer.add("update_actor/worker", busy_s)
             with timer("update_weights"):
-                self.sync_weights()
+                sync_s = self.sync_weights()
+            for name, seconds in sync_s.items():
+                timer.add(name, seconds)
         step_s = time.perf_counter() - t0
         ntok = token_count(batch)
         self.summary.tokens += ntok
@@ -352,7 +390,7 @@ class GRPOTrainer:
         scores: list[float] = []
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
-            batch = self.generate(self.prompt_batch(items, f"v{start}"), sampling)
+            batch, _ = self.generate(self.prompt_batch(items, f"v{start}"), sampling)
             s, _ = self.score(batch, token_level=False)
             sources += [str(x) for x in batch["data_source"]]
             scores += s.tolist()

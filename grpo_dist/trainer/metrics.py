@@ -53,6 +53,10 @@ class Timer:
         finally:
             self.seconds[name] += time.perf_counter() - t0
 
+    def add(self, name: str, seconds: float) -> None:
+        """Record a time measured elsewhere (e.g. a worker's busy time) as ``timing_s/<name>``."""
+        self.seconds[name] += seconds
+
     def metrics(self) -> dict[str, float]:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}
 

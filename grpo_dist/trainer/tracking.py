@@ -1,6 +1,8 @@
 """Metric loggers selected by ``trainer.logger``: console, file (metrics.jsonl), tensorboard, wandb.
 
-``Tracker.log(metrics, step)`` sends one step's flat ``{name: number}`` dict to every backend.
+``Tracker.log(metrics, step)`` sends one step's flat ``{name: number}`` dict to every backend, with
+``time/unix`` added: the wall-clock time (``time.time()``) at which the row was logged, so the time
+between steps (metrics, validation, checkpoint, next batch included) can be read from the rows.
 The file backend appends one JSON object per step to ``<default_local_dir>/metrics.jsonl``; on
 resume it first drops lines from steps after the checkpoint (a fresh run starts the file anew),
 so the file never holds two versions of a step.
@@ -12,10 +14,12 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+UNIX_TIME = "time/unix"
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, float]:
@@ -86,7 +90,9 @@ class TensorboardLogger:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for k, v in metrics.items():
-            self.w.add_scalar(k, v, step)
+            # every event carries its wall time already, and a float32 scalar would round it to minutes
+            if k != UNIX_TIME:
+                self.w.add_scalar(k, v, step)
 
     def close(self) -> None:
         self.w.close()
@@ -126,6 +132,7 @@ class Tracker:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         clean = _clean(metrics)
+        clean[UNIX_TIME] = time.time()
         for lg in self.loggers:
             lg.log(clean, step)
 

@@ -1,4 +1,8 @@
-"""Ray actor shell around the FSDP2 policy (``grpo_dist.training.actor.FSDPActor``), one per rank."""
+"""Ray actor shell around the FSDP2 policy (``grpo_dist.training.actor.FSDPActor``), one per rank.
+
+The methods that do a step phase's work return :class:`~grpo_dist.workers.common.Timed` results
+(value and busy seconds) for the driver's ``timing_s/<phase>/worker`` metrics.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Any
 import ray
 import torch
 
-from grpo_dist.workers.common import current_node_id, free_port, node_ip, process_memory_gb, setup_process
+from grpo_dist.workers.common import current_node_id, free_port, node_ip, process_memory_gb, setup_process, timed
 
 
 @ray.remote
@@ -32,17 +36,20 @@ class ActorWorker:
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.actor = FSDPActor(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
 
+    @timed
     def compute_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,
                          max_token_len: int | None, compute_entropy: bool = False):
         logp, ent = self.actor.compute_log_prob(data, micro_batch_size=micro_batch_size, max_token_len=max_token_len,
                                                 compute_entropy=compute_entropy)
         return logp, ent
 
+    @timed
     def update_policy(self, data: dict[str, torch.Tensor]) -> dict[str, float]:
         metrics = self.actor.update_policy(data)
         metrics["perf/max_memory_gb/actor"] = process_memory_gb()
         return metrics
 
+    @timed
     def state_dict_for_sync(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
         return self.actor.state_dict_for_sync(dtype)
 

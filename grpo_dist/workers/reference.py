@@ -1,11 +1,15 @@
-"""Ray actor shell around the frozen FSDP2 reference policy, one per rank."""
+"""Ray actor shell around the frozen FSDP2 reference policy, one per rank.
+
+``compute_ref_log_prob`` returns a :class:`~grpo_dist.workers.common.Timed` result (value and busy
+seconds) for the driver's ``timing_s/ref/worker`` metric.
+"""
 
 from __future__ import annotations
 
 import ray
 import torch
 
-from grpo_dist.workers.common import free_port, node_ip, setup_process
+from grpo_dist.workers.common import free_port, node_ip, setup_process, timed
 
 
 @ray.remote
@@ -27,6 +31,7 @@ class ReferenceWorker:
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.ref = FSDPReference(model_path, rank=self.rank, world_size=self.world_size, device=dev, **kwargs)
 
+    @timed
     def compute_ref_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,
                              max_token_len: int | None, temperature: float) -> torch.Tensor:
         return self.ref.compute_ref_log_prob(data, micro_batch_size=micro_batch_size, max_token_len=max_token_len,

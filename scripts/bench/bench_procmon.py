@@ -12,7 +12,7 @@ starts a local cluster as children of the driver) with psutil:
 - the CPU time of the tree against the machine's busy time, giving the average number of cores
   that OTHER processes used meanwhile ("foreign load": the machine is shared).
 - optionally, the arrival time of every new line of a metrics.jsonl file (one line per step), from
-  which the wall time between steps is measured.
+  which the wall time between steps is measured for runs whose rows lack ``time/unix``.
 
 Only processes under the given pid are looked at, so other users' Ray workers are never counted.
 """

@@ -25,10 +25,20 @@ from bench_common import train_flops  # noqa: E402
 
 #: grpo_dist's phases (timing_s/<phase>), in step order.
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
+#: Phases done by Ray workers, whose busy time inside the workers is logged as timing_s/<phase>/worker.
+WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
+#: The weight sync's parts, timing_s/update_weights/<part>, and their labels in the phase table.
+SYNC_PARTS = ("gather", "transfer", "load")
+SYNC_LABEL = {
+    "gather": "gather: actor ranks build the full state dict (state_dict_for_sync, in the workers)",
+    "transfer": "transfer: actor -> driver, ray.put, object store -> rollout workers",
+    "load": "load: rollout engines load the weights (update_weights, in the workers)",
+}
 
 COMPARE_COLUMNS = ("workload", "program", "wall time / step (s)", "generated tokens / step", "generated tokens/s",
                    "speed-up vs TRL", "foreign load (cores)")
-PHASE_COLUMNS = ("phase", "grpo_dist (s)", "share of step", "bare library (s)", "efficiency", "target", "result")
+PHASE_COLUMNS = ("phase", "grpo_dist (s)", "worker busy (s)", "share of step", "bare library (s)", "efficiency",
+                 "target", "result")
 TARGET_COLUMNS = ("target", "measured", "threshold", "result", "gap")
 
 #: (key, label, kind, threshold): kind "min" passes when measured >= threshold, "max" when <=.
@@ -54,8 +64,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 # ------------------------------------------------------------------------------------------------ steps
 def grpo_steps(run: dict, warmup_steps: int, responses_per_step: int) -> list[dict]:
-    """Per measured step: phase times, generated tokens, wall time between metrics lines, overheads."""
-    arrivals = {int(k): v for k, v in run.get("monitor", {}).get("step_arrivals", {}).items()}
+    """Per measured step: phase times, workers' busy times, weight-sync parts, generated tokens, wall
+    time between metrics lines, overheads.
+
+    The wall time between lines comes from the rows' ``time/unix`` (when the trainer logged them);
+    runs without it fall back to when the monitor saw each line appear in metrics.jsonl.
+    """
+    stamps = {int(r["step"]): r["time/unix"] for r in run["metrics"] if r.get("time/unix") is not None}
+    logged = stamps or {int(k): v for k, v in run.get("monitor", {}).get("step_arrivals", {}).items()}
     out = []
     for row in run["metrics"]:
         k = int(row["step"])
@@ -64,12 +80,14 @@ def grpo_steps(run: dict, warmup_steps: int, responses_per_step: int) -> list[di
         d: dict[str, Any] = {"step": k, "step_s": row["timing_s/step"]}
         for p in PHASES:
             d[p] = row.get(f"timing_s/{p}")
+        d["worker"] = {p: row.get(f"timing_s/{p}/worker") for p in WORKER_PHASES}
+        d["sync"] = {part: row.get(f"timing_s/update_weights/{part}") for part in SYNC_PARTS}
         d["gen_tokens"] = row["response_length/mean"] * responses_per_step if "response_length/mean" in row else None
         d["in_step_overhead_s"] = d["step_s"] - sum(d[p] for p in PHASES if d[p] is not None)
         d["wall_s"] = d["between_s"] = None
-        if k in arrivals and k - 1 in arrivals:
+        if k in logged and k - 1 in logged:
             extra = (row.get("timing_s/save_checkpoint") or 0.0) + (row.get("timing_s/testing") or 0.0)
-            d["wall_s"] = arrivals[k] - arrivals[k - 1] - extra
+            d["wall_s"] = logged[k] - logged[k - 1] - extra
             d["between_s"] = d["wall_s"] - d["step_s"]
         d["max_memory_gb_actor"] = row.get("perf/max_memory_gb/actor")
         d["seq_len"] = None
@@ -95,6 +113,8 @@ def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
         g["step_s"] = median(d["step_s"] for d in steps)
         for p in PHASES:
             g[p] = median(d[p] for d in steps)
+        g["worker"] = {p: median(d["worker"][p] for d in steps) for p in WORKER_PHASES}
+        g["sync"] = {part: median(d["sync"][part] for d in steps) for part in SYNC_PARTS}
         g["in_step_overhead_s"] = median(d["in_step_overhead_s"] for d in steps)
         g["between_s"] = median(d["between_s"] for d in steps)
         g["wall_s"] = median(d["wall_s"] if d["wall_s"] is not None else d["step_s"] for d in steps)
@@ -284,29 +304,32 @@ def phase_table(s: dict, with_targets: bool) -> str:
     bare_gen_req = None
     if v and v.get("as_grpo_dist_tok_s") and g.get("gen_tokens"):
         bare_gen_req = g["gen_tokens"] / v["as_grpo_dist_tok_s"]
-    sh = g["shares"]
+    sh, wk, sync = g["shares"], g["worker"], g["sync"]
     rows = [
-        [f"rollout (timing_s/gen) vs {s.get('rollout_baseline', 'LLM.generate')}", _f(g["gen"]), _pct(sh["gen"]), _f(bare_gen),
+        [f"rollout (timing_s/gen) vs {s.get('rollout_baseline', 'LLM.generate')}", _f(g["gen"]), _f(wk["gen"]),
+         _pct(sh["gen"]), _f(bare_gen),
          _f(s["rollout_efficiency"]), *res("rollout_efficiency")],
-        ["  same, bare with grpo_dist's request options (log-probs, seeds)", "", "", _f(bare_gen_req),
+        ["  same, bare with grpo_dist's request options (log-probs, seeds)", "", "", "", _f(bare_gen_req),
          _f(s["rollout_efficiency_same_requests"]), "", ""],
-        ["reward", _f(g["reward"]), _pct(sh["reward"]), "", "", "", ""],
-        ["old_log_prob vs no-grad forward", _f(g["old_log_prob"]), _pct(sh["old_log_prob"]), _f(b and b["forward_s"]),
-         _f(s["old_log_prob_efficiency"]), "", ""],
-        ["ref vs no-grad forward", _f(g["ref"]), _pct(sh["ref"]), _f(b and b["forward_s"]),
+        ["reward", _f(g["reward"]), "", _pct(sh["reward"]), "", "", "", ""],
+        ["old_log_prob vs no-grad forward", _f(g["old_log_prob"]), _f(wk["old_log_prob"]), _pct(sh["old_log_prob"]),
+         _f(b and b["forward_s"]), _f(s["old_log_prob_efficiency"]), "", ""],
+        ["ref vs no-grad forward", _f(g["ref"]), _f(wk["ref"]), _pct(sh["ref"]), _f(b and b["forward_s"]),
          _f(s["ref_efficiency"]), "", ""],
-        ["adv", _f(g["adv"]), _pct(sh["adv"]), "", "", "", ""],
-        ["update_actor vs torch fwd/bwd/AdamW loop", _f(g["update_actor"]), _pct(sh["update_actor"]),
-         _f(b and b["update_s"]), _f(s["update_efficiency"]), *res("update_efficiency")],
-        ["weight sync (update_weights)", _f(g["update_weights"]), _pct(sh["update_weights"]), "", "",
-         *res("weight_sync_share")],
-        ["driver overhead inside the step (step - sum of phases)", _f(g["in_step_overhead_s"]),
+        ["adv", _f(g["adv"]), "", _pct(sh["adv"]), "", "", "", ""],
+        ["update_actor vs torch fwd/bwd/AdamW loop", _f(g["update_actor"]), _f(wk["update_actor"]),
+         _pct(sh["update_actor"]), _f(b and b["update_s"]), _f(s["update_efficiency"]), *res("update_efficiency")],
+        ["weight sync (update_weights)", _f(g["update_weights"]), _f(wk["update_weights"]), _pct(sh["update_weights"]),
+         "", "", *res("weight_sync_share")],
+        *[[f"  {SYNC_LABEL[part]}", _f(sync[part]), "", _pct(_ratio(sync[part], g["step_s"])), "", "", "", ""]
+          for part in SYNC_PARTS],
+        ["driver overhead inside the step (step - sum of phases)", _f(g["in_step_overhead_s"]), "",
          _pct(_ratio(g["in_step_overhead_s"], g["step_s"])), "", "", "", ""],
-        ["driver overhead between steps (metrics, logging, next batch)", _f(g["between_s"]),
+        ["driver overhead between steps (metrics, logging, next batch)", _f(g["between_s"]), "",
          _pct(_ratio(g["between_s"], g["wall_s"])), "", "", "", ""],
-        ["driver overhead, total", _f(_sum(g["in_step_overhead_s"], g["between_s"])), _pct(s["driver_overhead_share"]),
-         "", "", *res("driver_overhead_share")],
-        ["step (timing_s/step)", _f(g["step_s"]), "100 %", "", "", "", ""],
+        ["driver overhead, total", _f(_sum(g["in_step_overhead_s"], g["between_s"])), "",
+         _pct(s["driver_overhead_share"]), "", "", *res("driver_overhead_share")],
+        ["step (timing_s/step)", _f(g["step_s"]), "", "100 %", "", "", "", ""],
     ]
     return table(PHASE_COLUMNS, rows)
 

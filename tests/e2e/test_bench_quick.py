@@ -49,10 +49,13 @@ def test_quick_benchmark_prints_the_tables(tmp_path):
     else:
         assert "skipped (trl not installed)" in trl[2]
 
-    # every phase of the step was timed, and the bare baselines ran
+    # every phase of the step was timed, inside the workers too, and the bare baselines ran
     for phase in ("rollout (timing_s/gen) vs LLM.generate", "update_actor vs torch fwd/bwd/AdamW loop"):
         cells = _row(out, [phase])
-        assert float(cells[1]) > 0 and float(cells[3]) > 0 and float(cells[4]) > 0
+        assert float(cells[1]) > 0 and float(cells[4]) > 0 and float(cells[5]) > 0
+        assert 0 < float(cells[2]) <= float(cells[1])
+    for part in report.SYNC_PARTS:
+        assert float(_row(out, [report.SYNC_LABEL[part]])[1]) >= 0
     # the Ray worker processes were found and their memory sampled
     for role in ("ActorWorker", "ReferenceWorker", "RolloutWorker", "RewardWorker"):
         assert float(_row(out, [role])[1]) > 0.05

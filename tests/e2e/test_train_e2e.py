@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -50,3 +51,26 @@ def test_grpo_trains_end_to_end(full_run, tiny_model_dir):
     # what the user sees: the summary and the report
     assert "training finished" in proc.stdout
     assert (out / "report" / "summary.png").exists()
+
+
+WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
+
+
+def test_metrics_time_the_workers_the_weight_sync_and_the_rows(full_run):
+    """The benchmark's hooks: each phase's busy time inside the workers (within the driver's time of the
+    phase), the weight sync's parts (within the sync) and a wall-clock stamp on every row."""
+    out, proc = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_metrics(out)
+    eps = 1e-3
+    for step in (1, 2, 3, 4):
+        r = m[step]
+        for p in WORKER_PHASES:  # 2 mini-batches: the update is off-policy, so old_log_prob runs
+            assert 0 < r[f"timing_s/{p}/worker"] <= r[f"timing_s/{p}"] + eps, (step, p)
+        parts = [r[f"timing_s/update_weights/{k}"] for k in ("gather", "transfer", "load")]
+        assert min(parts) >= 0 and sum(parts) <= r["timing_s/update_weights"] + eps, (step, parts)
+        gather, _, load = parts
+        assert gather + load <= r["timing_s/update_weights/worker"] + eps
+    stamps = [m[step]["time/unix"] for step in sorted(m)]
+    assert all(a < b for a, b in zip(stamps, stamps[1:])), stamps
+    assert time.time() - 3600 < stamps[0] and stamps[-1] <= time.time()

@@ -1,5 +1,6 @@
 """The benchmark's arithmetic (scripts/bench/bench_report.py, bench_procmon.classify): medians over measured
-steps, phase efficiencies, driver overhead from metrics arrival times, target verdicts, tables."""
+steps, phase efficiencies, workers' busy times and weight-sync parts, driver overhead from the rows' time/unix
+(or metrics arrival times), target verdicts, tables."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ def grpo_row(step: int, *, gen: float, update: float, extra: float = 0.0, resp_l
     row = {"step": step, "response_length/mean": resp_len, "perf/max_memory_gb/actor": 1.5}
     row.update({f"timing_s/{k}": v for k, v in phases.items()})
     row["timing_s/step"] = sum(phases.values()) + extra
+    # inside the workers: 90 % of each worker phase; weight sync 0.2 = gather 0.1 + transfer 0.01 + load 0.08
+    # (+ 0.01 elsewhere), its worker time 0.18 = gather + load
+    row.update({f"timing_s/{k}/worker": 0.9 * phases[k] for k in report.WORKER_PHASES})
+    row.update({"timing_s/update_weights/gather": 0.1, "timing_s/update_weights/transfer": 0.01,
+                "timing_s/update_weights/load": 0.08})
     return row
 
 
@@ -64,6 +70,20 @@ def test_grpo_steps_skip_warmup_and_measure_driver_overhead():
         assert d["gen_tokens"] == pytest.approx(128 * 8)
 
 
+def test_grpo_steps_prefer_the_rows_unix_time_over_the_monitor():
+    run = make_runs()["grpo_dist"][0]
+    t = 1_700_000_000.0
+    for row in run["metrics"]:
+        t += row["timing_s/step"] + 0.5 + (row.get("timing_s/save_checkpoint") or 0.0)
+        row["time/unix"] = t  # 0.5 s between steps by the trainer's clock (the monitor says 0.3 s)
+    for d in report.grpo_steps(run, warmup_steps=1, responses_per_step=8):
+        assert d["between_s"] == pytest.approx(0.5)
+        assert d["wall_s"] == pytest.approx(d["step_s"] + 0.5)
+    # a run logged without time/unix falls back to the monitor's arrival times
+    run = make_runs()["grpo_dist"][0]
+    assert report.grpo_steps(run, warmup_steps=1, responses_per_step=8)[0]["between_s"] == pytest.approx(0.3)
+
+
 def test_summary_efficiencies_and_ratios():
     s = report.summarise_workload(W, make_runs())
     g = s["grpo_dist"]
@@ -79,6 +99,8 @@ def test_summary_efficiencies_and_ratios():
     assert s["driver_overhead_share"] == pytest.approx(0.35 / (step + 0.3))
     assert s["speedup_vs_trl"] == pytest.approx((1024 / (step + 0.3)) / (1024 / 16.0))
     assert g["peak_rss_gib"] == {"ActorWorker": 1.0, "RolloutWorker": 2.0}
+    assert g["worker"]["gen"] == pytest.approx(1.8) and g["worker"]["update_actor"] == pytest.approx(3.6)
+    assert g["sync"] == pytest.approx({"gather": 0.1, "transfer": 0.01, "load": 0.08})
 
 
 def test_targets_pass_fail_and_gap():
@@ -108,6 +130,22 @@ def test_render_has_the_tables_and_columns():
     assert "## Targets (large workload)" in text
     assert "FAIL" in text and "PASS" in text
     assert "| ActorWorker | 1.00 |" in text
+    # worker busy time next to the driver-side time; the weight sync's parts as indented rows
+    assert "| update_actor vs torch fwd/bwd/AdamW loop | 4.000 | 3.600 | " in text
+    assert "| weight sync (update_weights) | 0.200 | 0.180 | " in text
+    for part, seconds in (("gather", "0.100"), ("transfer", "0.010"), ("load", "0.080")):
+        assert f"|   {report.SYNC_LABEL[part]} | {seconds} |  | " in text
+    assert "| reward | 0.100 |  | " in text
+
+
+def test_runs_without_worker_times_render_dashes():
+    runs = make_runs()
+    for row in runs["grpo_dist"][0]["metrics"]:
+        for k in [k for k in row if k.endswith("/worker") or k.startswith("timing_s/update_weights/")]:
+            del row[k]
+    table = report.phase_table(report.summarise_workload(W, runs), with_targets=False)
+    assert "| weight sync (update_weights) | 0.200 | - | " in table
+    assert f"|   {report.SYNC_LABEL['load']} | - |  | " in table
 
 
 def test_trl_missing_is_reported_as_skipped():

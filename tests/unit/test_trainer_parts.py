@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -77,6 +78,8 @@ def test_metrics_file_drops_steps_after_resume_point(tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["actor/pg_loss"] == 30.0 and rows[0]["nan"] is None and "bad" not in rows[0]
+    # every row carries the wall-clock time it was logged at
+    assert rows[0]["time/unix"] <= rows[1]["time/unix"] <= rows[2]["time/unix"] <= time.time()
     # a fresh run (nothing to resume from) in the same folder starts the file anew
     Tracker(["file"], out_dir=tmp_path, project="p", experiment="e", config={}).close()
     assert (tmp_path / "metrics.jsonl").read_text() == ""
