@@ -196,11 +196,6 @@ class SingleWorker:
             pass
 
 
-def put(obj: Any) -> Any:
-    """Place an object in Ray's object store once (shared by every worker on the node)."""
-    return ray.put(obj)
-
-
 def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 1.0))
 

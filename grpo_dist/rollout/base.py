@@ -162,6 +162,10 @@ class RolloutEngine(Protocol):
         return them flattened prompt-major."""
         ...
 
+    accepts_partial_weights: bool
+    """Whether ``update_weights`` may be called with part of the weights at a time (bucket by bucket);
+    otherwise the caller collects every bucket and calls it once with all of them."""
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights in place (Hugging Face parameter names, e.g. a full state dict of the
         policy); no restart, no disk. The next ``generate`` uses them."""

@@ -55,6 +55,8 @@ class HFEngine:
         self._seeds = torch.Generator().manual_seed(seed)
         self._asleep = False
 
+    accepts_partial_weights = True  # update_weights copies tensor by tensor
+
     @torch.no_grad()
     def generate(
         self, prompt_token_ids: list[list[int]], sampling: SamplingSettings

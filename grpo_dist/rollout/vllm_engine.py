@@ -263,6 +263,8 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ weights and memory
 
+    accepts_partial_weights = False  # reload_weights re-processes the whole model after loading
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load ``(name, tensor)`` pairs (Hugging Face names, any float dtype, a full state dict) into
         the running engine, in place, and drop the prefix cache computed under the old weights.

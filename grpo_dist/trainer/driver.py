@@ -31,7 +31,6 @@ from grpo_dist.distributed.worker_group import (
     WorkerGroup,
     cluster_cpus,
     create_placement_groups,
-    put,
     remove_placement_groups,
 )
 from grpo_dist.rewards.tokens import place_scores_on_last_token, place_step_rewards
@@ -93,6 +92,7 @@ class GRPOTrainer:
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.use_ref = build.needs_reference(cfg)
         self.groups: list[WorkerGroup] = []
+        self.sync_transport = "object_store"  # chosen in start_workers (choose_sync_transport)
         self.pgs: list = []
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite_streak = 0
@@ -149,10 +149,21 @@ class GRPOTrainer:
             group.collect(r, "model loading")
         # Engines are started by now (their constructors ran); make sure they are up.
         self.rollout.call("memory_gb")
-        self.placement = {"actor_rank_nodes": self.actor.call("node_id")}
+        self.sync_transport = self.choose_sync_transport()
+        self.placement = {"actor_rank_nodes": self.actor.call("node_id"), "weight_sync": self.sync_transport}
         (self.out_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         nodes = sorted(set(self.placement["actor_rank_nodes"]))
-        print(f"grpo_dist: {world} rank(s) on {len(nodes)} node(s), device {dev}", flush=True)
+        print(f"grpo_dist: {world} rank(s) on {len(nodes)} node(s), device {dev}, weight sync {self.sync_transport}",
+              flush=True)
+
+    def choose_sync_transport(self) -> str:
+        """``cuda_ipc`` when every actor rank shares its GPU with the rollout rank of the same index
+        (checked by device UUID), else ``object_store``."""
+        if self.device != "cuda":
+            return "object_store"
+        actor_gpus, rollout_gpus = self.actor.call("gpu_uuid"), self.rollout.call("gpu_uuid")
+        same = len(actor_gpus) == len(rollout_gpus) and all(a is not None and a == b for a, b in zip(actor_gpus, rollout_gpus))
+        return "cuda_ipc" if same else "object_store"
 
     def close(self) -> None:
         for g in self.groups:
@@ -291,33 +302,46 @@ class GRPOTrainer:
         return out, busy_s
 
     def sync_weights(self) -> dict[str, float]:
-        """Send the actor's current weights to every rollout engine: the actor ranks gather the full
-        state dict (rank 0 returns it to the driver), the driver puts it in Ray's object store once,
-        and every rollout worker loads it from there.
+        """Send the actor's current weights to every rollout engine, bucket by bucket
+        (:mod:`grpo_dist.rollout.weight_sync`): for each bucket the actor ranks gather its full
+        tensors into one flat buffer, and every rollout rank loads it, through CUDA IPC when actor
+        rank r and rollout rank r share a GPU (``self.sync_transport == "cuda_ipc"``), else through
+        Ray's object store (rank 0's copy, read by every rollout rank).
 
         Returns where the time went, in seconds, keyed by name under ``timing_s/``:
-        ``update_weights/gather`` (the actor ranks building the state dict, slowest rank),
-        ``update_weights/transfer`` (moving it: the two Ray calls' time outside their worker bodies,
-        i.e. actor -> driver and object store -> rollout workers, plus the driver's ``ray.put``),
-        ``update_weights/load`` (the engines loading it, slowest rank) and ``update_weights/worker``
-        (busy time inside the workers: gather + engine wake-up + load).
+        ``update_weights/gather`` (actor ranks gathering and packing, slowest rank, summed over
+        buckets), ``update_weights/transfer`` (moving the buffers: ``ray.put`` or the IPC handles,
+        and the Ray calls' time outside the workers' bodies), ``update_weights/load`` (the engines
+        loading, slowest rank) and ``update_weights/worker`` (busy time inside the workers: gather,
+        put, engine wake-up and load).
         """
-        dtype = build.compute_dtype(self.cfg.actor_rollout_ref.rollout.dtype, self.device)
+        r = self.cfg.actor_rollout_ref.rollout
+        dtype = build.compute_dtype(r.dtype, self.device)
+        bucket_bytes = int(r.update_weights_bucket_megabytes) * 2**20
         t0 = time.perf_counter()
-        sds, gather_s = unwrap_timed(self.actor.call("state_dict_for_sync", dtype))
-        t1 = time.perf_counter()
-        ref = put(sds[0])
-        t2 = time.perf_counter()
+        plans, gather_s = unwrap_timed(self.actor.call("sync_begin", dtype, bucket_bytes))
         _, wake_s = unwrap_timed(self.rollout.call("wake_up"))
-        t3 = time.perf_counter()
-        _, load_s = unwrap_timed(self.rollout.call("update_weights", per_rank=[(ref,)] * len(self.rollout)))
-        t4 = time.perf_counter()
-        del ref
+        put_s = load_s = 0.0
+        for i, bucket in enumerate(plans[0]):
+            outs, busy_s = unwrap_timed(self.actor.call("sync_bucket", i, self.sync_transport))
+            bucket_put_s = max(p for _, p in outs)
+            gather_s += busy_s - bucket_put_s
+            put_s += bucket_put_s
+            if self.sync_transport == "cuda_ipc":
+                per_rank = [(bucket, handle) for handle, _ in outs]
+            else:
+                per_rank = [(bucket, outs[0][0][0])] * len(self.rollout)
+            _, busy_s = unwrap_timed(self.rollout.call("load_bucket", per_rank=per_rank))
+            load_s += busy_s
+        _, busy_s = unwrap_timed(self.rollout.call("finish_load"))
+        load_s += busy_s
+        self.actor.call("sync_end")
+        total_s = time.perf_counter() - t0
         return {
             "update_weights/gather": gather_s,
-            "update_weights/transfer": (t1 - t0 - gather_s) + (t2 - t1) + (t4 - t3 - load_s),
+            "update_weights/transfer": max(0.0, total_s - gather_s - wake_s - load_s),
             "update_weights/load": load_s,
-            "update_weights/worker": gather_s + wake_s + load_s,
+            "update_weights/worker": gather_s + put_s + wake_s + load_s,
         }
 
     def step_seed(self) -> int:

@@ -44,6 +44,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from grpo_dist.core.kl import canonical_kl_kind, kl_penalty
 from grpo_dist.core.losses import LOSS_AGG_MODES, AggSpec, agg_loss, global_counts, ppo_clip_policy_loss
 from grpo_dist.distributed.process_group import make_device_mesh
+from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
 from grpo_dist.training import fsdp
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
 from grpo_dist.training.policy import (
@@ -300,6 +301,12 @@ class FSDPActor:
         """update_policy calls so far (= scheduler steps); seeds the within-mini-batch shuffle."""
         self.nonfinite_grad_norm_total = 0
         """Optimizer steps skipped so far because the gradient norm was not finite."""
+        self.defer_grad_sync = world_size == 1
+        """Run FSDP2's gradient reduce-scatter once per mini-batch (after its last micro-batch) instead
+        of after every micro-batch; gradients accumulate unsharded in ``reduce_dtype`` meanwhile. On one
+        rank the unsharded gradient is the sharded one, so this costs no memory and removes the
+        per-micro-batch post-backward work (on a GPU that CPU-side work, not the math, bounds small
+        models). With several ranks it would hold full-size gradients on every rank: off."""
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -440,7 +447,10 @@ class FSDPActor:
         # metrics are summed weighted by their token counts
         names = ("pg_loss", "entropy", "kl_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
         sums = {name: torch.zeros((), dtype=torch.float64, device=self.device) for name in names}
-        for idx in plan_micro_batches(mb_data["attention_mask"], **micro_kwargs):
+        micro = plan_micro_batches(mb_data["attention_mask"], **micro_kwargs)
+        for i, idx in enumerate(micro):
+            if self.defer_grad_sync:
+                self.model.set_requires_gradient_sync(i == len(micro) - 1)
             mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
             mask = mb["response_mask"]
             logp, entropy = forward_logprobs(
@@ -516,6 +526,33 @@ class FSDPActor:
             target = fsdp.to_dtype(dtype)
             sd = {k: v.to(target) if v.is_floating_point() else v for k, v in sd.items()}
         return sd
+
+    def weight_buckets(self, dtype: str | torch.dtype | None, bucket_bytes: int) -> list[Bucket]:
+        """Layout of the weights for the rollout engine (Hugging Face names, full shapes), in flat
+        buckets of at most ``bucket_bytes``; floating tensors are cast to ``dtype`` when given.
+        The same on every rank; no communication."""
+        target = fsdp.to_dtype(dtype) if dtype is not None else None
+        meta = []
+        for name, t in self.model.state_dict().items():
+            dt = target if (target is not None and t.is_floating_point()) else t.dtype
+            meta.append((name, tuple(t.shape), dt))
+        return plan_buckets(meta, bucket_bytes)
+
+    def pack_weight_bucket(self, bucket: Bucket) -> torch.Tensor:
+        """Collective: the full (unsharded) weights of ``bucket`` in one new flat buffer, on the
+        compute device (the GPU under nccl, the CPU under gloo), on every rank."""
+        state = self.model.state_dict()
+        full = {e.name: self._full_tensor(state[e.name]) for e in bucket.entries}
+        return pack(bucket, full, self._comm_device)
+
+    def _full_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, DTensor):
+            return t.to(self._comm_device)
+        local = t.to_local()
+        if local.device != self._comm_device:  # parameters offloaded to the CPU under nccl
+            t = DTensor.from_local(local.to(self._comm_device), t.device_mesh, t.placements, run_check=False,
+                                   shape=t.shape, stride=t.stride())
+        return t.full_tensor()
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters."""

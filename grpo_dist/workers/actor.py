@@ -6,6 +6,7 @@ The methods that do a step phase's work return :class:`~grpo_dist.workers.common
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -20,6 +21,8 @@ class ActorWorker:
         setup_process(device, num_threads)
         self.rank, self.world_size, self.device = rank, world_size, device
         self.actor = None
+        self._sync_buckets: list | None = None  # the weight sync in progress (sync_begin .. sync_end)
+        self._sync_buffer: torch.Tensor | None = None
 
     def address(self) -> tuple[str, int]:
         return node_ip(), free_port()
@@ -49,9 +52,44 @@ class ActorWorker:
         metrics["perf/max_memory_gb/actor"] = process_memory_gb()
         return metrics
 
+    def gpu_uuid(self) -> str | None:
+        from grpo_dist.rollout.weight_sync import gpu_uuid
+
+        return gpu_uuid()
+
     @timed
-    def state_dict_for_sync(self, dtype: str | None = None) -> dict[str, torch.Tensor]:
-        return self.actor.state_dict_for_sync(dtype)
+    def sync_begin(self, dtype: str | None, bucket_bytes: int) -> list:
+        """Plan the weight sync's buckets (the same on every rank)."""
+        self._sync_buckets = self.actor.weight_buckets(dtype, bucket_bytes)
+        self._sync_buffer = None
+        return self._sync_buckets
+
+    @timed
+    def sync_bucket(self, index: int, transport: str) -> tuple[Any, float]:
+        """Collective: gather bucket ``index`` into a flat buffer and return ``(payload, put seconds)``.
+
+        ``cuda_ipc``: every rank returns a CUDA IPC handle of its buffer, kept alive until the next
+        bucket or :meth:`sync_end`. ``object_store``: rank 0 puts a CPU copy in Ray's object store and
+        returns ``[ObjectRef]`` (in a list, so the driver passes the reference on without fetching
+        the data); the other ranks return None.
+        """
+        from grpo_dist.rollout.weight_sync import share_cuda
+
+        self._sync_buffer = None  # the previous bucket is loaded by now
+        flat = self.actor.pack_weight_bucket(self._sync_buckets[index])
+        if transport == "cuda_ipc":
+            self._sync_buffer = flat
+            return share_cuda(flat), 0.0
+        if self.rank != 0:
+            return None, 0.0
+        t0 = time.perf_counter()
+        ref = ray.put(flat.cpu())
+        return [ref], time.perf_counter() - t0
+
+    def sync_end(self) -> None:
+        self._sync_buffer = self._sync_buckets = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.ipc_collect()  # free buffers the rollout side has closed
 
     def save_checkpoint(self, directory: str) -> None:
         self.actor.save_checkpoint(directory)

@@ -1,6 +1,6 @@
 """Ray actor shell around a rollout engine (vLLM, or Hugging Face generate), one per rank.
 
-``generate`` and the weight-sync pieces (``wake_up``, ``update_weights``) return
+``generate`` and the weight-sync pieces (``wake_up``, ``load_bucket``, ``finish_load``) return
 :class:`~grpo_dist.workers.common.Timed` results (value and busy seconds) for the driver's
 ``timing_s/gen/worker`` and ``timing_s/update_weights/...`` metrics.
 """
@@ -22,6 +22,7 @@ class RolloutWorker:
 
         self.rank = rank
         self.engine = make_engine(engine, **engine_kwargs)
+        self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
 
     @timed
     def generate(self, prompt_ids: list[list[int]], sampling: Any):
@@ -31,9 +32,41 @@ class RolloutWorker:
             return RolloutOutput(response_ids=[], logprobs=[], finished_by_eos=[])
         return self.engine.generate(prompt_ids, sampling)
 
+    def gpu_uuid(self) -> str | None:
+        from grpo_dist.rollout.weight_sync import gpu_uuid
+
+        return gpu_uuid()
+
     @timed
-    def update_weights(self, state_dict: dict) -> None:
-        self.engine.update_weights(state_dict.items())
+    def load_bucket(self, bucket: Any, payload: Any) -> None:
+        """Load one bucket of the weight sync (see :mod:`grpo_dist.rollout.weight_sync`).
+
+        ``payload``: the flat CPU buffer (object store: Ray resolved the reference) or a CUDA IPC
+        handle of the actor's buffer on this GPU. Engines that cannot take part of the weights get
+        them all in :meth:`finish_load`.
+        """
+        import torch
+
+        from grpo_dist.rollout.weight_sync import open_cuda, unpack
+
+        flat = payload if isinstance(payload, torch.Tensor) else open_cuda(payload)
+        named = list(unpack(bucket, flat))
+        if self.engine.accepts_partial_weights:
+            self.engine.update_weights(named)
+            if flat.is_cuda:
+                torch.cuda.synchronize()  # the actor may free or reuse its buffer once this returns
+        else:
+            self._pending.extend(named)
+
+    @timed
+    def finish_load(self) -> None:
+        import torch
+
+        pending, self._pending = self._pending, []
+        if pending:
+            self.engine.update_weights(pending)
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
 
     def sleep(self) -> None:
         self.engine.sleep()

@@ -133,6 +133,19 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
         "equal_sharded": bool(synced) and all(torch.equal(synced[k], gathered[k]) for k in gathered),
         "moved": bool(synced) and max((synced[k] - on_disk[k]).abs().max().item() for k in on_disk),
     }
+    # the flat-bucket sync: every rank packs the full weights (cast for the engine), bucket by bucket
+    from grpo_dist.rollout.weight_sync import unpack
+
+    buckets = actor.weight_buckets("bfloat16", bucket_bytes=20_000)
+    packed = {}
+    for b in buckets:
+        packed.update({k: v.clone() for k, v in unpack(b, actor.pack_weight_bucket(b))})
+    out["buckets"] = {
+        "n": len(buckets),
+        "packed": packed,
+        "equal_full_cast": (not synced) or (set(packed) == set(synced) and all(
+            torch.equal(packed[k], synced[k].to(torch.bfloat16)) for k in synced)),
+    }
 
     # (e) checkpoint: A trains on batch 1, saves, trains on batch 2; B loads A's checkpoint and trains
     # on batch 2; C trains on batch 2 from scratch (a control: the checkpoint must matter)
@@ -370,6 +383,16 @@ def test_state_dict_for_sync_is_full_and_current(two_rank, fsdp_model_dir):
     assert s0["local_shard_numel"] < s0["full_numel"], "the model should be sharded over the 2 ranks"
     assert r0["sync_after_update"]["equal_sharded"]
     assert r0["sync_after_update"]["moved"] > 5e-6
+
+
+def test_weight_buckets_hold_the_full_cast_weights_on_every_rank(two_rank):
+    r0, r1 = two_rank["ranks"]
+    b0, b1 = r0["buckets"], r1["buckets"]
+    assert b0["n"] > 1, "the small bucket size should split the model into several buckets"
+    assert b0["equal_full_cast"]
+    assert set(b0["packed"]) == set(b1["packed"])
+    assert all(v.dtype == torch.bfloat16 for v in b0["packed"].values())
+    assert all(torch.equal(b0["packed"][k], b1["packed"][k]) for k in b0["packed"])
 
 
 def test_checkpoint_round_trip(two_rank, one_rank):
