@@ -30,9 +30,9 @@ WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 #: The weight sync's parts, timing_s/update_weights/<part>, and their labels in the phase table.
 SYNC_PARTS = ("gather", "transfer", "load")
 SYNC_LABEL = {
-    "gather": "gather: actor ranks build the full state dict (state_dict_for_sync, in the workers)",
-    "transfer": "transfer: actor -> driver, ray.put, object store -> rollout workers",
-    "load": "load: rollout engines load the weights (update_weights, in the workers)",
+    "gather": "gather: actor ranks gather and pack the weight buckets (in the workers)",
+    "transfer": "transfer: ray.put or CUDA IPC handles, and the Ray calls around them",
+    "load": "load: rollout engines load the buckets (in the workers)",
 }
 
 COMPARE_COLUMNS = ("workload", "program", "wall time / step (s)", "generated tokens / step", "generated tokens/s",
