@@ -115,6 +115,19 @@ def unpack(bucket: Bucket, flat: torch.Tensor) -> Iterator[tuple[str, torch.Tens
         yield e.name, flat[e.offset : e.offset + e.numel].view(e.shape)
 
 
+def bucket_buffer(bucket: Bucket, raw) -> torch.Tensor:
+    """The flat buffer of ``bucket`` viewed over ``raw``, a 1-D uint8 numpy array of its bytes (what
+    the object-store transport carries). No copy; the array may be read-only (mapped from Ray's
+    object store): the result must only be read."""
+    import warnings
+
+    if raw.dtype != "uint8" or raw.ndim != 1 or raw.size != bucket.nbytes:
+        raise ValueError(f"weight sync: got {raw.size} bytes ({raw.dtype}), the bucket has {bucket.nbytes}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(raw).view(_DTYPES[bucket.dtype])
+
+
 def share_cuda(flat: torch.Tensor) -> tuple:
     """A picklable CUDA IPC handle of a CUDA tensor (the tensor must stay alive until it is read)."""
     from torch.multiprocessing.reductions import reduce_tensor

@@ -69,7 +69,8 @@ class ActorWorker:
         """Collective: gather bucket ``index`` into a flat buffer and return ``(payload, put seconds)``.
 
         ``cuda_ipc``: every rank returns a CUDA IPC handle of its buffer, kept alive until the next
-        bucket or :meth:`sync_end`. ``object_store``: rank 0 puts a CPU copy in Ray's object store and
+        bucket or :meth:`sync_end`. ``object_store``: rank 0 puts a CPU copy (its bytes, as a numpy
+        array) in Ray's object store and
         returns ``[ObjectRef]`` (in a list, so the driver passes the reference on without fetching
         the data); the other ranks return None.
         """
@@ -83,7 +84,9 @@ class ActorWorker:
         if self.rank != 0:
             return None, 0.0
         t0 = time.perf_counter()
-        ref = ray.put(flat.cpu())
+        # as raw bytes in a numpy array: readers map it from the object store without a copy (a
+        # pickled torch tensor would be copied again on every reader)
+        ref = ray.put(flat.cpu().view(torch.uint8).numpy())
         return [ref], time.perf_counter() - t0
 
     def sync_end(self) -> None:

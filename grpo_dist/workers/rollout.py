@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import ray
 
 from grpo_dist.workers.common import process_memory_gb, setup_process, timed
@@ -41,15 +42,16 @@ class RolloutWorker:
     def load_bucket(self, bucket: Any, payload: Any) -> None:
         """Load one bucket of the weight sync (see :mod:`grpo_dist.rollout.weight_sync`).
 
-        ``payload``: the flat CPU buffer (object store: Ray resolved the reference) or a CUDA IPC
+        ``payload``: the flat CPU buffer's bytes (object store: Ray resolved the reference to a
+        read-only numpy array mapped from the store, no copy) or a CUDA IPC
         handle of the actor's buffer on this GPU. Engines that cannot take part of the weights get
         them all in :meth:`finish_load`.
         """
         import torch
 
-        from grpo_dist.rollout.weight_sync import open_cuda, unpack
+        from grpo_dist.rollout.weight_sync import bucket_buffer, open_cuda, unpack
 
-        flat = payload if isinstance(payload, torch.Tensor) else open_cuda(payload)
+        flat = bucket_buffer(bucket, payload) if isinstance(payload, np.ndarray) else open_cuda(payload)
         named = list(unpack(bucket, flat))
         if self.engine.accepts_partial_weights:
             self.engine.update_weights(named)

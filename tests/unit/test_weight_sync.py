@@ -55,3 +55,18 @@ def test_mismatches_are_named():
         list(unpack(bucket, torch.zeros(5)))
     with pytest.raises(ValueError, match="bucket_bytes"):
         plan_buckets(_meta(sd), 0)
+
+
+def test_object_store_bytes_view_back_without_a_copy():
+    from grpo_dist.rollout.weight_sync import bucket_buffer
+
+    sd = {"a": torch.randn(3, 5), "b": torch.randn(4)}
+    (bucket,) = plan_buckets(_meta(sd), 1 << 20)
+    flat = pack(bucket, sd, "cpu")
+    raw = flat.view(torch.uint8).numpy()
+    raw.setflags(write=False)  # as Ray hands it out
+    back = bucket_buffer(bucket, raw)
+    assert back.data_ptr() == flat.data_ptr()
+    assert all(torch.equal(v, sd[k]) for k, v in unpack(bucket, back))
+    with pytest.raises(ValueError, match="bytes"):
+        bucket_buffer(bucket, raw[:-4])
