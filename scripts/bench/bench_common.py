@@ -59,7 +59,7 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm") -> list[d
                 micro_batch=16, top_k=-1, warmup_steps=1, steps=2 if quick else 11)
     large = dict(common, name="large", model="large",
                  model_desc="random Qwen2 512 hidden x 8 layers (8 heads, 2 KV heads), EOS logits zeroed", batch_size=2, n=4, response_length=256,
-                 micro_batch=4, top_k=20, warmup_steps=1, steps=4)
+                 micro_batch=4, top_k=20, warmup_steps=2, steps=5)
     if device == "cuda":
         # Same recipe as "large", sized for one GPU: 16 prompts x 8 responses of exactly 256 tokens,
         # bf16 compute over float32 master weights (grpo_dist's default on CUDA; TRL: bf16=True; the bare
@@ -67,7 +67,7 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm") -> list[d
         gpu = dict(common, name="gpu", model="gpu", device="cuda", rollout=rollout,
                    model_desc="random Qwen2 1024 hidden x 16 layers (16 heads, 4 KV heads), EOS logits zeroed",
                    batch_size=16, n=8, response_length=256, micro_batch=32, top_k=20, warmup_steps=1,
-                   steps=2 if quick else 3)
+                   steps=2 if quick else 4)
         return [gpu]
     for w in (tiny, large):
         w.update(device="cpu", rollout=rollout)
