@@ -113,9 +113,11 @@ class GRPOTrainer:
         gpu = share if dev == "cuda" else 0.0
         common = dict(world_size=world, device=dev, num_threads=threads)
         # Ray starts a worker with OMP_NUM_THREADS = its CPU share (1 here); libraries that size their
-        # thread pools when torch loads keep that even after torch.set_num_threads. Giving the count
-        # at process start made the update ~6 % faster on the 2-core benchmark machine.
-        thread_env = {"OMP_NUM_THREADS": str(threads)}
+        # thread pools when torch loads keep that even after torch.set_num_threads. On CPU, giving the
+        # count at process start made rollout and update 6-14 % faster on the 2-core benchmark
+        # machine. GPU workers keep Ray's setting: their CPU threads only launch kernels, and the
+        # one GPU run with 4 OpenMP threads was not faster (docs/benchmarks.md).
+        thread_env = {"OMP_NUM_THREADS": str(threads)} if dev == "cpu" else {}
         self.actor = WorkerGroup("actor", _actor_cls(), plan, self.pgs, init_kwargs=lambda r: dict(rank=r, **common),
                                  num_cpus=share, num_gpus=gpu, env=thread_env)
         self.groups.append(self.actor)
