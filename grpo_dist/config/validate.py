@@ -197,6 +197,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
         ("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs),
         ("actor_rollout_ref.rollout.kv_cache_gib", rollout.kv_cache_gib),
+        ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes),
         ("trainer.nnodes", tr.nnodes),
         ("trainer.n_gpus_per_node", tr.n_gpus_per_node),
         ("trainer.total_epochs", tr.total_epochs),

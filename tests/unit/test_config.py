@@ -139,6 +139,7 @@ FAILURES = [
     (["actor_rollout_ref.actor.optim.lr=-1e-5"], ["optim.lr", "-1e-05", "> 0"]),
     (["algorithm.kl_ctrl.kl_coef=-0.5"], ["kl_ctrl.kl_coef", ">= 0"]),
     (["data.max_response_length=0"], ["response_length", "0", "> 0"]),
+    (["actor_rollout_ref.rollout.update_weights_bucket_megabytes=0"], ["update_weights_bucket_megabytes", "> 0"]),
     (["actor_rollout_ref.model.path=/nonexistent/model"], ["actor_rollout_ref.model.path", "/nonexistent/model", "no such directory"]),
     (["data.train_files=/nonexistent/train.parquet"], ["data.train_files", "/nonexistent/train.parquet", "no such file"]),
     (["data.val_files=[/nonexistent/a.jsonl]"], ["data.val_files", "/nonexistent/a.jsonl"]),
