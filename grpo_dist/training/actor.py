@@ -286,11 +286,14 @@ class FSDPActor:
             cpu_offload=settings.param_offload,
         )
         self.model.eval()
+        # foreach: one multi-tensor op per update step instead of a Python loop of DTensor ops per
+        # parameter (torch picks the loop for CPU tensors; measured ~3 % of a small model's update)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=settings.lr,
             betas=settings.betas,
             weight_decay=settings.weight_decay,
+            foreach=True,
         )
         warmup = resolve_warmup_steps(settings.lr_warmup_steps, settings.lr_warmup_steps_ratio, settings.total_training_steps)
         self.lr_scheduler = LambdaLR(

@@ -15,6 +15,7 @@ whole step). ``--variant`` switches one setting at a time to find where a gap co
   defers it to the last micro-batch of a mini-batch when it runs on one rank);
 - ``no_reshard``: ``reshard_after_forward=False`` (parameters stay gathered between forward and backward);
 - ``fused_adamw``: the actor's AdamW with ``fused=True`` (CUDA);
+- ``foreach_adamw``: the actor's AdamW with ``foreach=True`` (torch picks the per-tensor loop on CPU);
 - ``no_entropy``: the update's forward skips the entropy metric.
 
 ``--profile OUT.txt`` writes torch.profiler's operator table of one measured ``update_policy`` per variant.
@@ -34,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_common as common  # noqa: E402
 
-VARIANTS = ("default", "sync_every_micro_batch", "no_reshard", "fused_adamw", "no_entropy")
+VARIANTS = ("default", "sync_every_micro_batch", "no_reshard", "fused_adamw", "foreach_adamw", "no_entropy")
 
 
 def build_actor(w: dict, variant: str):
@@ -56,6 +57,9 @@ def build_actor(w: dict, variant: str):
     if variant == "fused_adamw" and cuda:
         params = [p for p in actor.model.parameters() if p.requires_grad]
         actor.optimizer = torch.optim.AdamW(params, lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01, fused=True)
+    if variant == "foreach_adamw":
+        params = [p for p in actor.model.parameters() if p.requires_grad]
+        actor.optimizer = torch.optim.AdamW(params, lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01, foreach=True)
     if variant == "no_entropy":
         import grpo_dist.training.actor as actor_mod
 
