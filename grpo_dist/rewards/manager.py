@@ -93,7 +93,10 @@ def _worker_main(conn, preload: list) -> None:
                 _resolve(item)
         except Exception:  # reported on the first sample that needs it
             pass
-    conn.send(("ready", os.getpid()))
+    try:
+        conn.send(("ready", os.getpid()))
+    except OSError:  # the parent closed the pipe (the run is ending): nobody to report to
+        return
     while True:
         try:
             message = conn.recv()
@@ -110,9 +113,14 @@ def _worker_main(conn, preload: list) -> None:
             result = _invoke(task)
         try:
             conn.send((index, *result))
+        except OSError:  # the parent is gone
+            return
         except Exception as exc:  # the returned value does not pickle
-            conn.send((index, "raised", _one_line(
-                f"returned a {type(result[1]).__name__} that cannot be sent back ({type(exc).__name__}: {exc})")))
+            try:
+                conn.send((index, "raised", _one_line(
+                    f"returned a {type(result[1]).__name__} that cannot be sent back ({type(exc).__name__}: {exc})")))
+            except OSError:
+                return
 
 
 class _Worker:

@@ -164,3 +164,17 @@ def test_mismatched_lengths():
     scorer = RewardScorer(None, num_workers=1, timeout_s=1.0, on_error="raise")
     with pytest.raises(ValueError, match="different lengths"):
         scorer.score_batch(["gsm8k"], ["a", "b"], ["1", "2"], None)
+def test_worker_exits_quietly_when_the_parent_is_gone():
+    """A run that ends while a scoring process starts must not print that process's traceback."""
+    import multiprocessing
+    import signal
+
+    from grpo_dist.rewards.manager import _worker_main
+
+    parent, child = multiprocessing.Pipe(duplex=True)
+    parent.close()
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        assert _worker_main(child, []) is None  # BrokenPipeError on "ready" -> return, no raise
+    finally:
+        signal.signal(signal.SIGINT, old)
