@@ -57,7 +57,7 @@ class Bucket:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=_DTYPES[self.dtype]).element_size()
+        return self.numel * _DTYPES[self.dtype].itemsize
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -77,17 +77,15 @@ def plan_buckets(tensors: Iterable[tuple[str, tuple[int, ...], torch.dtype]], bu
     buckets: list[Bucket] = []
     entries: list[BucketEntry] = []
     current: str | None = None
-    used = 0
+    offset = 0  # elements in the open bucket
     for name, shape, dtype in tensors:
         dname = dtype_name(dtype)
         numel = math.prod(shape)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        if entries and (dname != current or used + nbytes > bucket_bytes):
+        if entries and (dname != current or (offset + numel) * dtype.itemsize > bucket_bytes):
             buckets.append(Bucket(current, tuple(entries)))  # type: ignore[arg-type]
-            entries, used = [], 0
-        offset = sum(e.numel for e in entries)
+            entries, offset = [], 0
         entries.append(BucketEntry(name, tuple(int(d) for d in shape), offset, numel))
-        current, used = dname, used + nbytes
+        current, offset = dname, offset + numel
     if entries:
         buckets.append(Bucket(current, tuple(entries)))  # type: ignore[arg-type]
     return buckets

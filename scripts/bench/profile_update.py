@@ -24,6 +24,7 @@ whole step). ``--variant`` switches one setting at a time to find where a gap co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -60,18 +61,29 @@ def build_actor(w: dict, variant: str):
     if variant == "foreach_adamw":
         params = [p for p in actor.model.parameters() if p.requires_grad]
         actor.optimizer = torch.optim.AdamW(params, lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01, foreach=True)
-    if variant == "no_entropy":
-        import grpo_dist.training.actor as actor_mod
-
-        orig = actor_mod.forward_logprobs
-
-        def no_entropy(*a, **k):
-            k["compute_entropy"] = False
-            logp, _ = orig(*a, **k)
-            return logp, torch.zeros_like(logp)
-
-        actor_mod.forward_logprobs = no_entropy
     return actor
+
+
+@contextlib.contextmanager
+def entropy_off(variant: str):
+    """For ``no_entropy``: the update's forward skips the entropy metric (zeros instead), for this variant only."""
+    import torch
+
+    import grpo_dist.training.actor as actor_mod
+
+    orig = actor_mod.forward_logprobs
+
+    def no_entropy(*a, **k):
+        k["compute_entropy"] = False
+        logp, _ = orig(*a, **k)
+        return logp, torch.zeros_like(logp)
+
+    if variant == "no_entropy":
+        actor_mod.forward_logprobs = no_entropy
+    try:
+        yield
+    finally:
+        actor_mod.forward_logprobs = orig
 
 
 def step_batch(w: dict, k: int, ds, tok, vocab: int, gen):
@@ -168,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         profile.write_text("")
     results = {"bare": bare_run(w)}
     for v in args.variant or VARIANTS:
-        results[v] = run_variant(w, v, profile)
+        with entropy_off(v):
+            results[v] = run_variant(w, v, profile)
 
     def med(rows, key):
         vals = [r[key] for r in rows if not r["warmup"]]

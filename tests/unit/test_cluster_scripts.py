@@ -97,7 +97,9 @@ def shellcheck_bin() -> str | None:
 
 def test_the_launch_scripts_are_checked():
     names = {p.relative_to(ROOT).as_posix() for p in SHELL_SCRIPTS}
-    assert {"scripts/slurm/grpo_dist.sbatch", "scripts/slurm/submit.sh", "scripts/ray_submit.sh"} <= names
+    assert {"scripts/slurm/grpo_dist.sbatch", "scripts/slurm/submit.sh", "scripts/ray_submit.sh",
+            "scripts/recipes/common.sh", "scripts/recipes/gsm8k_qwen2.5_0.5b_1node.sh",
+            "scripts/recipes/gsm8k_qwen2.5_0.5b_2nodes.sh"} <= names
 
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.relative_to(ROOT).as_posix())

