@@ -74,8 +74,10 @@ def run(w: dict) -> dict:
     # fused AdamW on CUDA: what a user of a plain loop would pick (one kernel launch per step)
     opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01,
                             **({"fused": True} if cuda else {}))
-    # CUDA: float32 master weights, bf16 compute (as grpo_dist's default mixed precision and TRL's bf16=True)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    # bf16 (CUDA's default): float32 master weights, bf16 compute (as grpo_dist's mixed precision and
+    # TRL's bf16=True)
+    bf16 = w.get("precision", "bf16" if cuda else "fp32") == "bf16"
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     def sync() -> None:
         if cuda:

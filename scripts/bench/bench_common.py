@@ -42,7 +42,7 @@ def gpu_peak_flops(device_name: str) -> float | None:
     return None
 
 
-def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm") -> list[dict]:
+def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm", precision: str = "auto") -> list[dict]:
     """The workloads of a run. Steps = warmup_steps (not measured) + measured steps.
 
     ``tiny``: the embedded task (builtin:tiny-reverse, builtin:reverse/train) with its natural
@@ -51,7 +51,15 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm") -> list[d
     sampled with top_k=20, so EOS is never among the candidates: every response is exactly
     ``response_length`` = 256 tokens in every program (equal work, no length noise). 2 prompts x 4
     responses per step: a decode batch of 8, where generation is the largest phase of TRL's step.
+
+    ``precision``: ``fp32`` (everything float32) or ``bf16`` (float32 master weights, bf16 compute in
+    every program: grpo_dist's FSDP2 mixed precision, TRL's ``bf16=True``, autocast in the bare loop,
+    bf16 rollout engines); ``auto``: bf16 on CUDA, fp32 on the CPU.
     """
+    if precision == "auto":
+        precision = "bf16" if device == "cuda" else "fp32"
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be auto, fp32 or bf16, not {precision!r}")
     common = dict(temperature=1.0, top_p=1.0, lr=1e-6, kl_coef=0.001, max_prompt_length=64, seed=1,
                   data_seed=42, gradient_checkpointing=False)
     tiny = dict(common, name="tiny", model="builtin:tiny-reverse",
@@ -68,9 +76,10 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm") -> list[d
                    model_desc="random Qwen2 1024 hidden x 16 layers (16 heads, 4 KV heads), EOS logits zeroed",
                    batch_size=16, n=8, response_length=256, micro_batch=32, top_k=20, warmup_steps=1,
                    steps=2 if quick else 4)
+        gpu["precision"] = precision
         return [gpu]
     for w in (tiny, large):
-        w.update(device="cpu", rollout=rollout)
+        w.update(device="cpu", rollout=rollout, precision=precision)
     return [tiny] if quick else [tiny, large]
 
 

@@ -49,7 +49,7 @@ def build_actor(w: dict, variant: str):
     settings = ActorSettings(
         ppo_mini_batch_size_per_gpu=n, ppo_micro_batch_size_per_gpu=w["micro_batch"], ppo_epochs=1,
         use_kl_loss=True, kl_loss_coef=w["kl_coef"], kl_loss_type="low_var_kl", lr=w["lr"], grad_clip=1.0,
-        param_dtype="bfloat16" if cuda else "float32", reshard_after_forward=variant != "no_reshard",
+        param_dtype="bfloat16" if w.get("precision", "bf16" if cuda else "fp32") == "bf16" else "float32", reshard_after_forward=variant != "no_reshard",
         total_training_steps=w["steps"],
     )
     actor = FSDPActor(w["model_dir"], settings, rank=0, world_size=1, device="cuda" if cuda else "cpu")
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--workload", default=None, help="workload name (default: large on cpu, gpu on cuda)")
+    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="compute precision of both loops (auto: bf16 on CUDA, fp32 on the CPU)")
     ap.add_argument("--steps", type=int, default=4, help="steps per variant (the first is warm-up)")
     ap.add_argument("--variant", action="append", choices=VARIANTS, help="variants to run (default: all)")
     ap.add_argument("--profile", default=None, help="append torch.profiler tables to this file")
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_dist.workers.common import free_port
 
     name = args.workload or ("gpu" if args.device == "cuda" else "large")
-    w = next(x for x in common.workloads(False, args.device, "hf") if x["name"] == name)
+    w = next(x for x in common.workloads(False, args.device, "hf", args.precision) if x["name"] == name)
     w["steps"] = args.steps
     w = common.prepare(w, Path(args.out).resolve())
     if args.device == "cuda":
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(vals) if vals else float("nan")
 
     bare_upd, bare_fwd = med(results["bare"]["steps"], "update_s"), med(results["bare"]["steps"], "forward_s")
-    print(f"workload {name} on {args.device}: {w['batch_size'] * w['n']} sequences, micro-batch {w['micro_batch']}")
+    print(f"workload {name} on {args.device} ({w['precision']}): {w['batch_size'] * w['n']} sequences, micro-batch {w['micro_batch']}")
     print("| program | update (s) | vs bare | no-grad forward (s) | vs bare |")
     print("| --- | --- | --- | --- | --- |")
     print(f"| bare torch loop | {bare_upd:.3f} | 1.00 | {bare_fwd:.3f} | 1.00 |")

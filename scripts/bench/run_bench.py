@@ -45,8 +45,11 @@ ROOT = common.ROOT
 def grpo_overrides(w: dict, out_dir: Path) -> list[str]:
     """The grpo_dist command line for a workload: one rank (CPU or GPU), one update per step, KL loss on."""
     m = w["micro_batch"]
+    dtype = "bfloat16" if w.get("precision") == "bf16" else "float32"
     return [
         f"actor_rollout_ref.rollout.name={w.get('rollout', 'vllm')}",
+        f"actor_rollout_ref.rollout.dtype={dtype}",
+        f"actor_rollout_ref.actor.fsdp_config.dtype={dtype}",
         f"actor_rollout_ref.model.path={w['model_dir']}",
         f"data.train_files={w['train_file']}",
         "data.val_files=null",
@@ -233,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollout", choices=("auto", "vllm", "hf"), default="auto",
                     help="grpo_dist's rollout engine and the bare baseline it is compared with: vLLM's "
                          "LLM.generate, or Hugging Face generate (auto: vllm when installed, else hf)")
+    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="compute precision of every program: fp32, or bf16 over float32 master weights "
+                         "(auto: bf16 on CUDA, fp32 on the CPU)")
     ap.add_argument("--out", default=None, help="output folder (default: outputs/bench/<date-time>)")
     ap.add_argument("--render", metavar="RESULTS_JSON", default=None,
                     help="only print the report of an earlier run's results.json (no program runs)")
@@ -258,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     t_start = time.perf_counter()
 
-    wls = common.workloads(args.quick, args.device, rollout)
+    wls = common.workloads(args.quick, args.device, rollout, args.precision)
     if args.workloads:
         keep = set(args.workloads.split(","))
         wls = [w for w in wls if w["name"] in keep]

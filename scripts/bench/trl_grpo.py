@@ -64,7 +64,7 @@ def run(w: dict) -> dict:
     args = GRPOConfig(
         output_dir=out_dir,
         use_cpu=not cuda,
-        bf16=cuda,
+        bf16=w.get("precision", "bf16" if cuda else "fp32") == "bf16",
         fp16=False,
         per_device_train_batch_size=w["micro_batch"],
         gradient_accumulation_steps=per_step // w["micro_batch"],
