@@ -8,7 +8,8 @@ operations the driver needs (``select``, ``split``, ``chunk``, ``concat``, ``reo
 
 Tensor names used across the project (B rows, P prompt tokens, R response tokens):
   prompts [B,P] (left-padded), responses [B,R] (right-padded), input_ids [B,P+R],
-  attention_mask [B,P+R], position_ids [B,P+R], response_mask [B,R], rollout_log_probs [B,R],
+  attention_mask [B,P+R], position_ids [B,P+R], response_mask [B,R], rollout_log_probs [B,R] (only
+  with rollout.calculate_log_probs),
   token_level_scores [B,R], token_level_rewards [B,R], old_log_probs [B,R], ref_log_prob [B,R],
   advantages [B,R], returns [B,R].
 """

@@ -38,6 +38,8 @@ class SamplingSettings:
         do_sample: False means greedy decoding (temperature 0); then ``n`` must be 1, since all
             samples of a prompt would be identical.
         seed: seed of the sampling noise for this call; None draws from the engine's own stream.
+        logprobs: return each sampled token's log-prob (``RolloutOutput.logprobs``); False leaves
+            it ``None`` and spares the engine the work (10-20 % of vLLM's generation time on CPU).
     """
 
     n: int
@@ -47,6 +49,7 @@ class SamplingSettings:
     max_tokens: int
     do_sample: bool = True
     seed: int | None = None
+    logprobs: bool = True
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -85,23 +88,25 @@ class RolloutOutput:
         response_ids: ``[B*n][T_i]`` generated token ids; the EOS token is included when generation
             stopped on it. ``1 <= T_i <= max_tokens``.
         logprobs: ``[B*n][T_i]`` log-prob of each generated token under the engine's processed
-            sampling distribution (see the module docstring); finite.
+            sampling distribution (see the module docstring); finite. ``None`` when the call's
+            ``SamplingSettings.logprobs`` was False.
         finished_by_eos: ``[B*n]`` True when the response ended on an EOS / stop token, False when it
             was cut at ``max_tokens`` (or by the context length).
     """
 
     response_ids: list[list[int]]
-    logprobs: list[list[float]]
+    logprobs: list[list[float]] | None
     finished_by_eos: list[bool]
 
     def __post_init__(self) -> None:
-        if not (len(self.response_ids) == len(self.logprobs) == len(self.finished_by_eos)):
+        n_lp = len(self.response_ids) if self.logprobs is None else len(self.logprobs)
+        if not (len(self.response_ids) == n_lp == len(self.finished_by_eos)):
             raise ValueError(
                 "RolloutOutput fields disagree on the number of responses: "
-                f"{len(self.response_ids)} response_ids, {len(self.logprobs)} logprobs, "
+                f"{len(self.response_ids)} response_ids, {n_lp} logprobs, "
                 f"{len(self.finished_by_eos)} finished_by_eos"
             )
-        for i, (ids, lps) in enumerate(zip(self.response_ids, self.logprobs)):
+        for i, (ids, lps) in enumerate(zip(self.response_ids, self.logprobs or [])):
             if len(ids) != len(lps):
                 raise ValueError(
                     f"response {i} has {len(ids)} token ids but {len(lps)} logprobs"
@@ -118,14 +123,15 @@ class RolloutOutput:
 
 def pad_responses(
     output: RolloutOutput, pad_id: int, max_len: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Right-pad the responses of ``output`` into tensors of width ``max_len``.
 
     Returns:
         responses_BR: ``[B*n, max_len]`` long; token ids, ``pad_id`` after each response.
         response_mask_BR: ``[B*n, max_len]`` float32; 1.0 on generated tokens (up to and including
             EOS), 0.0 on padding.
-        rollout_logp_BR: ``[B*n, max_len]`` float32; the sampling log-probs, 0.0 on padding.
+        rollout_logp_BR: ``[B*n, max_len]`` float32; the sampling log-probs, 0.0 on padding; None
+            when ``output.logprobs`` is None.
 
     Raises:
         ValueError: a response is longer than ``max_len``, or ``max_len < 1``.
@@ -135,8 +141,9 @@ def pad_responses(
     n_rows = len(output)
     responses_BR = torch.full((n_rows, max_len), pad_id, dtype=torch.long)
     response_mask_BR = torch.zeros((n_rows, max_len), dtype=torch.float32)
-    rollout_logp_BR = torch.zeros((n_rows, max_len), dtype=torch.float32)
-    for row, (ids, lps) in enumerate(zip(output.response_ids, output.logprobs)):
+    with_logp = output.logprobs is not None
+    rollout_logp_BR = torch.zeros((n_rows, max_len), dtype=torch.float32) if with_logp else None
+    for row, ids in enumerate(output.response_ids):
         length = len(ids)
         if length > max_len:
             raise ValueError(
@@ -147,7 +154,8 @@ def pad_responses(
             continue
         responses_BR[row, :length] = torch.tensor(ids, dtype=torch.long)
         response_mask_BR[row, :length] = 1.0
-        rollout_logp_BR[row, :length] = torch.tensor(lps, dtype=torch.float32)
+        if with_logp:
+            rollout_logp_BR[row, :length] = torch.tensor(output.logprobs[row], dtype=torch.float32)
     return responses_BR, response_mask_BR, rollout_logp_BR
 
 

@@ -78,7 +78,7 @@ class HFEngine:
             num_return_sequences=sampling.n,
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
-            output_scores=True,
+            output_scores=sampling.logprobs,
             return_dict_in_generate=True,
         )
         if sampling.do_sample:
@@ -106,21 +106,24 @@ class HFEngine:
         prompt_len = input_ids_BP.shape[1]
         tokens_NT = out.sequences[:, prompt_len:]  # N = B*n, prompt-major (repeat_interleave)
         # scores: T tensors [N, V] of processed logits (-inf where top-k/top-p removed a token).
-        scores_NTV = torch.stack(out.scores, dim=1).float()
-        logp_NT = (
-            torch.log_softmax(scores_NTV, dim=-1).gather(-1, tokens_NT.unsqueeze(-1)).squeeze(-1)
-        )
+        logp_NT = None
+        if sampling.logprobs:
+            scores_NTV = torch.stack(out.scores, dim=1).float()
+            logp_NT = (
+                torch.log_softmax(scores_NTV, dim=-1).gather(-1, tokens_NT.unsqueeze(-1)).squeeze(-1)
+            )
         eos_NT = torch.isin(tokens_NT, torch.tensor(self.eos_token_ids, device=tokens_NT.device))
 
         response_ids: list[list[int]] = []
-        logprobs: list[list[float]] = []
+        logprobs: list[list[float]] | None = [] if logp_NT is not None else None
         finished_by_eos: list[bool] = []
         for row in range(tokens_NT.shape[0]):
             hits = eos_NT[row].nonzero()
             ended = hits.numel() > 0
             length = int(hits[0]) + 1 if ended else tokens_NT.shape[1]
             response_ids.append(tokens_NT[row, :length].tolist())
-            logprobs.append(logp_NT[row, :length].tolist())
+            if logprobs is not None:
+                logprobs.append(logp_NT[row, :length].tolist())
             finished_by_eos.append(ended)
         return RolloutOutput(
             response_ids=response_ids, logprobs=logprobs, finished_by_eos=finished_by_eos

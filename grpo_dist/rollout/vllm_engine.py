@@ -181,12 +181,9 @@ class VLLMEngine:
             return RolloutOutput(response_ids=[], logprobs=[], finished_by_eos=[])
 
         n = sampling.n
-        common: dict[str, Any] = dict(
-            n=n,
-            max_tokens=sampling.max_tokens,
-            logprobs=0,  # the sampled token's log-prob only
-            detokenize=False,
-        )
+        common: dict[str, Any] = dict(n=n, max_tokens=sampling.max_tokens, detokenize=False)
+        if sampling.logprobs:
+            common["logprobs"] = 0  # the sampled token's log-prob only
         if sampling.do_sample:
             common.update(
                 temperature=sampling.temperature,
@@ -206,16 +203,17 @@ class VLLMEngine:
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
 
         response_ids: list[list[int]] = []
-        logprobs: list[list[float]] = []
+        logprobs: list[list[float]] | None = [] if sampling.logprobs else None
         finished_by_eos: list[bool] = []
         for out in outputs:
             completions = sorted(out.outputs, key=lambda c: c.index)
             assert len(completions) == n, (len(completions), n)
             for c in completions:
                 ids = list(c.token_ids)
-                assert c.logprobs is not None and len(c.logprobs) == len(ids)
                 response_ids.append(ids)
-                logprobs.append([float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)])
+                if logprobs is not None:
+                    assert c.logprobs is not None and len(c.logprobs) == len(ids)
+                    logprobs.append([float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)])
                 # "stop": an EOS / stop token (we set no stop strings); "length": max_tokens or
                 # max_model_len.
                 finished_by_eos.append(c.finish_reason == "stop")

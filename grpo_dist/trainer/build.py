@@ -27,6 +27,32 @@ def compute_dtype(name: str, device: str) -> str:
     return "bfloat16" if device == "cuda" else "float32"
 
 
+def cpu_half_precision_warning(cfg: GRPOConfig, device: str) -> str | None:
+    """A warning when a CPU run computes in bfloat16/float16 on a CPU without native support for it.
+
+    On CPUs with AVX512-BF16 or AMX, bfloat16 compute is the fast path (matmuls ~4x float32 on the
+    2-core benchmark machine, the large benchmark's step ~2x; docs/benchmarks.md); elsewhere oneDNN
+    emulates it and it is slower than float32. Checked on the driver's machine, which for a CPU run is
+    one of the workers' (clusters are assumed to be of one CPU type).
+    """
+    if device != "cpu":
+        return None
+    dtypes = {compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, device),
+              compute_dtype(cfg.actor_rollout_ref.rollout.dtype, device)}
+    half = sorted(d for d in dtypes if d in ("bfloat16", "float16"))
+    if not half:
+        return None
+    native = {"bfloat16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+              "float16": torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+    slow = [d for d in half if not native[d]]
+    if not slow:
+        return None
+    return (f"this CPU has no native {'/'.join(slow)} arithmetic (torch CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}): it is emulated and slower than float32; "
+            f"actor_rollout_ref.actor.fsdp_config.dtype=float32 actor_rollout_ref.rollout.dtype=float32 "
+            f"(or auto) would be faster")
+
+
 @dataclass(frozen=True)
 class StepShape:
     """Sizes of one step derived from the config."""
@@ -111,7 +137,7 @@ def train_sampling(cfg: GRPOConfig, seed: int | None = None) -> SamplingSettings
     r = cfg.actor_rollout_ref.rollout
     return SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.response_length,
-        do_sample=r.do_sample, seed=seed,
+        do_sample=r.do_sample, seed=seed, logprobs=r.calculate_log_probs,
     )
 
 
@@ -121,7 +147,7 @@ def val_sampling(cfg: GRPOConfig) -> SamplingSettings:
     greedy = not v.do_sample or v.temperature == 0
     return SamplingSettings(
         n=v.n, temperature=0.0 if greedy else v.temperature, top_p=v.top_p, top_k=v.top_k,
-        max_tokens=r.response_length, do_sample=not greedy, seed=None,
+        max_tokens=r.response_length, do_sample=not greedy, seed=None, logprobs=False,
     )
 
 

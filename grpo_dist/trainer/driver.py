@@ -36,7 +36,14 @@ from grpo_dist.distributed.worker_group import (
 from grpo_dist.rewards.tokens import place_scores_on_last_token, place_step_rewards
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, pad_responses
 from grpo_dist.trainer import build, checkpoint
-from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
+from grpo_dist.trainer.metrics import (
+    Timer,
+    data_metrics,
+    reduce_validation,
+    rollout_probs_diff,
+    throughput_metrics,
+    token_count,
+)
 from grpo_dist.trainer.tracking import Tracker
 from grpo_dist.training.micro_batches import rank_shard_indices
 from grpo_dist.workers.common import unwrap_timed
@@ -170,8 +177,12 @@ class GRPOTrainer:
         self.placement = {"actor_rank_nodes": self.actor.call("node_id"), "weight_sync": self.sync_transport}
         (self.out_dir / "placement.json").write_text(json.dumps(self.placement, indent=1))
         nodes = sorted(set(self.placement["actor_rank_nodes"]))
-        print(f"grpo_dist: {world} rank(s) on {len(nodes)} node(s), device {dev}, weight sync {self.sync_transport}",
-              flush=True)
+        dtype = build.compute_dtype(self.cfg.actor_rollout_ref.actor.fsdp_config.dtype, dev)
+        print(f"grpo_dist: {world} rank(s) on {len(nodes)} node(s), device {dev}, {dtype} compute, "
+              f"weight sync {self.sync_transport}", flush=True)
+        slow = build.cpu_half_precision_warning(self.cfg, dev)
+        if slow:
+            print(f"grpo_dist: warning: {slow}", flush=True)
 
     def choose_sync_transport(self) -> str:
         """``cuda_ipc`` when every actor rank shares its GPU with the rollout rank of the same index
@@ -221,7 +232,7 @@ class GRPOTrainer:
         outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=per_rank))
         merged = RolloutOutput(
             response_ids=[r for o in outs for r in o.response_ids],
-            logprobs=[lp for o in outs for lp in o.logprobs],
+            logprobs=[lp for o in outs for lp in o.logprobs] if sampling.logprobs else None,
             finished_by_eos=[f for o in outs for f in o.finished_by_eos],
         )
         R = self.cfg.actor_rollout_ref.rollout.response_length
@@ -233,7 +244,8 @@ class GRPOTrainer:
         rows["prompts"] = rows["input_ids"]
         rows["responses"] = responses
         rows["response_mask"] = response_mask.float()
-        rows["rollout_log_probs"] = rollout_logp.float()
+        if rollout_logp is not None:
+            rows["rollout_log_probs"] = rollout_logp
         rows["input_ids"] = torch.cat([rows["input_ids"], responses], dim=1)
         rows["attention_mask"] = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
         rows["position_ids"] = torch.cat([rows["position_ids"], resp_pos], dim=1)
@@ -415,6 +427,8 @@ class GRPOTrainer:
         m.update(actor_metrics)
         m.update(extra)
         m.update(data_metrics(batch, cfg.actor_rollout_ref.rollout.response_length))
+        if "rollout_log_probs" in batch and "old_log_probs" in batch:
+            m.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]))
         m.update(reward_stats)
         m.update(timer.metrics())
         m.update(throughput_metrics(ntok, step_s, self.shape.world_size))

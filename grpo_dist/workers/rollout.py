@@ -30,7 +30,7 @@ class RolloutWorker:
         if not prompt_ids:
             from grpo_dist.rollout.base import RolloutOutput
 
-            return RolloutOutput(response_ids=[], logprobs=[], finished_by_eos=[])
+            return RolloutOutput(response_ids=[], logprobs=[] if sampling.logprobs else None, finished_by_eos=[])
         return self.engine.generate(prompt_ids, sampling)
 
     def gpu_uuid(self) -> str | None:

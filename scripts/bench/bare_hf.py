@@ -7,8 +7,9 @@ One model in this process (no Ray, no trainer), in the dtype grpo_dist's engine 
 ``num_return_sequences = n``). Two variants, as for bare vLLM:
 
 - ``plain``: sampling with the workload's temperature / top_p / top_k and ``max_new_tokens``;
-- ``as_grpo_dist``: what grpo_dist's engine asks for on top of that: the processed scores of every
-  step (``output_scores``), their log-softmax at the sampled tokens, and one seed per call.
+- ``as_grpo_dist``: what grpo_dist's engine asks for by default on top of that: a dict output and
+  one seed per call (the processed scores and their log-softmax only with
+  ``actor_rollout_ref.rollout.calculate_log_probs=true``, which the benchmark leaves off).
 
 Step 0 .. warmup_steps-1 are warm-up.
 """
@@ -57,17 +58,13 @@ def run(w: dict) -> dict:
                           temperature=w["temperature"], top_p=w["top_p"], top_k=max(w["top_k"], 0),
                           eos_token_id=eos, pad_token_id=pad)
             if variant == "as_grpo_dist":
-                kwargs.update(output_scores=True, return_dict_in_generate=True)
+                kwargs.update(return_dict_in_generate=True)
                 torch.manual_seed(1000 + k)
             sync()
             t = time.perf_counter()
             with torch.no_grad():
                 res = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
                 if variant == "as_grpo_dist":
-                    new = res.sequences[:, width:]
-                    scores = torch.stack(res.scores, dim=1).float()
-                    logp = torch.log_softmax(scores, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-                    logp.tolist()
                     seqs = res.sequences
                 else:
                     seqs = res

@@ -7,10 +7,11 @@ One engine in this process (no Ray, no trainer), built with vLLM's defaults exce
 prompts are generated once per variant:
 
 - ``plain``: ``SamplingParams(n, temperature, top_p, top_k, max_tokens)``: the baseline;
-- ``as_grpo_dist``: what grpo_dist's engine asks for on top of that: the sampled token's log-prob
-  (``logprobs=0``), no detokenisation and one seed per prompt.
+- ``as_grpo_dist``: what grpo_dist's engine asks for by default on top of that: no detokenisation
+  and one seed per prompt (the sampled tokens' log-probs only with
+  ``actor_rollout_ref.rollout.calculate_log_probs=true``, which the benchmark leaves off).
 
-Step 0 .. warmup_steps-1 are warm-up (the first request with log-probs compiles a kernel).
+Step 0 .. warmup_steps-1 are warm-up (the first seeded request is slower).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def run(w: dict) -> dict:
             if variant == "plain":
                 params = SamplingParams(**base)
             else:
-                params = [SamplingParams(**base, logprobs=0, detokenize=False, seed=1000 * k + i * w["n"])
+                params = [SamplingParams(**base, detokenize=False, seed=1000 * k + i * w["n"])
                           for i in range(len(prompts))]
             t = time.perf_counter()
             res = llm.generate(prompts, params, use_tqdm=False)

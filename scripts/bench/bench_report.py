@@ -309,7 +309,7 @@ def phase_table(s: dict, with_targets: bool) -> str:
         [f"rollout (timing_s/gen) vs {s.get('rollout_baseline', 'LLM.generate')}", _f(g["gen"]), _f(wk["gen"]),
          _pct(sh["gen"]), _f(bare_gen),
          _f(s["rollout_efficiency"]), *res("rollout_efficiency")],
-        ["  same, bare with grpo_dist's request options (log-probs, seeds)", "", "", "", _f(bare_gen_req),
+        ["  same, bare with grpo_dist's request options (seeds, no detokenisation)", "", "", "", _f(bare_gen_req),
          _f(s["rollout_efficiency_same_requests"]), "", ""],
         ["reward", _f(g["reward"]), "", _pct(sh["reward"]), "", "", "", ""],
         ["old_log_prob vs no-grad forward", _f(g["old_log_prob"]), _f(wk["old_log_prob"]), _pct(sh["old_log_prob"]),

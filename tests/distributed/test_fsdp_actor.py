@@ -267,6 +267,22 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
     except ValueError:
         out["on_policy"]["refused"] = True
 
+    # bf16 compute over float32 master weights (FSDP2 mixed precision; the fast path on CPUs with
+    # native bf16): log-probs near the float32 ones, weights kept and updated in float32
+    data = make_batch(13, rows=8)
+    mask = data["response_mask"].bool()
+    fp32, _ = make(settings()).compute_log_prob(data, micro_batch_size=4)
+    actor = make(settings(param_dtype="bfloat16", lr=1e-3))
+    bf16, _ = actor.compute_log_prob(data, micro_batch_size=4)
+    actor.update_policy(dict(data, old_log_probs=bf16.clone(), advantages=torch.ones(8, 8)))
+    after, _ = actor.compute_log_prob(data, micro_batch_size=4)
+    out["bf16"] = {
+        "err": (bf16 - fp32)[mask].abs().max().item(),
+        "logp_dtype": str(bf16.dtype),
+        "master_dtypes": sorted({str(p.dtype) for p in actor.model.parameters()}),
+        "logp_gain": (after - bf16)[mask].mean().item(),
+    }
+
     # (e, resharded) the 2-rank checkpoint loaded on 1 rank continues like the 2-rank run
     resume_settings = settings(
         ppo_mini_batch_size_per_gpu=4,
@@ -443,6 +459,14 @@ def test_update_direction(one_rank):
     d = one_rank["direction"]
     assert d["logp_gain"] > 1e-3
     assert d["entropy_gain"] > 1e-4
+
+
+def test_bf16_compute_keeps_float32_master_weights(one_rank):
+    r = one_rank["bf16"]
+    assert r["master_dtypes"] == ["torch.float32"]
+    assert r["logp_dtype"] == "torch.float32"  # log-probs are returned in float32
+    assert 0 < r["err"] < 0.1, "bf16 log-probs should be near, but not bit-equal to, the float32 ones"
+    assert r["logp_gain"] > 1e-3
 
 
 def test_on_policy_update_needs_no_old_log_probs(one_rank):

@@ -7,6 +7,8 @@ Qwen2 built into a temporary directory.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 
@@ -130,6 +132,10 @@ def test_logprobs_are_of_the_processed_distribution(engine_name, vllm_engine, hf
 
     # A seed makes the call reproducible; another seed gives other samples.
     assert engine.generate(prompts, sampling).response_ids == out.response_ids
+    # Asking for no log-probs (the trainer's default) leaves the samples as they were.
+    bare = engine.generate(prompts, dataclasses.replace(sampling, logprobs=False))
+    assert bare.logprobs is None
+    assert bare.response_ids == out.response_ids and bare.finished_by_eos == out.finished_by_eos
     reseeded = SamplingSettings(n=n, temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=4)
     assert engine.generate(prompts, reseeded).response_ids != out.response_ids
 

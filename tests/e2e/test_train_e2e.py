@@ -53,6 +53,18 @@ def test_grpo_trains_end_to_end(full_run, tiny_model_dir):
     assert (out / "report" / "summary.png").exists()
 
 
+def test_rollout_log_probs_match_the_actors(full_run):
+    """With calculate_log_probs, vLLM's probabilities of the sampled tokens are compared with the actor's
+    old-log-prob forward (same weights, float32 on both sides): they agree to float rounding."""
+    out, proc = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_metrics(out)
+    for step in (1, 2, 3, 4):
+        r = m[step]
+        assert 0 <= r["training/rollout_probs_diff_mean"] <= r["training/rollout_probs_diff_max"] < 1e-3, (step, r)
+        assert r["training/rollout_probs_diff_std"] >= 0
+
+
 WORKER_PHASES = ("gen", "old_log_prob", "ref", "update_actor", "update_weights")
 
 

@@ -47,6 +47,24 @@ def test_grpo_command_line_is_a_valid_config(name, tmp_path):
     assert cfg.trainer.val_before_train is False and cfg.trainer.test_freq == -1
 
 
+@pytest.mark.parametrize("precision,dtype", [("auto", "float32"), ("fp32", "float32"), ("bf16", "bfloat16")])
+def test_precision_reaches_every_dtype_key(precision, dtype, tmp_path):
+    """--precision bf16 makes grpo_dist compute and roll out in bf16 (TRL gets bf16=True, the bare
+    programs bf16 too); auto is float32 on the CPU, as grpo_dist's own default there."""
+    from grpo_dist.config.loader import compose, to_typed
+    from grpo_dist.trainer.build import compute_dtype
+
+    for w in common.workloads(False, "cpu", "vllm", precision):
+        assert w["precision"] == ("bf16" if dtype == "bfloat16" else "fp32")
+        w = dict(w, model_dir=str(tmp_path / "model"), train_file=str(tmp_path / "train.parquet"))
+        overrides = run_bench.grpo_overrides(w, tmp_path / "out")
+        cfg = to_typed(compose(overrides), overrides)
+        assert compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, "cpu") == dtype
+        assert compute_dtype(cfg.actor_rollout_ref.rollout.dtype, "cpu") == dtype
+    with pytest.raises(ValueError, match="precision"):
+        common.workloads(False, "cpu", "vllm", "fp8")
+
+
 def test_large_model_never_samples_eos(tmp_path):
     """The EOS rows of the output layer are zero, so EOS logits are 0 and fall outside the top 20."""
     import torch

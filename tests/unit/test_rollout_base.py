@@ -46,6 +46,15 @@ def test_pad_responses_right_pads_ids_mask_and_logprobs():
     )
 
 
+def test_pad_responses_without_logprobs_pads_the_same_and_returns_none():
+    out = _output()
+    bare = RolloutOutput(response_ids=out.response_ids, logprobs=None, finished_by_eos=out.finished_by_eos)
+    responses_BR, mask_BR, logp_BR = pad_responses(bare, pad_id=0, max_len=4)
+    want_ids, want_mask, _ = pad_responses(out, pad_id=0, max_len=4)
+    assert logp_BR is None
+    assert torch.equal(responses_BR, want_ids) and torch.equal(mask_BR, want_mask)
+
+
 def test_pad_responses_uses_the_given_pad_id_and_exact_width():
     responses_BR, mask_BR, _ = pad_responses(_output(), pad_id=42, max_len=3)
     assert responses_BR.shape == (4, 3)
@@ -63,6 +72,8 @@ def test_rollout_output_rejects_mismatched_lengths():
         RolloutOutput(response_ids=[[1, 2]], logprobs=[[-0.1]], finished_by_eos=[True])
     with pytest.raises(ValueError, match="disagree"):
         RolloutOutput(response_ids=[[1]], logprobs=[[-0.1]], finished_by_eos=[True, False])
+    with pytest.raises(ValueError, match="disagree"):
+        RolloutOutput(response_ids=[[1]], logprobs=None, finished_by_eos=[True, False])
 
 
 def test_sampling_settings_accepts_valid_values():

@@ -96,3 +96,48 @@ def test_report_draws_pngs(tmp_path):
     for name in ("summary", "reward", "val_accuracy", "kl", "entropy", "response_length", "timing"):
         assert (tmp_path / "report" / f"{name}.png").stat().st_size > 1000
     assert report_main([str(tmp_path / "nope")]) == 1
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_cpu_half_precision_warning(native_bf16, monkeypatch):
+    """bfloat16 compute on a CPU without native bf16 is emulated and slower than float32: say so once
+    at start-up, naming the keys; float32 (the CPU default) and GPUs never warn."""
+    import torch
+
+    from grpo_dist.config.loader import compose, to_typed
+    from grpo_dist.trainer.build import cpu_half_precision_warning
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native_bf16)
+
+    def cfg(*overrides):
+        return to_typed(compose(list(overrides)), list(overrides))
+
+    assert cpu_half_precision_warning(cfg(), "cpu") is None
+    bf16 = cfg("actor_rollout_ref.actor.fsdp_config.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16")
+    assert cpu_half_precision_warning(bf16, "cuda") is None
+    msg = cpu_half_precision_warning(bf16, "cpu")
+    if native_bf16:
+        assert msg is None
+    else:
+        assert "no native bfloat16" in msg and "actor_rollout_ref.actor.fsdp_config.dtype=float32" in msg
+    # the rollout engine alone in bf16 counts too
+    only_rollout = cfg("actor_rollout_ref.rollout.dtype=bfloat16")
+    assert (cpu_half_precision_warning(only_rollout, "cpu") is None) == native_bf16
+
+
+def test_rollout_probs_diff_against_hand_computed_values():
+    """|exp(rollout) - exp(actor)| over response tokens only: max, mean, population std."""
+    import math
+
+    from grpo_dist.trainer.metrics import rollout_probs_diff
+
+    rollout = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.4, 0.4, 0.1]]))
+    actor = torch.log(torch.tensor([[0.4, 0.2, 0.1], [0.1, 0.4, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # (0, 2) is padding: its 0.8 gap is ignored
+    m = rollout_probs_diff(rollout, actor, mask)
+    d = [0.1, 0.0, 0.3, 0.0, 0.0]
+    mean = sum(d) / 5
+    assert m["training/rollout_probs_diff_max"] == pytest.approx(0.3, abs=1e-6)
+    assert m["training/rollout_probs_diff_mean"] == pytest.approx(mean, abs=1e-6)
+    assert m["training/rollout_probs_diff_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in d) / 5), abs=1e-6)
+    assert rollout_probs_diff(rollout, actor, torch.zeros_like(mask)) == {}
