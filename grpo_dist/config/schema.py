@@ -177,7 +177,7 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: bool = F(False, "cut old-log-prob forwards by token budget")
     log_prob_max_token_len_per_gpu: int = F(16384, "token budget of one old-log-prob forward")
     seed: int = F(0, "engine sampling seed (each rollout rank adds its rank)")
-    calculate_log_probs: bool = F(False, "also return the rollout engine's log-prob of every sampled token (batch key rollout_log_probs) and, when the old-log-prob forward runs, log training/rollout_probs_diff_{max,mean,std} against the actor's; costs 10-20 % of vLLM's generation time on CPU")
+    calculate_log_probs: bool = F(False, "also return the rollout engine's log-prob of every sampled token (batch key rollout_log_probs) and, when the old-log-prob forward runs, log training/rollout_probs_diff_{max,mean,std} against the actor's; costs 10-20 % of vLLM's generation time on CPU, and the hf engine keeps every step's scores (responses x vocab float32 per token)")
     val_kwargs: ValKwargsConfig = S(ValKwargsConfig, "sampling for validation")
 
 
