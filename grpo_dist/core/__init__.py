@@ -1,4 +1,5 @@
-"""Pure GRPO/PPO math: advantage estimators, policy losses, loss aggregation, KL estimators.
+"""Pure GRPO/PPO math: advantage estimators, policy losses, loss aggregation, KL estimators, and
+diagnostics (the rollout-vs-actor probability gap).
 
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
 """
@@ -17,6 +18,7 @@ from grpo_dist.core.advantages import (
     register_adv_estimator,
     scores_from_token_rewards,
 )
+from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import (
     KL_ALIASES,
     KL_KINDS,
@@ -74,4 +76,6 @@ __all__ = [
     "KLController",
     "make_kl_controller",
     "apply_kl_penalty",
+    # diagnostics
+    "rollout_probs_diff",
 ]

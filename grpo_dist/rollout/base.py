@@ -112,6 +112,11 @@ class RolloutOutput:
                     f"response {i} has {len(ids)} token ids but {len(lps)} logprobs"
                 )
 
+    @classmethod
+    def empty(cls, sampling: SamplingSettings) -> RolloutOutput:
+        """The output of a call without prompts: no responses, log-probs as ``sampling`` asked."""
+        return cls(response_ids=[], logprobs=[] if sampling.logprobs else None, finished_by_eos=[])
+
     def __len__(self) -> int:
         return len(self.response_ids)
 

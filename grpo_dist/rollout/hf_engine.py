@@ -68,7 +68,7 @@ class HFEngine:
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
         if not prompt_token_ids:
-            return RolloutOutput(response_ids=[], logprobs=[], finished_by_eos=[])
+            return RolloutOutput.empty(sampling)
 
         input_ids_BP, attention_mask_BP = _left_pad(prompt_token_ids, self.pad_token_id)
         input_ids_BP = input_ids_BP.to(self.device)

@@ -178,7 +178,7 @@ class VLLMEngine:
         self._check_awake()
         _check_prompts(prompt_token_ids)
         if not prompt_token_ids:
-            return RolloutOutput(response_ids=[], logprobs=[], finished_by_eos=[])
+            return RolloutOutput.empty(sampling)
 
         n = sampling.n
         common: dict[str, Any] = dict(n=n, max_tokens=sampling.max_tokens, detokenize=False)

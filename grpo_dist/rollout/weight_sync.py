@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-TRANSPORTS: tuple[str, ...] = ("object_store", "cuda_ipc")
-
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                 torch.float64: "float64", torch.int64: "int64", torch.int32: "int32", torch.bool: "bool",
                 torch.uint8: "uint8", torch.int8: "int8"}

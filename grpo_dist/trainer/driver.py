@@ -23,6 +23,7 @@ import torch
 from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.core.advantages import get_adv_estimator
+from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
 from grpo_dist.data.dataset import EpochSampler, PromptDataset, collate_prompts
 from grpo_dist.distributed.worker_group import (
@@ -36,14 +37,7 @@ from grpo_dist.distributed.worker_group import (
 from grpo_dist.rewards.tokens import place_scores_on_last_token, place_step_rewards
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, pad_responses
 from grpo_dist.trainer import build, checkpoint
-from grpo_dist.trainer.metrics import (
-    Timer,
-    data_metrics,
-    reduce_validation,
-    rollout_probs_diff,
-    throughput_metrics,
-    token_count,
-)
+from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
 from grpo_dist.trainer.tracking import Tracker
 from grpo_dist.training.micro_batches import rank_shard_indices
 from grpo_dist.workers.common import unwrap_timed

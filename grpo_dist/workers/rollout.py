@@ -27,10 +27,10 @@ class RolloutWorker:
 
     @timed
     def generate(self, prompt_ids: list[list[int]], sampling: Any):
-        if not prompt_ids:
+        if not prompt_ids:  # a rank without prompts leaves its engine alone
             from grpo_dist.rollout.base import RolloutOutput
 
-            return RolloutOutput(response_ids=[], logprobs=[] if sampling.logprobs else None, finished_by_eos=[])
+            return RolloutOutput.empty(sampling)
         return self.engine.generate(prompt_ids, sampling)
 
     def gpu_uuid(self) -> str | None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import load_prompt_dataset, subprocess_main  # noqa: E402
+from bench_common import is_bf16, load_prompt_dataset, subprocess_main  # noqa: E402
 
 
 def run(w: dict) -> dict:
@@ -34,7 +34,7 @@ def run(w: dict) -> dict:
     tok, ds = load_prompt_dataset(w)
     steps = [[ds[i]["prompt_ids"] for i in idx] for idx in w["step_prompts"]]
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(w["model_dir"], dtype=torch.bfloat16 if w.get("precision", "bf16" if cuda else "fp32") == "bf16" else torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(w["model_dir"], dtype=torch.bfloat16 if is_bf16(w) else torch.float32)
     model.to(device).eval()
     start_s = time.perf_counter() - t0
     eos = model.generation_config.eos_token_id

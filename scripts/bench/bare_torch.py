@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import load_prompt_dataset, subprocess_main, train_flops  # noqa: E402
+from bench_common import is_bf16, load_prompt_dataset, subprocess_main, train_flops  # noqa: E402
 
 
 def _batch(w: dict, prompt_ids: list[list[int]], pad_id: int, vocab: int, gen):
@@ -76,8 +76,7 @@ def run(w: dict) -> dict:
                             **({"fused": True} if cuda else {}))
     # bf16 (CUDA's default): float32 master weights, bf16 compute (as grpo_dist's mixed precision and
     # TRL's bf16=True)
-    bf16 = w.get("precision", "bf16" if cuda else "fp32") == "bf16"
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if is_bf16(w) else contextlib.nullcontext()
 
     def sync() -> None:
         if cuda:

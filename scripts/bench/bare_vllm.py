@@ -26,7 +26,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import load_prompt_dataset, subprocess_main  # noqa: E402
+from bench_common import is_bf16, load_prompt_dataset, subprocess_main  # noqa: E402
 
 
 def run(w: dict) -> dict:
@@ -37,7 +37,7 @@ def run(w: dict) -> dict:
     _, ds = load_prompt_dataset(w)
     steps = [[ds[i]["prompt_ids"] for i in idx] for idx in w["step_prompts"]]
     t0 = time.perf_counter()
-    kwargs = dict(model=w["model_dir"], dtype="bfloat16" if w.get("precision") == "bf16" else "float32", max_model_len=w["max_prompt_length"] + w["response_length"],
+    kwargs = dict(model=w["model_dir"], dtype="bfloat16" if is_bf16(w) else "float32", max_model_len=w["max_prompt_length"] + w["response_length"],
                   enforce_eager=True, seed=0, kv_cache_memory_bytes=1 << 30)
     if not torch.cuda.is_available():
         # the CPU backend cannot rewind a seeded CPU generator for a prompt prefilled in chunks

@@ -177,6 +177,12 @@ def train_flops(matmul_params: int, attn_width: int, seq_lens) -> float:
     return 3.0 * fwd
 
 
+def is_bf16(w: dict) -> bool:
+    """Whether the workload computes in bf16 (``precision``; workloads of older results files have
+    none: bf16 on CUDA, float32 on the CPU, as ``workloads(precision="auto")``)."""
+    return w.get("precision", "bf16" if w.get("device") == "cuda" else "fp32") == "bf16"
+
+
 def load_prompt_dataset(w: dict):
     """grpo_dist's own PromptDataset over the workload's train file (same tokenisation as the trainer)."""
     from transformers import AutoTokenizer

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import train_flops  # noqa: E402
+from bench_common import is_bf16, train_flops  # noqa: E402
 
 #: grpo_dist's phases (timing_s/<phase>), in step order.
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights")
@@ -433,7 +433,7 @@ def settings_table(workloads: list[dict]) -> str:
         row("gradient checkpointing", lambda w: "on" if w["gradient_checkpointing"] else "off"),
         row("ranks / device", lambda w: f"1 (trainer.n_gpus_per_node=1) / {w.get('gpu_name') or w.get('device', 'cpu')}"),
         row("rollout engine", lambda w: "vLLM" if w.get("rollout", "vllm") == "vllm" else "Hugging Face generate"),
-        row("compute dtype", lambda w: "bf16 (float32 master weights)" if w.get("precision", "bf16" if w.get("device") == "cuda" else "fp32") == "bf16" else "float32"),
+        row("compute dtype", lambda w: "bf16 (float32 master weights)" if is_bf16(w) else "float32"),
         row("steps per run (warm-up + measured)", lambda w: f"{w['warmup_steps']} + {w['steps'] - w['warmup_steps']}"),
     ]
     return table(cols, rows)

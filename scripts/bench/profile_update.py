@@ -49,7 +49,7 @@ def build_actor(w: dict, variant: str):
     settings = ActorSettings(
         ppo_mini_batch_size_per_gpu=n, ppo_micro_batch_size_per_gpu=w["micro_batch"], ppo_epochs=1,
         use_kl_loss=True, kl_loss_coef=w["kl_coef"], kl_loss_type="low_var_kl", lr=w["lr"], grad_clip=1.0,
-        param_dtype="bfloat16" if w.get("precision", "bf16" if cuda else "fp32") == "bf16" else "float32", reshard_after_forward=variant != "no_reshard",
+        param_dtype="bfloat16" if common.is_bf16(w) else "float32", reshard_after_forward=variant != "no_reshard",
         total_training_steps=w["steps"],
     )
     actor = FSDPActor(w["model_dir"], settings, rank=0, world_size=1, device="cuda" if cuda else "cpu")

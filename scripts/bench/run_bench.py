@@ -45,7 +45,7 @@ ROOT = common.ROOT
 def grpo_overrides(w: dict, out_dir: Path) -> list[str]:
     """The grpo_dist command line for a workload: one rank (CPU or GPU), one update per step, KL loss on."""
     m = w["micro_batch"]
-    dtype = "bfloat16" if w.get("precision") == "bf16" else "float32"
+    dtype = "bfloat16" if common.is_bf16(w) else "float32"
     return [
         f"actor_rollout_ref.rollout.name={w.get('rollout', 'vllm')}",
         f"actor_rollout_ref.rollout.dtype={dtype}",

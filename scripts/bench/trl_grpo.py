@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_common import load_prompt_dataset, subprocess_main  # noqa: E402
+from bench_common import is_bf16, load_prompt_dataset, subprocess_main  # noqa: E402
 
 
 def run(w: dict) -> dict:
@@ -64,7 +64,7 @@ def run(w: dict) -> dict:
     args = GRPOConfig(
         output_dir=out_dir,
         use_cpu=not cuda,
-        bf16=w.get("precision", "bf16" if cuda else "fp32") == "bf16",
+        bf16=is_bf16(w),
         fp16=False,
         per_device_train_batch_size=w["micro_batch"],
         gradient_accumulation_steps=per_step // w["micro_batch"],
