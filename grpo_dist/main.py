@@ -52,7 +52,8 @@ def parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo_dist.config.loader import ConfigError, compose, to_typed
+    from grpo_dist.config.loader import compose, to_typed
+    from grpo_dist.config.schema import ConfigError
     from grpo_dist.config.validate import validate_config
 
     argv = sys.argv[1:] if argv is None else argv

@@ -16,15 +16,11 @@ from typing import Any, Iterator
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.schema import ConfigError, GRPOConfig
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_NAME = "grpo_trainer"
 SCHEMA_NAME = "grpo_schema"
-
-
-class ConfigError(ValueError):
-    """A user mistake in the configuration. The message is meant to be printed as is."""
 
 
 def iter_keys(cls: type = GRPOConfig, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -125,12 +121,3 @@ def to_typed(cfg: DictConfig, overrides: list[str] | None = None) -> GRPOConfig:
         raise _translate(exc, list(overrides or [])) from None
     assert isinstance(obj, GRPOConfig), type(obj)
     return obj
-
-
-def load_config(overrides: list[str] | None = None, **kw: Any) -> GRPOConfig:
-    """compose + to_typed + validate: the configuration a run uses."""
-    from grpo_dist.config.validate import validate_config
-
-    cfg = to_typed(compose(overrides, **kw), overrides)
-    validate_config(cfg)
-    return cfg

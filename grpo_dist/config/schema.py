@@ -9,7 +9,8 @@ YAML comment. Defaults follow verl's ``ppo_trainer.yaml`` except where the no-ar
 the embedded CPU job (data files, model, sizes, estimator, KL loss, device, logger); those
 differences are listed in ``VERL_DEFAULT_DIFFERENCES`` and in the generated reference.
 
-Cross-key rules (divisibility, ranges, files that must exist) live in ``validate.py``.
+Cross-key rules (divisibility, ranges, files that must exist) live in ``validate.py``; both raise
+:class:`ConfigError`, whose message is printed as is.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any, List, Optional
 
 from omegaconf import II
 
-# Where the embedded default task and model live (built on first use, see grpo_dist.tasks).
-BUILTIN_PREFIX = "builtin:"
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration. The message is meant to be printed as is."""
 
 
 def F(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - mirrors argparse's name

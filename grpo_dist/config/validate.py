@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from grpo_dist.config.loader import ConfigError
-from grpo_dist.config.schema import BUILTIN_PREFIX, GRPOConfig
+from grpo_dist.config.schema import ConfigError, GRPOConfig
+from grpo_dist.rollout import ENGINE_NAMES
+from grpo_dist.tasks import BUILTIN_PREFIX
 
-ROLLOUT_NAMES = ("vllm", "hf")
 STRATEGIES = ("fsdp2", "fsdp")
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 LR_SCHEDULERS = ("constant", "cosine")
@@ -81,7 +81,8 @@ def _check_exists(key: str, value: Any, *, kind: str) -> None:
 
 
 def data_parallel_size(cfg: GRPOConfig) -> int:
-    """Ranks of the actor: one per device over all nodes."""
+    """Data-parallel ranks of the actor: one per device (on CPU: per rank process) over all nodes.
+    The one place this is computed; everything else asks here."""
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 
@@ -108,7 +109,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
                    "'full' needs both models' logits over the vocabulary, which the workers do not exchange yet; use low_var_kl (k3), kl (k1), mse (k2) or abs")
     if canonical_kl_kind(alg.kl_penalty) == "full":
         raise _bad("algorithm.kl_penalty", alg.kl_penalty, "the in-reward penalty needs a per-token estimator: kl, abs, mse or low_var_kl")
-    _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
+    _choice("actor_rollout_ref.rollout.name", rollout.name, ENGINE_NAMES)
     _choice("actor_rollout_ref.rollout.mode", rollout.mode, ("sync",))
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
     _choice("data.truncation", d.truncation, TRUNCATION_MODES)
@@ -251,12 +252,6 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     if rollout.tensor_model_parallel_size > 1:
         raise _bad("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
                    "only 1 is supported for now (one engine per rank, updated in place); use 1")
-    if dp % rollout.tensor_model_parallel_size:
-        raise _bad(
-            "actor_rollout_ref.rollout.tensor_model_parallel_size",
-            rollout.tensor_model_parallel_size,
-            f"must divide the {dp} devices (trainer.nnodes x trainer.n_gpus_per_node)",
-        )
 
     # --- paths -------------------------------------------------------------------------------
     if check_paths:

@@ -87,14 +87,14 @@ def _describe(exc: BaseException) -> str:
 
 
 class WorkerGroup:
-    """``world_size`` Ray actors of one role, one per rank, in the given placement groups."""
+    """Ray actors of one role: one per rank in the given placement groups, or a single one."""
 
     def __init__(
         self,
         role: str,
         actor_cls: Any,
-        plan: ResourcePlan,
-        pgs: Sequence[PlacementGroup],
+        plan: ResourcePlan | None,
+        pgs: Sequence[PlacementGroup] | None,
         *,
         init_kwargs: Callable[[int], dict] | dict,
         num_cpus: float,
@@ -102,22 +102,24 @@ class WorkerGroup:
         env: dict[str, str] | None = None,
         ranks: Sequence[int] | None = None,
     ) -> None:
+        """``plan`` and ``pgs`` None: one worker (rank 0) placed anywhere by Ray (e.g. the reward scorer)."""
         self.role = role
-        self.ranks = list(range(plan.world_size)) if ranks is None else list(ranks)
+        self.single = plan is None
+        if plan is None:
+            self.ranks = [0]
+        else:
+            self.ranks = list(range(plan.world_size)) if ranks is None else list(ranks)
         self.workers = []
         for rank in self.ranks:
-            node, local = divmod(rank, plan.devices_per_node)
             kwargs = init_kwargs(rank) if callable(init_kwargs) else dict(init_kwargs)
-            opts = dict(
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
+            opts: dict[str, Any] = dict(num_cpus=num_cpus, num_gpus=num_gpus, name=None, max_restarts=0,
+                                        max_task_retries=0)
+            if plan is not None:
+                assert pgs is not None
+                node, local = divmod(rank, plan.devices_per_node)
+                opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     placement_group=pgs[node], placement_group_bundle_index=local
-                ),
-                name=None,
-                max_restarts=0,
-                max_task_retries=0,
-            )
+                )
             if env:
                 opts["runtime_env"] = {"env_vars": dict(env)}
             self.workers.append(actor_cls.options(**opts).remote(**kwargs))
@@ -147,13 +149,15 @@ class WorkerGroup:
                 try:
                     results[i] = ray.get(ref)
                 except Exception as exc:  # RayActorError, RayTaskError, ...
-                    raise WorkerError(
-                        f"{self.role} worker rank {self.ranks[i]} failed during {what}: {_describe(exc)}"
-                    ) from None
+                    raise WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}") from None
             if deadline is not None and time.monotonic() > deadline and pending:
                 stuck = sorted(self.ranks[i] for i in pending.values())
-                raise WorkerError(f"{self.role} worker rank(s) {stuck} did not finish {what} within {timeout_s:.0f}s")
+                who = f"{self.role} worker" if self.single else f"{self.role} worker rank(s) {stuck}"
+                raise WorkerError(f"{who} did not finish {what} within {timeout_s:.0f}s")
         return results
+
+    def _who(self, index: int) -> str:
+        return f"{self.role} worker" if self.single else f"{self.role} worker rank {self.ranks[index]}"
 
     def call(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None,
              timeout_s: float | None = None, **kwargs: Any) -> list:
@@ -166,34 +170,6 @@ class WorkerGroup:
             except Exception:  # already dead
                 pass
         self.workers = []
-
-
-def wait_all(groups_and_refs: Sequence[tuple[WorkerGroup, list, str]], timeout_s: float | None = None) -> list[list]:
-    """Collect several groups' calls that run at the same time (e.g. colocated collectives)."""
-    return [g.collect(refs, what, timeout_s) for g, refs, what in groups_and_refs]
-
-
-class SingleWorker:
-    """A one-actor role (the reward scorer) with the same failure reporting as WorkerGroup."""
-
-    def __init__(self, role: str, actor_cls: Any, *, num_cpus: float = 0.0, **init_kwargs: Any) -> None:
-        self.role = role
-        self.handle = actor_cls.options(num_cpus=num_cpus, max_restarts=0).remote(**init_kwargs)
-
-    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        ref = getattr(self.handle, method).remote(*args)
-        try:
-            return ray.get(ref, timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise WorkerError(f"{self.role} worker did not finish {method} within {timeout_s:.0f}s") from None
-        except Exception as exc:
-            raise WorkerError(f"{self.role} worker failed during {method}: {_describe(exc)}") from None
-
-    def kill(self) -> None:
-        try:
-            ray.kill(self.handle, no_restart=True)
-        except Exception:
-            pass
 
 
 def cluster_cpus() -> float:

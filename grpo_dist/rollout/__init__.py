@@ -1,20 +1,79 @@
 """Rollout engines: prompts (token ids) in, sampled responses and their log-probs out.
 
-The only package that imports vLLM, and only inside :mod:`grpo_dist.rollout.vllm_engine`
-(loaded on first use), so importing this package is cheap.
+The only package that imports vLLM, and only inside :mod:`grpo_dist.rollout.vllm_engine` (loaded on
+first use), so importing this package is cheap.
+
+The engine table
+----------------
+:data:`ENGINES` is the one list of rollout engines: ``actor_rollout_ref.rollout.name`` is validated
+against its names, and :func:`make_engine` builds an engine from it. A new engine is one module here
+implementing :class:`~grpo_dist.rollout.base.RolloutEngine` plus one row below.
 """
 
-from grpo_dist.rollout.base import (
-    ENGINES,
-    RolloutEngine,
-    RolloutOutput,
-    SamplingSettings,
-    make_engine,
-    pad_responses,
-)
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_dist.rollout.base import RolloutEngine, RolloutOutput, SamplingSettings, pad_responses
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One row of the engine table.
+
+    Attributes:
+        name: the value of ``actor_rollout_ref.rollout.name``.
+        load: returns the engine class (imports its backend lazily); the class is called with the
+            engine's keyword arguments.
+        help: one line for the configuration reference.
+    """
+
+    name: str
+    load: Callable[[], Callable[..., RolloutEngine]]
+    help: str
+
+
+def _vllm() -> Callable[..., RolloutEngine]:
+    from grpo_dist.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine
+
+
+def _hf() -> Callable[..., RolloutEngine]:
+    from grpo_dist.rollout.hf_engine import HFEngine
+
+    return HFEngine
+
+
+ENGINES: dict[str, EngineSpec] = {
+    spec.name: spec
+    for spec in (
+        EngineSpec("vllm", _vllm, "vLLM (CPU build on CPU machines), in the rollout worker's process"),
+        EngineSpec("hf", _hf, "Hugging Face generate (fallback where vLLM is not installed)"),
+    )
+}
+ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
+
+
+def make_engine(name: str, **kwargs: Any) -> RolloutEngine:
+    """Build the rollout engine ``name`` with the engine's keyword arguments (see
+    :class:`~grpo_dist.rollout.vllm_engine.VLLMEngine`, :class:`~grpo_dist.rollout.hf_engine.HFEngine`).
+
+    Raises:
+        ValueError: ``name`` is not in the engine table.
+    """
+    spec = ENGINES.get(name)
+    if spec is None:
+        raise ValueError(f"unknown rollout engine {name!r}; valid names: {', '.join(sorted(ENGINES))}")
+    return spec.load()(**kwargs)
+
 
 __all__ = [
     "ENGINES",
+    "ENGINE_NAMES",
+    "EngineSpec",
     "RolloutEngine",
     "RolloutOutput",
     "SamplingSettings",

@@ -18,9 +18,9 @@ setting under which rollout log-probs and trainer log-probs are directly compara
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -195,35 +195,3 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the engine; the object is unusable afterwards."""
         ...
-
-
-def _make_vllm(**kwargs: Any) -> RolloutEngine:
-    from grpo_dist.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine(**kwargs)
-
-
-def _make_hf(**kwargs: Any) -> RolloutEngine:
-    from grpo_dist.rollout.hf_engine import HFEngine
-
-    return HFEngine(**kwargs)
-
-
-#: Engine name -> constructor. The constructors import their backends lazily.
-ENGINES: dict[str, Callable[..., RolloutEngine]] = {"vllm": _make_vllm, "hf": _make_hf}
-
-
-def make_engine(name: str, **kwargs: Any) -> RolloutEngine:
-    """Build the rollout engine ``name`` ("vllm" or "hf") with the engine's keyword arguments
-    (see :class:`~grpo_dist.rollout.vllm_engine.VLLMEngine`, :class:`~grpo_dist.rollout.hf_engine.HFEngine`).
-
-    Raises:
-        ValueError: ``name`` is not a registered engine.
-    """
-    try:
-        factory = ENGINES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown rollout engine {name!r}; valid names: {', '.join(sorted(ENGINES))}"
-        ) from None
-    return factory(**kwargs)

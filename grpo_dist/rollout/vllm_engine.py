@@ -121,8 +121,10 @@ class VLLMEngine:
         self.enable_sleep_mode = enable_sleep_mode
         self._asleep = False
 
-        # Must be in the environment before vLLM reads it (at engine construction).
+        # Must be in the environment before vLLM reads it (at import and engine construction):
+        # the engine core in this process, and vLLM's own logging quiet unless asked for.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         engine_kwargs: dict[str, Any] = {}
         if not on_gpu:
             kv_cache_gib = 1.0 if kv_cache_gib is None else kv_cache_gib

@@ -1,6 +1,6 @@
 """Embedded tasks and base models, built locally on first use (no downloads).
 
-A config value ``builtin:NAME`` (see ``grpo_dist.config.schema.BUILTIN_PREFIX``) names one of
+A config value ``builtin:NAME`` (:data:`BUILTIN_PREFIX`) names one of
 them; ``resolve(value)`` builds it into the cache if needed and returns the real path. Other
 values pass through unchanged (with ``~`` expanded).
 """
@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import re
 
-from grpo_dist.config.schema import BUILTIN_PREFIX
 from grpo_dist.tasks import reverse
+
+#: Config values starting with this name an embedded task or model (built on first use).
+BUILTIN_PREFIX = "builtin:"
 
 BUILTIN_MODELS = ("tiny-reverse",)
 BUILTIN_DATA = ("reverse/train", "reverse/test")

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.validate import data_parallel_size
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.training.actor import ActorSettings
 
 
-def resolve_device(name: str, cluster_gpus: float) -> str:
-    """trainer.device against what the Ray cluster offers (the driver itself may have no GPU)."""
+def choose_device(name: str, cluster_gpus: float) -> str:
+    """The workers' device kind, ``"cuda"`` or ``"cpu"``, from ``trainer.device`` and what the Ray
+    cluster offers (the driver itself may have no GPU)."""
     if name == "auto":
         return "cuda" if cluster_gpus > 0 or torch.cuda.is_available() else "cpu"
     if name == "cuda" and cluster_gpus <= 0:
@@ -68,7 +69,7 @@ class StepShape:
 
 
 def step_shape(cfg: GRPOConfig) -> StepShape:
-    dp = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    dp = data_parallel_size(cfg)
     return StepShape(
         train_batch_size=cfg.data.train_batch_size,
         n=cfg.actor_rollout_ref.rollout.n,
@@ -133,6 +134,16 @@ def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
     )
 
 
+def forward_batching(section) -> tuple[int | None, int | None]:
+    """``(micro_batch_size, max_token_len)`` of a no-grad log-prob forward from a config section with
+    verl's ``log_prob_micro_batch_size_per_gpu`` / ``log_prob_use_dynamic_bsz`` /
+    ``log_prob_max_token_len_per_gpu`` keys (rollout: the old-log-prob forward; ref: the reference's);
+    at most one of the two is set, neither: all of a rank's rows at once."""
+    if section.log_prob_use_dynamic_bsz:
+        return None, section.log_prob_max_token_len_per_gpu
+    return section.log_prob_micro_batch_size_per_gpu, None
+
+
 def train_sampling(cfg: GRPOConfig, seed: int | None = None) -> SamplingSettings:
     r = cfg.actor_rollout_ref.rollout
     return SamplingSettings(
@@ -173,13 +184,6 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
         enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
         kv_cache_gib=r.kv_cache_gib if device == "cpu" else None,
     )
-
-
-def engine_env(cfg: GRPOConfig, device: str) -> dict[str, str]:
-    """Environment of the rollout worker processes (read by vLLM at import/start)."""
-    # The engine runs in the worker's own process (no extra engine-core process); the KV cache
-    # size is passed to the engine directly (kv_cache_gib), not through VLLM_CPU_KVCACHE_SPACE.
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
 
 
 def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:

@@ -29,6 +29,7 @@ def run(cfg: GRPOConfig) -> int:
     from grpo_dist import tasks
     from grpo_dist.data.dataset import DataError, PromptDataset
     from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
+    from grpo_dist.config.validate import data_parallel_size
     from grpo_dist.trainer import build
     from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
 
@@ -56,10 +57,10 @@ def run(cfg: GRPOConfig) -> int:
     save_config(cfg, out_dir)
     ri = cfg.ray_kwargs.ray_init
     started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
-                           min_cpus=cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node)
+                           min_cpus=data_parallel_size(cfg))
     trainer = None
     try:
-        device = build.resolve_device(cfg.trainer.device, cluster_gpus())
+        device = build.choose_device(cfg.trainer.device, cluster_gpus())
         trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
                               train_data=train, val_data=val, device=device, out_dir=str(out_dir))
         try:

@@ -139,3 +139,31 @@ class Tracker:
     def close(self) -> None:
         for lg in self.loggers:
             lg.close()
+
+
+class Progress:
+    """The progress bar over training steps (tqdm): the step's mean score, its seconds and, once
+    validated, the mean held-out accuracy. Does nothing when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool, *, total: int, initial: int, val_suffix: str) -> None:
+        self.val_suffix = val_suffix
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="GRPO", unit="step", dynamic_ncols=True)
+
+    def update(self, metrics: dict[str, float], last_val: dict[str, float]) -> None:
+        if self.bar is None:
+            return
+        post = {"score": metrics.get("critic/score/mean", math.nan), "step_s": metrics["timing_s/step"]}
+        acc = [v for k, v in last_val.items() if k.endswith(self.val_suffix)]
+        if acc:
+            post["val_acc"] = sum(acc) / len(acc)
+        self.bar.set_postfix({k: f"{v:.3g}" for k, v in post.items()})
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ray
 import torch
 
-from grpo_dist.workers.common import free_port, node_ip, setup_process, timed
+from grpo_dist.workers.common import current_node_id, free_port, node_ip, setup_process, timed
 
 
 @ray.remote
@@ -36,3 +36,6 @@ class ReferenceWorker:
                              max_token_len: int | None, temperature: float) -> torch.Tensor:
         return self.ref.compute_ref_log_prob(data, micro_batch_size=micro_batch_size, max_token_len=max_token_len,
                                              temperature=temperature)
+
+    def node_id(self) -> str:
+        return current_node_id()

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import ray
 
-from grpo_dist.workers.common import process_memory_gb, setup_process, timed
+from grpo_dist.workers.common import current_node_id, process_memory_gb, setup_process, timed
 
 
 @ray.remote
 class RolloutWorker:
     def __init__(self, *, rank: int, device: str, num_threads: int, engine: str, engine_kwargs: dict[str, Any]) -> None:
         setup_process(device, num_threads)
-        from grpo_dist.rollout.base import make_engine
+        from grpo_dist.rollout import make_engine
 
         self.rank = rank
         self.engine = make_engine(engine, **engine_kwargs)
@@ -82,3 +82,6 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.engine.close()
+
+    def node_id(self) -> str:
+        return current_node_id()

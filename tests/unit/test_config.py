@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from grpo_dist.config import docgen
-from grpo_dist.config.loader import ConfigError, all_keys, compose, to_typed
+from grpo_dist.config.loader import all_keys, compose, to_typed
+from grpo_dist.config.schema import ConfigError
 from grpo_dist.config.validate import validate_config
 from grpo_dist.main import main
 

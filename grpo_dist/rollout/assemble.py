@@ -1,0 +1,93 @@
+"""From prompts to the step's batch: spreading prompts over rollout ranks and turning the engines'
+outputs into padded tensors.
+
+The batch layout (verl's), with ``B`` prompts, ``n`` responses per prompt, ``P`` prompt and ``R``
+response columns:
+
+- rows are grouped by prompt: row ``i * n + j`` is sample ``j`` of prompt ``i`` (GRPO's group);
+- ``prompts`` [B*n, P] left-padded, ``responses`` [B*n, R] right-padded with the pad id;
+- ``input_ids`` = ``prompts ++ responses`` [B*n, P+R], ``attention_mask`` 1 on real prompt and
+  response tokens, ``position_ids`` counting real tokens from 0 (response positions continue from the
+  prompt's last position);
+- ``response_mask`` [B*n, R] float32, 1 on generated tokens (up to and including EOS);
+- ``rollout_log_probs`` [B*n, R] the engine's sampling log-probs (only when they were asked for).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from grpo_dist.batch import Batch
+from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, pad_responses
+
+__all__ = ["prompt_batch", "shard_prompts", "merge_outputs", "responses_to_batch"]
+
+
+def prompt_batch(collated: dict[str, Any], uid_prefix: str) -> Batch:
+    """The batch a rollout starts from: one row per prompt.
+
+    ``collated`` is :func:`grpo_dist.data.dataset.collate_prompts`' output (left-padded
+    ``input_ids``/``attention_mask``/``position_ids`` [B, P] and per-row ``prompt_ids``,
+    ``data_source``, ``ground_truth``, ``extra_info``). Each row gets the group id ``uid`` =
+    ``f"{uid_prefix}-{i}"``, which the responses of prompt ``i`` share.
+    """
+    tensors = {k: collated[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    rows = len(collated["prompt_ids"])
+    non = {k: collated[k] for k in ("data_source", "ground_truth", "extra_info", "prompt_ids")}
+    non["uid"] = [f"{uid_prefix}-{i}" for i in range(rows)]
+    return Batch.from_dict(tensors, non)
+
+
+def shard_prompts(
+    prompt_ids: Sequence[list[int]], num_ranks: int, sampling: SamplingSettings
+) -> list[tuple[list[list[int]], SamplingSettings]]:
+    """Contiguous, near-equal shares of the prompts for ``num_ranks`` rollout ranks, with their
+    sampling settings.
+
+    With a seed, rank ``k``'s share starts at prompt ``b_k`` and gets the seed ``seed + b_k * n``:
+    every prompt is sampled with the seed of its global position, so the responses do not depend on
+    how the prompts are spread over the ranks. A rank may get no prompts (fewer prompts than ranks).
+    """
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks must be >= 1, got {num_ranks}")
+    bounds = np.linspace(0, len(prompt_ids), num_ranks + 1).astype(int)
+    shares = []
+    for k in range(num_ranks):
+        start, stop = int(bounds[k]), int(bounds[k + 1])
+        s = sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + start * sampling.n)
+        shares.append((list(prompt_ids[start:stop]), s))
+    return shares
+
+
+def merge_outputs(outputs: Sequence[RolloutOutput], sampling: SamplingSettings) -> RolloutOutput:
+    """The ranks' outputs (in rank order, as :func:`shard_prompts` cut them) as one output."""
+    return RolloutOutput(
+        response_ids=[r for o in outputs for r in o.response_ids],
+        logprobs=[lp for o in outputs for lp in (o.logprobs or [])] if sampling.logprobs else None,
+        finished_by_eos=[f for o in outputs for f in o.finished_by_eos],
+    )
+
+
+def responses_to_batch(prompts: Batch, output: RolloutOutput, *, n: int, pad_id: int, response_length: int) -> Batch:
+    """The step's batch: each prompt row repeated ``n`` times with its responses appended (layout in
+    the module docstring). ``output`` holds ``len(prompts) * n`` responses, prompt-major."""
+    if len(output) != len(prompts) * n:
+        raise ValueError(f"{len(output)} responses for {len(prompts)} prompts x n={n}")
+    R = response_length
+    responses, response_mask, rollout_logp = pad_responses(output, pad_id, R)
+    rows = prompts.repeat_interleave(n)
+    prompt_mask = rows["attention_mask"]
+    last_pos = rows["position_ids"][:, -1:]
+    rows["prompts"] = rows["input_ids"]
+    rows["responses"] = responses
+    rows["response_mask"] = response_mask.float()
+    if rollout_logp is not None:
+        rows["rollout_log_probs"] = rollout_logp
+    rows["input_ids"] = torch.cat([rows["input_ids"], responses], dim=1)
+    rows["attention_mask"] = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+    rows["position_ids"] = torch.cat([rows["position_ids"], last_pos + torch.arange(1, R + 1).unsqueeze(0)], dim=1)
+    return rows

@@ -1,0 +1,232 @@
+"""The role table: every kind of Ray worker the driver runs, one declarative row each.
+
+Placement, start-up, shutdown, checkpoints and resume iterate :data:`ROLES`; nothing else in the
+driver lists the roles. A new role (a critic, a reward model) is one :class:`Role` row here, one thin
+worker shell in :mod:`grpo_dist.workers`, and its training module; the driver's step then calls the
+new group where the algorithm needs it.
+
+Placement: roles with ``per_rank`` get one worker per data-parallel rank, all in the rank's bundle
+(the colocated "hybrid engine" layout), each with an equal share of its device; the other roles get
+one worker that Ray places anywhere. Roles with ``model`` set hold an FSDP2 model: their ranks join
+a torch.distributed process group of their own and load the model with ``init_model``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.distributed.worker_group import (
+    ResourcePlan,
+    WorkerGroup,
+    create_placement_groups,
+    remove_placement_groups,
+)
+from grpo_dist.trainer import build
+
+#: glibc malloc settings of CPU worker processes: keep freed memory in the process instead of handing
+#: it back to the kernel and faulting it in again on the next step (the update allocates and frees
+#: its activations every micro-batch). On the 2-core benchmark machine the large workload's update
+#: went from 2.47-2.49 s to 2.14-2.25 s and the reference forward from 0.77-0.81 s to 0.67-0.74 s;
+#: the price is that a worker's resident memory stays at its peak.
+CPU_WORKER_MALLOC_ENV = {
+    "MALLOC_TRIM_THRESHOLD_": "4294967295",
+    "MALLOC_MMAP_THRESHOLD_": "4294967295",
+    "MALLOC_TOP_PAD_": "536870912",
+}
+
+
+@dataclass(frozen=True)
+class RoleContext:
+    """What the rows need to build their workers' arguments (fixed for a run)."""
+
+    cfg: GRPOConfig
+    device: str  # "cpu" | "cuda"
+    model_path: str
+    tokenizer_path: str
+    total_steps: int
+    world_size: int
+    num_threads: int
+
+
+def _always(cfg: GRPOConfig) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Role:
+    """One row of the role table.
+
+    Attributes:
+        name: the role's name in messages, metrics, checkpoints (``global_step_N/<name>/``).
+        worker: returns the Ray actor class (imported lazily: the driver imports no worker code
+            until it starts them).
+        init_kwargs: the constructor's keyword arguments for rank ``r``.
+        enabled: whether the run needs this role.
+        per_rank: one worker per data-parallel rank sharing the rank's device (else one worker).
+        model: ``init_model``'s keyword arguments (besides the process-group address and backend);
+            None for roles that hold no FSDP2 model.
+        checkpoint: saved with every checkpoint and restored on resume
+            (``save_checkpoint(dir)``/``load_checkpoint(dir)``).
+        hf_export: folder of the checkpoint that receives a Hugging Face export (``export_hf``) when
+            one is asked for; None: the role exports nothing.
+    """
+
+    name: str
+    worker: Callable[[], Any]
+    init_kwargs: Callable[[RoleContext, int], dict]
+    enabled: Callable[[GRPOConfig], bool] = _always
+    per_rank: bool = True
+    model: Callable[[RoleContext], dict] | None = None
+    checkpoint: bool = False
+    hf_export: str | None = None
+
+
+def _rank_kwargs(ctx: RoleContext, rank: int) -> dict:
+    return dict(rank=rank, world_size=ctx.world_size, device=ctx.device, num_threads=ctx.num_threads)
+
+
+# ---- the workers (lazy imports) ----------------------------------------------------------------
+def _actor_worker():
+    from grpo_dist.workers.actor import ActorWorker
+
+    return ActorWorker
+
+
+def _reference_worker():
+    from grpo_dist.workers.reference import ReferenceWorker
+
+    return ReferenceWorker
+
+
+def _rollout_worker():
+    from grpo_dist.workers.rollout import RolloutWorker
+
+    return RolloutWorker
+
+
+def _reward_worker():
+    from grpo_dist.workers.reward import RewardWorker
+
+    return RewardWorker
+
+
+# ---- their arguments ---------------------------------------------------------------------------
+def _actor_model(ctx: RoleContext) -> dict:
+    return dict(model_path=ctx.model_path, settings=build.actor_settings(ctx.cfg, ctx.device, ctx.total_steps))
+
+
+def _reference_model(ctx: RoleContext) -> dict:
+    return dict(model_path=ctx.model_path, **build.reference_kwargs(ctx.cfg, ctx.device))
+
+
+def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
+    r = ctx.cfg.actor_rollout_ref.rollout
+    engine_kwargs = build.engine_kwargs(ctx.cfg, ctx.model_path, ctx.device)
+    return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=r.name,
+                engine_kwargs={**engine_kwargs, "seed": r.seed + rank})
+
+
+def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
+    cfg = ctx.cfg
+    rm = cfg.reward_model
+    return dict(tokenizer_path=ctx.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                custom_path=cfg.custom_reward_function.path, custom_name=cfg.custom_reward_function.name,
+                num_workers=rm.num_workers, timeout_s=rm.timeout_s, on_error=rm.on_error)
+
+
+ROLES: tuple[Role, ...] = (
+    Role("actor", _actor_worker, _rank_kwargs, model=_actor_model, checkpoint=True, hf_export="huggingface"),
+    Role("reference", _reference_worker, _rank_kwargs, enabled=build.needs_reference, model=_reference_model),
+    Role("rollout", _rollout_worker, _rollout_kwargs),
+    Role("reward", _reward_worker, _reward_kwargs, per_rank=False),
+)
+"""Every role, in start-up order (a role's workers are created before the next role's)."""
+
+
+def active_roles(cfg: GRPOConfig, roles: tuple[Role, ...] = ROLES) -> list[Role]:
+    """The rows this configuration needs."""
+    return [r for r in roles if r.enabled(cfg)]
+
+
+class Workers:
+    """The worker groups of a run, started from the role table; placement, shutdown and
+    checkpoints iterate the same rows."""
+
+    def __init__(self, ctx: RoleContext, roles: tuple[Role, ...] = ROLES) -> None:
+        self.ctx = ctx
+        self.roles = active_roles(ctx.cfg, roles)
+        self.groups: dict[str, WorkerGroup] = {}
+        self.pgs: list = []
+
+    def __getitem__(self, name: str) -> WorkerGroup:
+        return self.groups[name]
+
+    def get(self, name: str) -> WorkerGroup | None:
+        return self.groups.get(name)
+
+    def start(self) -> None:
+        """Place and start every active role, then load the FSDP2 models of all roles at once."""
+        ctx, t = self.ctx, self.ctx.cfg.trainer
+        plan = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
+        self.pgs = create_placement_groups(plan)
+        colocated = [r for r in self.roles if r.per_rank]
+        share = 1.0 / len(colocated)
+        # Ray starts a worker with OMP_NUM_THREADS = its CPU share (1 here); libraries that size their
+        # thread pools when torch loads keep that even after torch.set_num_threads. On CPU, giving the
+        # count at process start made rollout and update 6-14 % faster on the 2-core benchmark
+        # machine. GPU workers keep Ray's setting: their CPU threads only launch kernels, and the
+        # one GPU run with 4 OpenMP threads was not faster (docs/benchmarks.md).
+        cpu = ctx.device == "cpu"
+        env = {"OMP_NUM_THREADS": str(ctx.num_threads), **CPU_WORKER_MALLOC_ENV} if cpu else {}
+        for role in self.roles:
+            if role.per_rank:
+                self.groups[role.name] = WorkerGroup(
+                    role.name, role.worker(), plan, self.pgs, init_kwargs=lambda r, role=role: role.init_kwargs(ctx, r),
+                    num_cpus=share, num_gpus=0.0 if cpu else share, env=env)
+            else:
+                self.groups[role.name] = WorkerGroup(role.name, role.worker(), None, None,
+                                                     init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0)
+        backend = "gloo" if cpu else "nccl"
+        loading = []
+        for role in self.roles:
+            if role.model is not None:
+                group = self.groups[role.name]
+                addr, port = group.call("address")[0]
+                loading.append((group, group.submit("init_model", master_addr=addr, master_port=port, backend=backend,
+                                                    **role.model(ctx))))
+        for group, refs in loading:
+            group.collect(refs, "model loading")
+        # every constructor has run (an engine that failed to start says so here, naming its role)
+        self.nodes = {name: group.call("node_id") for name, group in self.groups.items()}
+
+    def close(self) -> None:
+        for group in self.groups.values():
+            group.kill()
+        self.groups = {}
+        remove_placement_groups(self.pgs)
+        self.pgs = []
+
+    def write_placement(self, path: Path, **extra: Any) -> dict:
+        """Where each role's ranks run (Ray node ids), and ``extra``, as JSON at ``path``."""
+        placement = {f"{name}_rank_nodes": nodes for name, nodes in self.nodes.items()} | extra
+        path.write_text(json.dumps(placement, indent=1))
+        return placement
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save(self, directory: Path, *, export_hf: bool) -> None:
+        """Every checkpointed role into ``directory/<role>``; with ``export_hf`` the exporting roles'
+        Hugging Face folders too."""
+        for role in self.roles:
+            if role.checkpoint:
+                self.groups[role.name].call("save_checkpoint", str(directory / role.name))
+            if export_hf and role.hf_export:
+                self.groups[role.name].call("export_hf", str(directory / role.hf_export), self.ctx.tokenizer_path)
+
+    def load(self, directory: Path) -> None:
+        for role in self.roles:
+            if role.checkpoint:
+                self.groups[role.name].call("load_checkpoint", str(directory / role.name))

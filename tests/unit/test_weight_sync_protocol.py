@@ -1,0 +1,97 @@
+"""The actor -> rollout weight-sync protocol (grpo_dist.trainer.weight_sync) with stand-in groups:
+the order of the calls, what each rollout rank is sent under both transports, and the timings."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
+from grpo_dist.workers.common import Timed
+
+
+class FakeGroup:
+    """Records calls; answers them with ``answer(method, rank, args)`` wrapped as the workers do."""
+
+    def __init__(self, name: str, ranks: int, answer, log: list, busy_s: float = 0.0) -> None:
+        self.name, self.ranks, self.answer, self.log, self.busy_s = name, ranks, answer, log, busy_s
+
+    def __len__(self) -> int:
+        return self.ranks
+
+    def call(self, method, *args, per_rank=None):
+        out = []
+        for r in range(self.ranks):
+            a = per_rank[r] if per_rank is not None else args
+            self.log.append((self.name, method, r, a))
+            value = self.answer(method, r, a)
+            out.append(value if method in ("gpu_uuid", "sync_end") else Timed(value, self.busy_s))
+        return out
+
+
+def make(ranks: int, buckets: list[str], transport: str, uuids=None):
+    log: list = []
+
+    def actor_answer(method, rank, args):
+        if method == "sync_begin":
+            return buckets
+        if method == "sync_bucket":
+            i, tr = args
+            assert tr == transport
+            payload = f"ipc-r{rank}-b{i}" if tr == "cuda_ipc" else ([f"ref-b{i}"] if rank == 0 else None)
+            return payload, 0.25 if rank == 0 else 0.0
+        if method == "gpu_uuid":
+            return (uuids or {}).get(("actor", rank))
+        return None
+
+    def rollout_answer(method, rank, args):
+        if method == "gpu_uuid":
+            return (uuids or {}).get(("rollout", rank))
+        return None
+
+    actor = FakeGroup("actor", ranks, actor_answer, log, busy_s=1.0)
+    rollout = FakeGroup("rollout", ranks, rollout_answer, log, busy_s=0.5)
+    return actor, rollout, log
+
+
+def test_object_store_sends_rank0_reference_to_every_rollout_rank_bucket_by_bucket():
+    actor, rollout, log = make(2, ["b0", "b1"], "object_store")
+    timings = WeightSync(actor, rollout, transport="object_store", dtype="bfloat16", bucket_bytes=1024)()
+    # planning with the dtype and size, wake-up, then per bucket: gather (all ranks) before load (all ranks)
+    assert log[0] == ("actor", "sync_begin", 0, ("bfloat16", 1024))
+    order = [(g, m) for g, m, r, _ in log if r == 0]
+    assert order == [("actor", "sync_begin"), ("rollout", "wake_up"),
+                     ("actor", "sync_bucket"), ("rollout", "load_bucket"),
+                     ("actor", "sync_bucket"), ("rollout", "load_bucket"),
+                     ("rollout", "finish_load"), ("actor", "sync_end")]
+    loads = [(r, a) for g, m, r, a in log if m == "load_bucket"]
+    assert loads == [(0, ("b0", "ref-b0")), (1, ("b0", "ref-b0")), (0, ("b1", "ref-b1")), (1, ("b1", "ref-b1"))]
+    # gather: plan 1.0 + 2 buckets x (1.0 busy - 0.25 put); load: 2 buckets x 0.5 + finish 0.5
+    assert timings["update_weights/gather"] == pytest.approx(2.5)
+    assert timings["update_weights/load"] == pytest.approx(1.5)
+    assert timings["update_weights/worker"] == pytest.approx(2.5 + 0.5 + 0.5 + 1.5)
+    assert timings["update_weights/transfer"] >= 0.0
+
+
+def test_cuda_ipc_sends_each_rollout_rank_its_own_actor_rank_handle():
+    actor, rollout, log = make(2, ["b0"], "cuda_ipc")
+    WeightSync(actor, rollout, transport="cuda_ipc", dtype="bfloat16", bucket_bytes=1)()
+    loads = [(r, a) for g, m, r, a in log if m == "load_bucket"]
+    assert loads == [(0, ("b0", "ipc-r0-b0")), (1, ("b0", "ipc-r1-b0"))]
+
+
+def test_transport_is_cuda_ipc_only_when_every_rank_pair_shares_a_gpu():
+    same = {("actor", 0): "G0", ("rollout", 0): "G0", ("actor", 1): "G1", ("rollout", 1): "G1"}
+    actor, rollout, _ = make(2, [], "cuda_ipc", uuids=same)
+    assert choose_transport(actor, rollout, "cuda") == "cuda_ipc"
+    assert choose_transport(actor, rollout, "cpu") == "object_store"
+    crossed = dict(same) | {("rollout", 1): "G0"}
+    actor, rollout, _ = make(2, [], "cuda_ipc", uuids=crossed)
+    assert choose_transport(actor, rollout, "cuda") == "object_store"
+
+
+def test_rejects_unknown_transport_and_empty_buckets():
+    actor, rollout, _ = make(1, [], "object_store")
+    with pytest.raises(ValueError, match="object_store"):
+        WeightSync(actor, rollout, transport="nccl", dtype="float32", bucket_bytes=1)
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        WeightSync(actor, rollout, transport="object_store", dtype="float32", bucket_bytes=0)
