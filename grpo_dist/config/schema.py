@@ -19,6 +19,8 @@ from typing import Any, List, Optional
 
 from omegaconf import II
 
+from grpo_dist.core.policy_loss import list_policy_losses
+
 # Where the embedded default task and model live (built on first use, see grpo_dist.tasks).
 BUILTIN_PREFIX = "builtin:"
 
@@ -102,6 +104,15 @@ class CheckpointConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = F(
+        "vanilla",
+        "policy-loss mode: " + " | ".join(list_policy_losses())
+        + " (vanilla: the PPO clipped surrogate with clip-higher and dual clip)",
+    )
+
+
+@dataclass
 class ActorConfig:
     strategy: str = F("fsdp2", "training backend: fsdp2 (fsdp is accepted as an alias)")
     ppo_mini_batch_size: int = F(16, "prompts per optimizer step (x rollout.n responses); a global size over all ranks")
@@ -124,6 +135,7 @@ class ActorConfig:
     kl_loss_coef: float = F(0.001, "beta, the coefficient of the KL loss")
     kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)")
     grad_clip: float = F(1.0, "clip the global gradient norm to this value")
+    policy_loss: PolicyLossConfig = S(PolicyLossConfig, "the policy-loss function")
     optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
     fsdp_config: FSDPConfig = S(FSDPConfig, "FSDP2 sharding and precision")
     checkpoint: CheckpointConfig = S(CheckpointConfig, "checkpoint contents")
