@@ -20,6 +20,7 @@ from typing import Any, List, Optional
 from omegaconf import II
 
 from grpo_dist.core.policy_loss import list_policy_losses
+from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 
 # Where the embedded default task and model live (built on first use, see grpo_dist.tasks).
 BUILTIN_PREFIX = "builtin:"
@@ -84,7 +85,7 @@ class OptimConfig:
     betas: List[float] = F([0.9, 0.999], "AdamW betas")
     lr_warmup_steps: int = F(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio")
     lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
-    lr_scheduler_type: str = F("constant", "schedule after warm-up: constant | cosine")
+    lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
     min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
     total_training_steps: int = F(-1, "set by the trainer from the data and trainer.total_epochs; -1 = derive")
 
