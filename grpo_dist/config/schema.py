@@ -20,6 +20,9 @@ from typing import Any, List, Optional
 
 from omegaconf import II
 
+from grpo_dist.core.policy_loss import list_policy_losses
+from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
+
 
 class ConfigError(ValueError):
     """A user mistake in the configuration. The message is meant to be printed as is."""
@@ -84,7 +87,7 @@ class OptimConfig:
     betas: List[float] = F([0.9, 0.999], "AdamW betas")
     lr_warmup_steps: int = F(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio")
     lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
-    lr_scheduler_type: str = F("constant", "schedule after warm-up: constant | cosine")
+    lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
     min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
     total_training_steps: int = F(-1, "set by the trainer from the data and trainer.total_epochs; -1 = derive")
 
@@ -101,6 +104,15 @@ class FSDPConfig:
 @dataclass
 class CheckpointConfig:
     contents: List[str] = F(["model", "optimizer", "extra"], "what a checkpoint holds: model, optimizer, extra (schedule, RNG, data position), hf_model")
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = F(
+        "vanilla",
+        "policy-loss mode: " + " | ".join(list_policy_losses())
+        + " (vanilla: the PPO clipped surrogate with clip-higher and dual clip)",
+    )
 
 
 @dataclass
@@ -126,6 +138,7 @@ class ActorConfig:
     kl_loss_coef: float = F(0.001, "beta, the coefficient of the KL loss")
     kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)")
     grad_clip: float = F(1.0, "clip the global gradient norm to this value")
+    policy_loss: PolicyLossConfig = S(PolicyLossConfig, "the policy-loss function")
     optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
     fsdp_config: FSDPConfig = S(FSDPConfig, "FSDP2 sharding and precision")
     checkpoint: CheckpointConfig = S(CheckpointConfig, "checkpoint contents")

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from grpo_dist.config.schema import ConfigError, GRPOConfig
+from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.rollout import ENGINE_NAMES
 from grpo_dist.tasks import BUILTIN_PREFIX
+from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS
 
 STRATEGIES = ("fsdp2", "fsdp")
 TRUNCATION_MODES = ("error", "left", "right", "middle")
-LR_SCHEDULERS = ("constant", "cosine")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
@@ -25,7 +26,6 @@ LOGGERS = ("console", "file", "tensorboard", "wandb")
 REWARD_MANAGERS = ("naive", "prime")
 ON_ERROR = ("raise", "zero")
 DTYPES = ("float32", "bfloat16", "float16")
-ATTN_IMPLS = ("auto", "sdpa", "eager", "flash_attention_2")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
@@ -91,6 +91,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
     from grpo_dist.core.kl import canonical_kl_kind
     from grpo_dist.core.losses import LOSS_AGG_MODES
+    from grpo_dist.core.policy_loss import list_policy_losses
 
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, rollout, optim = arr.actor, arr.rollout, arr.actor.optim
@@ -99,6 +100,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     if alg.adv_estimator not in list_adv_estimators():
         raise _bad("algorithm.adv_estimator", alg.adv_estimator, "expected one of " + ", ".join(list_adv_estimators()))
     _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, list_policy_losses())
     for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", alg.kl_penalty)):
         try:
             canonical_kl_kind(kind)
@@ -113,7 +115,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     _choice("actor_rollout_ref.rollout.mode", rollout.mode, ("sync",))
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
     _choice("data.truncation", d.truncation, TRUNCATION_MODES)
-    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULERS)
+    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
     _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CTRL_TYPES)
     _choice("trainer.resume_mode", tr.resume_mode, RESUME_MODES)
     _choice("trainer.device", tr.device, DEVICES)
@@ -129,7 +131,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         ("actor_rollout_ref.rollout.dtype", rollout.dtype),
     ):
         _choice(key, val, ("auto",) + DTYPES)
-    _choice("actor_rollout_ref.model.attn_implementation", arr.model.attn_implementation, ATTN_IMPLS)
+    _choice("actor_rollout_ref.model.attn_implementation", arr.model.attn_implementation, ATTN_IMPLEMENTATIONS)
     for c in actor.checkpoint.contents:
         _choice("actor_rollout_ref.actor.checkpoint.contents", c, CKPT_CONTENTS)
 

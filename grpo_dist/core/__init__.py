@@ -1,5 +1,5 @@
-"""Pure GRPO/PPO math: advantage estimators, policy losses, loss aggregation, KL estimators, and
-diagnostics (the rollout-vs-actor probability gap).
+"""Pure GRPO/PPO math: advantage estimators, policy losses (and their registry), loss aggregation,
+KL estimators, learning-rate schedules, and diagnostics (the rollout-vs-actor probability gap).
 
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
 """
@@ -41,6 +41,17 @@ from grpo_dist.core.losses import (
     masked_mean,
     ppo_clip_policy_loss,
 )
+from grpo_dist.core.policy_loss import (
+    RESERVED_METRIC_NAMES,
+    PolicyLossFn,
+    PolicyLossParams,
+    PolicyLossSpec,
+    get_policy_loss,
+    list_policy_losses,
+    register_policy_loss,
+    vanilla_policy_loss,
+)
+from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, LRMultiplier, lr_lambda, resolve_warmup_steps
 
 __all__ = [
     # advantages
@@ -65,6 +76,20 @@ __all__ = [
     "ppo_clip_policy_loss",
     "entropy_from_logits",
     "logprobs_from_logits",
+    # policy-loss registry
+    "PolicyLossParams",
+    "PolicyLossFn",
+    "PolicyLossSpec",
+    "RESERVED_METRIC_NAMES",
+    "register_policy_loss",
+    "get_policy_loss",
+    "list_policy_losses",
+    "vanilla_policy_loss",
+    # learning-rate schedules
+    "LR_SCHEDULER_TYPES",
+    "LRMultiplier",
+    "lr_lambda",
+    "resolve_warmup_steps",
     # kl
     "KL_KINDS",
     "KL_ALIASES",

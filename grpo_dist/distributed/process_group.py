@@ -22,7 +22,7 @@ __all__ = [
     "init_process_group",
     "make_device_mesh",
     "destroy",
-    "find_free_port",
+    "free_port",
     "is_initialized",
 ]
 
@@ -104,8 +104,15 @@ def destroy() -> None:
         dist.destroy_process_group()
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host`` (the OS picks it)."""
+def free_port(host: str = "") -> int:
+    """A TCP port number that was free a moment ago on ``host``, for a rendezvous (``master_port``).
+
+    The OS picks it: a socket is bound to port 0 on ``host`` and closed again, so another process
+    may take the port before the caller binds it (callers bind it within seconds; a clash shows up
+    as an "address in use" error at ``init_process_group``). ``host=""`` (the default) checks every
+    interface of this machine, which is what a port other nodes connect to needs; ``"127.0.0.1"``
+    checks the loopback interface only.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((host, 0))

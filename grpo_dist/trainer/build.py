@@ -9,7 +9,7 @@ import torch
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import data_parallel_size
 from grpo_dist.rollout.base import SamplingSettings
-from grpo_dist.training.actor import ActorSettings
+from grpo_dist.training.settings import ActorSettings
 
 
 def choose_device(name: str, cluster_gpus: float) -> str:
@@ -92,6 +92,7 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         ppo_epochs=a.ppo_epochs,
         shuffle=a.shuffle,
         seed=cfg.trainer.seed,
+        loss_mode=a.policy_loss.loss_mode,
         clip_ratio_low=clip_low,
         clip_ratio_high=clip_high,
         clip_ratio_c=a.clip_ratio_c,

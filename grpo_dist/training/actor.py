@@ -20,215 +20,48 @@ its piece of the global aggregated loss::
 
     loss = pg_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg(kl_penalty(logp, ref_logp))
 
-and back-propagates ``loss * W`` (FSDP2 averages gradients over the ``W`` ranks), so the accumulated
+where ``pg_loss`` is the registered policy-loss mode ``settings.loss_mode``
+(:mod:`grpo_dist.core.policy_loss`) called on the micro-batch with the mini-batch's ``AggSpec``;
+it back-propagates ``loss * W`` (FSDP2 averages gradients over the ``W`` ranks), so the accumulated
 gradient is that of the whole mini-batch's loss: the update does not depend on the micro-batch size,
 the token budget, or the number of ranks (up to float rounding).
+
+Metrics
+-------
+``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss`` (with the KL loss) are the mini-batch
+aggregates; every metric the policy loss returns (masked token means of a micro-batch) is weighted by
+its micro-batch's token count and summed over micro-batches and ranks, divided by the mini-batch's
+token count, and reported as ``actor/<name>``; all are averaged over the step's mini-batches.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import random
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
+from transformers import AutoConfig
 
-from grpo_dist.core.kl import canonical_kl_kind, kl_penalty
-from grpo_dist.core.losses import LOSS_AGG_MODES, AggSpec, agg_loss, global_counts, ppo_clip_policy_loss
+from grpo_dist.core.kl import kl_penalty
+from grpo_dist.core.losses import AggSpec, agg_loss, global_counts
+from grpo_dist.core.policy_loss import RESERVED_METRIC_NAMES, get_policy_loss
+from grpo_dist.core.schedules import LRMultiplier, resolve_warmup_steps
 from grpo_dist.distributed.process_group import make_device_mesh
 from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
-from grpo_dist.training import fsdp
+from grpo_dist.training import checkpoint_io, fsdp
+from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
-from grpo_dist.training.policy import (
-    batched_logprobs,
-    forward_logprobs,
-    load_causal_lm,
-    require_keys,
-    resolve_attn_implementation,
-    resolve_device,
-)
+from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
+from grpo_dist.training.policy import batched_logprobs, forward_logprobs, require_keys
+from grpo_dist.training.settings import UPDATE_KEYS, ActorSettings
 
-__all__ = ["ActorSettings", "FSDPActor", "resolve_warmup_steps", "lr_lambda", "LR_SCHEDULER_TYPES"]
-
-LR_SCHEDULER_TYPES: tuple[str, ...] = ("constant", "cosine")
-UPDATE_KEYS: tuple[str, ...] = (
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "responses",
-    "response_mask",
-    "advantages",
-)
-"""Keys update_policy needs; ``old_log_probs`` too unless the update is on-policy (see update_policy)."""
-
-
-@dataclass
-class ActorSettings:
-    """The numbers the actor uses (the worker maps ``actor_rollout_ref.actor.*`` onto these)."""
-
-    # --- batching -------------------------------------------------------------------------------
-    ppo_mini_batch_size_per_gpu: int | None = None
-    """Responses of ONE rank in one mini-batch (= one optimizer step); None: all of the rank's rows
-    are one mini-batch. verl's normalisation: ``ppo_mini_batch_size * rollout.n // world_size``."""
-    ppo_micro_batch_size_per_gpu: int | None = None
-    """Responses per forward/backward on one rank (memory knob); None: the whole mini-batch."""
-    use_dynamic_bsz: bool = False
-    """Cut micro-batches by token budget (``ppo_max_token_len_per_gpu``) instead of by count."""
-    ppo_max_token_len_per_gpu: int = 16384
-    """Token budget (prompt + response real tokens) of one micro-batch when ``use_dynamic_bsz``."""
-    ppo_epochs: int = 1
-    """Passes over the step's mini-batches."""
-    shuffle: bool = False
-    """Shuffle the rows WITHIN each of this rank's mini-batch chunks before cutting micro-batches, with
-    a generator seeded by ``(seed, update count)``: the same permutation on every rank; it changes
-    only which rows share a micro-batch, so (by micro-batch invariance) not the update."""
-    seed: int = 0
-
-    # --- loss -----------------------------------------------------------------------------------
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    norm_constant: float | None = None
-    """Divisor of ``seq-mean-token-sum-norm`` (Dr. GRPO): the max response length; None: padded width."""
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    """kl (k1) | abs | mse (k2) | low_var_kl (k3); ``full`` needs logits of both models: not supported."""
-    temperature: float = 1.0
-    """Rollout sampling temperature: logits are divided by it in every forward of the update."""
-
-    # --- optimizer and schedule -----------------------------------------------------------------
-    grad_clip: float | None = 1.0
-    """Clip the global gradient norm to this; None or <= 0: no clipping (the norm is still reported)."""
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    lr_warmup_steps: int | None = -1
-    """Linear warm-up steps; -1 or None: ``int(lr_warmup_steps_ratio * total_training_steps)``."""
-    lr_warmup_steps_ratio: float = 0.0
-    total_training_steps: int = -1
-    """Optimizer schedule length in training steps (update_policy calls); needed for cosine and ratio."""
-    lr_scheduler_type: str = "constant"
-    min_lr_ratio: float = 0.0
-
-    # --- model and FSDP2 ------------------------------------------------------------------------
-    model_dtype: str = "float32"
-    """dtype of the sharded master weights (and of the optimizer state)."""
-    param_dtype: str = "float32"
-    """Compute dtype of the gathered parameters (FSDP2 MixedPrecisionPolicy)."""
-    reduce_dtype: str = "float32"
-    """dtype of the gradient reduce-scatter."""
-    attn_implementation: str = "auto"
-    """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
-    enable_gradient_checkpointing: bool = False
-    reshard_after_forward: bool = True
-    param_offload: bool = False
-    """FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the CPU."""
-    optimizer_offload: bool = False
-    """Keep the optimizer state in CPU memory between updates (implied by param_offload)."""
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        def positive(name: str, allow_none: bool = False) -> None:
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"ActorSettings.{name} must be an integer >= 1, got {v!r}")
-
-        positive("ppo_mini_batch_size_per_gpu", allow_none=True)
-        positive("ppo_micro_batch_size_per_gpu", allow_none=True)
-        positive("ppo_max_token_len_per_gpu")
-        positive("ppo_epochs")
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
-        kind = canonical_kl_kind(self.kl_loss_type)
-        if kind == "full":
-            raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl, abs or mse")
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.lr_scheduler_type not in LR_SCHEDULER_TYPES:
-            raise ValueError(f"lr_scheduler_type {self.lr_scheduler_type!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.lr_scheduler_type == "cosine" and self.total_training_steps <= 0:
-            raise ValueError("lr_scheduler_type='cosine' needs total_training_steps > 0")
-        if len(tuple(self.betas)) != 2:
-            raise ValueError(f"betas must be two floats, got {self.betas!r}")
-        self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
-            fsdp.to_dtype(getattr(self, name))
-        resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)
-
-
-def resolve_warmup_steps(lr_warmup_steps: int | None, ratio: float, total_training_steps: int) -> int:
-    """verl: ``lr_warmup_steps`` when >= 0, else ``int(ratio * total_training_steps)``."""
-    if lr_warmup_steps is not None and lr_warmup_steps >= 0:
-        return int(lr_warmup_steps)
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"lr_warmup_steps_ratio must be in [0, 1], got {ratio}")
-    if ratio > 0 and total_training_steps <= 0:
-        raise ValueError("lr_warmup_steps_ratio > 0 needs total_training_steps > 0 (or set lr_warmup_steps)")
-    return int(ratio * max(total_training_steps, 0))
-
-
-def lr_lambda(step: int, *, kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """LR multiplier at scheduler step ``step`` (verl's ``get_{constant,cosine}_schedule_with_warmup``).
-
-    constant: ``step / max(1, warmup)`` while ``step < warmup``, then 1.
-    (As in verl, the scheduler steps AFTER each update, so with ``warmup > 0`` the first update runs
-    at multiplier 0 and ``actor/lr`` reports the LR the update used.)
-    cosine: warm-up ``min_lr_ratio + (1 - min_lr_ratio) * step / max(1, warmup)``, then
-    ``max(min_lr_ratio, c * cos(pi * progress) + i)`` with ``c = (1 - min_lr_ratio) / 2``,
-    ``i = (1 + min_lr_ratio) / 2``, ``progress = (step - warmup) / max(1, total - warmup)``.
-    """
-    if kind == "constant":
-        return float(step) / float(max(1, warmup_steps)) if step < warmup_steps else 1.0
-    assert kind == "cosine", kind
-    if step < warmup_steps:
-        return min_lr_ratio + (1.0 - min_lr_ratio) * float(step) / float(max(1, warmup_steps))
-    progress = float(step - warmup_steps) / float(max(1, total_steps - warmup_steps))
-    coef, intercept = (1.0 - min_lr_ratio) * 0.5, (1.0 + min_lr_ratio) * 0.5
-    return max(min_lr_ratio, math.cos(math.pi * progress) * coef + intercept)
-
-
-class _LRLambda:
-    """Picklable ``LambdaLR`` multiplier (a plain closure would not be)."""
-
-    def __init__(self, kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> None:
-        self.kind, self.warmup_steps, self.total_steps, self.min_lr_ratio = kind, warmup_steps, total_steps, min_lr_ratio
-
-    def __call__(self, step: int) -> float:
-        return lr_lambda(
-            step, kind=self.kind, warmup_steps=self.warmup_steps, total_steps=self.total_steps, min_lr_ratio=self.min_lr_ratio
-        )
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+__all__ = ["FSDPActor"]
 
 
 class FSDPActor:
@@ -257,35 +90,29 @@ class FSDPActor:
                 f"{dist.get_rank()}/{dist.get_world_size()}"
             )
         self.settings = settings
+        self.policy_loss = get_policy_loss(settings.loss_mode)
+        """The registered policy-loss mode (looked up here: the mode must be registered in this process)."""
+        self.policy_loss_params = settings.policy_loss_params()
         self.model_path = str(model_path)
         self.rank, self.world_size = rank, world_size
-        self.device = resolve_device(device)
+        self.device = to_torch_device(device)
         self.mesh = make_device_mesh(world_size, self.device.type)
-
-        attn = resolve_attn_implementation(
-            settings.attn_implementation, self.device, fsdp.to_dtype(settings.param_dtype)
-        )
-        model = load_causal_lm(
+        self.model = build_fsdp_model(
             model_path,
-            dtype=fsdp.to_dtype(settings.model_dtype),
-            attn_implementation=attn,
-            trust_remote_code=settings.trust_remote_code,
-        )
-        if settings.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        from transformers import AutoConfig
-
-        # the model's own config (dropout as shipped) is what export_hf writes
-        self.config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
-        self.model = fsdp.apply_fsdp2(
-            model,
-            self.mesh,
+            mesh=self.mesh,
+            device=self.device,
+            model_dtype=settings.model_dtype,
             param_dtype=settings.param_dtype,
             reduce_dtype=settings.reduce_dtype,
+            trainable=True,
+            attn_implementation=settings.attn_implementation,
+            gradient_checkpointing=settings.enable_gradient_checkpointing,
             reshard_after_forward=settings.reshard_after_forward,
             cpu_offload=settings.param_offload,
+            trust_remote_code=settings.trust_remote_code,
         )
-        self.model.eval()
+        # the model's own config (dropout as shipped) is what export_hf writes
+        self.config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
         # foreach: one multi-tensor op per update step instead of a Python loop of DTensor ops per
         # parameter (torch picks the loop for CPU tensors; measured ~3 % of a small model's update)
         self.optimizer = torch.optim.AdamW(
@@ -298,7 +125,7 @@ class FSDPActor:
         warmup = resolve_warmup_steps(settings.lr_warmup_steps, settings.lr_warmup_steps_ratio, settings.total_training_steps)
         self.lr_scheduler = LambdaLR(
             self.optimizer,
-            _LRLambda(settings.lr_scheduler_type, warmup, settings.total_training_steps, settings.min_lr_ratio),
+            LRMultiplier(settings.lr_scheduler_type, warmup, settings.total_training_steps, settings.min_lr_ratio),
         )
         self.update_count = 0
         """update_policy calls so far (= scheduler steps); seeds the within-mini-batch shuffle."""
@@ -446,10 +273,11 @@ class FSDPActor:
         spec = AggSpec(mode=s.loss_agg_mode, global_tokens=g_tokens, global_seqs=g_seqs, norm_constant=s.norm_constant)
         R = mb_data["responses"].shape[1]
         # local sums (0-dim tensors on the device, read once per mini-batch: no sync per micro-batch):
-        # pg_loss, entropy, kl_loss are pieces of the global aggregates; the per-micro-batch masked-mean
-        # metrics are summed weighted by their token counts
-        names = ("pg_loss", "entropy", "kl_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
-        sums = {name: torch.zeros((), dtype=torch.float64, device=self.device) for name in names}
+        # pg_loss, entropy, kl_loss are pieces of the global aggregates; the policy loss's metrics
+        # (masked means of a micro-batch) are summed weighted by their token counts
+        aggregates = ("pg_loss", "entropy", "kl_loss")
+        sums = {name: torch.zeros((), dtype=torch.float64, device=self.device) for name in aggregates}
+        loss_metric_names: tuple[str, ...] | None = None
         micro = plan_micro_batches(mb_data["attention_mask"], **micro_kwargs)
         for i, idx in enumerate(micro):
             if self.defer_grad_sync:
@@ -466,16 +294,22 @@ class FSDPActor:
                 compute_entropy=True,
                 entropy_requires_grad=s.entropy_coeff != 0,
             )
-            pg_loss, pg_metrics = ppo_clip_policy_loss(
+            pg_loss, pg_metrics = self.policy_loss.fn(
                 logp,
                 mb["old_log_probs"].float() if "old_log_probs" in mb else logp.detach(),
                 mb["advantages"].float(),
                 mask,
-                clip_ratio_low=s.clip_ratio_low,
-                clip_ratio_high=s.clip_ratio_high,
-                clip_ratio_c=s.clip_ratio_c,
                 agg=spec,
+                params=self.policy_loss_params,
             )
+            if loss_metric_names is None:
+                loss_metric_names = self._check_loss_metrics(pg_metrics)
+                sums.update({name: torch.zeros((), dtype=torch.float64, device=self.device) for name in loss_metric_names})
+            elif tuple(pg_metrics) != loss_metric_names:
+                raise ValueError(
+                    f"policy loss {self.policy_loss.name!r} returned metrics {list(pg_metrics)} after "
+                    f"{list(loss_metric_names)}: a loss must return the same metric names on every call"
+                )
             assert entropy is not None
             entropy_agg = agg_loss(entropy, mask, spec)
             loss = pg_loss - s.entropy_coeff * entropy_agg if s.entropy_coeff != 0 else pg_loss
@@ -487,12 +321,14 @@ class FSDPActor:
             n_tok = mask.detach().double().sum()
             sums["pg_loss"] += pg_loss.detach().double()
             sums["entropy"] += entropy_agg.detach().double()
-            for name in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-                sums[name] += pg_metrics[name].double() * n_tok
+            for name in loss_metric_names:
+                sums[name] += pg_metrics[name].detach().double() * n_tok
 
+        assert loss_metric_names is not None, "every rank runs at least one micro-batch"
+        names = aggregates + loss_metric_names
         local = torch.stack([sums[n] for n in names]).tolist()
         totals = dict(zip(names, self._all_reduce_sum(local), strict=True))
-        for name in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+        for name in loss_metric_names:
             totals[name] = totals[name] / g_tokens if g_tokens > 0 else 0.0
         grad_norm = self._clip_grad_norm()
         finite = math.isfinite(grad_norm)
@@ -503,6 +339,25 @@ class FSDPActor:
         metrics = {f"actor/{name}": value for name, value in totals.items() if name != "kl_loss" or s.use_kl_loss}
         metrics["actor/grad_norm"] = grad_norm
         return metrics, finite
+
+    def _check_loss_metrics(self, metrics: Mapping[str, torch.Tensor]) -> tuple[str, ...]:
+        """The names of a policy loss's metrics, after checking the metrics contract
+        (:mod:`grpo_dist.core.policy_loss`): 0-dim tensors, no name the actor reports itself."""
+        name = self.policy_loss.name
+        if not isinstance(metrics, Mapping):
+            raise ValueError(f"policy loss {name!r} must return (loss, dict of metrics), got {type(metrics).__name__}")
+        clash = sorted(RESERVED_METRIC_NAMES & set(metrics))
+        if clash:
+            raise ValueError(
+                f"policy loss {name!r} returned metrics named {clash}, which the actor reports itself; rename them"
+            )
+        for key, value in metrics.items():
+            if not isinstance(key, str) or not isinstance(value, torch.Tensor) or value.dim() != 0:
+                raise ValueError(
+                    f"policy loss {name!r}: metric {key!r} must be a 0-dim tensor under a string name, "
+                    f"got {type(value).__name__}{tuple(getattr(value, 'shape', ()))}"
+                )
+        return tuple(metrics)
 
     def _clip_grad_norm(self) -> float:
         """Global L2 norm of the (sharded, DTensor) gradients; clip to ``grad_clip`` when it is > 0."""
@@ -526,7 +381,7 @@ class FSDPActor:
         """
         sd = fsdp.full_state_dict(self.model)
         if dtype is not None and sd:
-            target = fsdp.to_dtype(dtype)
+            target = to_dtype(dtype)
             sd = {k: v.to(target) if v.is_floating_point() else v for k, v in sd.items()}
         return sd
 
@@ -534,7 +389,7 @@ class FSDPActor:
         """Layout of the weights for the rollout engine (Hugging Face names, full shapes), in flat
         buckets of at most ``bucket_bytes``; floating tensors are cast to ``dtype`` when given.
         The same on every rank; no communication."""
-        target = fsdp.to_dtype(dtype) if dtype is not None else None
+        target = to_dtype(dtype) if dtype is not None else None
         meta = []
         for name, t in self.model.state_dict().items():
             dt = target if (target is not None and t.is_floating_point()) else t.dtype
@@ -559,28 +414,19 @@ class FSDPActor:
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters."""
-        extra = {
-            "lr_scheduler": self.lr_scheduler.state_dict(),
-            "rng": _rng_state(),
-            "update_count": self.update_count,
-            "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total,
-        }
-        fsdp.save_sharded(directory, self.model, self.optimizer, extra=extra)
+        checkpoint_io.save_train_state(
+            directory,
+            self.model,
+            self.optimizer,
+            self.lr_scheduler,
+            extra={"update_count": self.update_count, "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total},
+        )
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: restore what :meth:`save_checkpoint` wrote (the world size may differ)."""
-        extra = fsdp.load_sharded(directory, self.model, self.optimizer)
-        if extra is None:
-            rank0 = os.path.join(os.fspath(directory), "extra_rank0.pt")
-            if not os.path.exists(rank0):
-                raise FileNotFoundError(f"no scheduler/RNG state in {directory}")
-            extra = torch.load(rank0, weights_only=False)
-            extra.pop("rng", None)  # another rank's RNG stream: keep this rank's own
-        self.lr_scheduler.load_state_dict(extra["lr_scheduler"])
+        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler)
         self.update_count = int(extra["update_count"])
         self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
-        if "rng" in extra:
-            _set_rng_state(extra["rng"])
         if self._offload_optimizer:
             self._move_optimizer_state("cpu")
 
@@ -588,7 +434,7 @@ class FSDPActor:
         self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, dtype: str | None = None
     ) -> None:
         """Collective: rank 0 writes a Hugging Face model directory (safetensors + config + tokenizer)."""
-        fsdp.export_hf(
+        checkpoint_io.export_hf(
             directory,
             self.model,
             config=self.config,

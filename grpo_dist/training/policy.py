@@ -3,12 +3,12 @@
 Batch layout (verl's): ``input_ids`` [B, P+R] is a left-padded prompt (P) followed by a right-padded
 response (R); the logit at position ``t`` predicts token ``t+1``, so the R logits that predict the
 response tokens are those at positions ``P-1 .. P+R-2``.
+
+Loading and sharding the model is :mod:`grpo_dist.training.model_builder`'s job.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from collections.abc import Mapping
 
 import torch
@@ -16,87 +16,14 @@ from torch import nn
 
 from grpo_dist.core.losses import entropy_from_logits, logprobs_from_logits
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
+from grpo_dist.training.settings import FORWARD_KEYS
 
 __all__ = [
-    "ATTN_IMPLEMENTATIONS",
-    "resolve_device",
-    "resolve_attn_implementation",
-    "load_causal_lm",
     "forward_logprobs",
     "trim_padding_columns",
     "batched_logprobs",
     "require_keys",
 ]
-
-ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "eager", "flash_attention_2")
-FORWARD_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "responses")
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"cpu"`` or a CUDA device; ``"cuda"`` without an index means the current CUDA device.
-
-    On CUDA the device is made current (FSDP2 and the device mesh use the current device).
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device} asked for, but CUDA is not available")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
-    return device
-
-
-def resolve_attn_implementation(name: str, device: torch.device, compute_dtype: torch.dtype | None = None) -> str:
-    """``"auto"`` -> ``flash_attention_2`` on CUDA when flash-attn is installed and the compute dtype
-    is bfloat16/float16, else ``sdpa``. ``flash_attention_2`` on a non-CUDA device is a ``ValueError``.
-    """
-    if name not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(f"unknown attn_implementation {name!r}; valid: {list(ATTN_IMPLEMENTATIONS)}")
-    if name == "auto":
-        half = compute_dtype in (torch.bfloat16, torch.float16)
-        if device.type == "cuda" and half and importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-        return "sdpa"
-    if name == "flash_attention_2" and device.type != "cuda":
-        raise ValueError(f"attn_implementation='flash_attention_2' needs a CUDA device, got {device}; use sdpa")
-    return name
-
-
-def load_causal_lm(
-    model_path: str | os.PathLike,
-    *,
-    dtype: torch.dtype,
-    attn_implementation: str,
-    trust_remote_code: bool = False,
-    disable_dropout: bool = True,
-) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained`` on the CPU, in ``dtype``, KV cache off, eval mode.
-
-    ``disable_dropout`` sets every float ``*dropout*`` field of the config and every ``nn.Dropout``
-    to 0, so train mode (needed by Hugging Face gradient checkpointing) computes the same function as
-    eval mode and the update's log-probs match ``compute_log_prob``'s (as TRL's ``disable_dropout``).
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
-    if disable_dropout:
-        for key, value in config.to_dict().items():
-            if "dropout" in key and isinstance(value, float):
-                setattr(config, key, 0.0)
-    config.use_cache = False
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_path),
-        config=config,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
-    if disable_dropout:
-        for module in model.modules():
-            if isinstance(module, nn.Dropout):
-                module.p = 0.0
-    return model.eval()
 
 
 def require_keys(data: Mapping[str, torch.Tensor], keys: tuple[str, ...] | list[str], where: str) -> None:

@@ -13,13 +13,9 @@ import torch
 import torch.distributed as dist
 
 from grpo_dist.distributed.process_group import make_device_mesh
-from grpo_dist.training import fsdp
-from grpo_dist.training.policy import (
-    batched_logprobs,
-    load_causal_lm,
-    resolve_attn_implementation,
-    resolve_device,
-)
+from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
+from grpo_dist.training.policy import batched_logprobs
+from grpo_dist.training.settings import ReferenceSettings
 
 __all__ = ["FSDPReference"]
 
@@ -27,7 +23,9 @@ __all__ = ["FSDPReference"]
 class FSDPReference:
     """A frozen copy of the initial policy (no grad, eval mode), sharded with FSDP2.
 
-    The weights are loaded in ``param_dtype`` (no separate master copy: nothing is trained).
+    The weights are loaded in ``param_dtype`` (no separate master copy: nothing is trained). The
+    keyword arguments after ``device`` are the fields of
+    :class:`~grpo_dist.training.settings.ReferenceSettings` (kept as ``self.settings``).
     """
 
     def __init__(
@@ -50,26 +48,29 @@ class FSDPReference:
                 f"rank/world_size {rank}/{world_size} differ from the process group's "
                 f"{dist.get_rank()}/{dist.get_world_size()}"
             )
-        self.rank, self.world_size = rank, world_size
-        self.device = resolve_device(device)
-        self.mesh = make_device_mesh(world_size, self.device.type)
-        dtype = fsdp.to_dtype(param_dtype)
-        model = load_causal_lm(
-            model_path,
-            dtype=dtype,
-            attn_implementation=resolve_attn_implementation(attn_implementation, self.device, dtype),
+        self.settings = ReferenceSettings(
+            param_dtype=param_dtype,
+            param_offload=param_offload,
+            reshard_after_forward=reshard_after_forward,
+            attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
         )
-        model.requires_grad_(False)
-        self.model = fsdp.apply_fsdp2(
-            model,
-            self.mesh,
-            param_dtype=dtype,
-            reduce_dtype=dtype,
+        self.rank, self.world_size = rank, world_size
+        self.device = to_torch_device(device)
+        self.mesh = make_device_mesh(world_size, self.device.type)
+        self.model = build_fsdp_model(
+            model_path,
+            mesh=self.mesh,
+            device=self.device,
+            model_dtype=param_dtype,
+            param_dtype=param_dtype,
+            reduce_dtype=param_dtype,
+            trainable=False,
+            attn_implementation=attn_implementation,
             reshard_after_forward=reshard_after_forward,
             cpu_offload=param_offload,
+            trust_remote_code=trust_remote_code,
         )
-        self.model.eval()
 
     def compute_ref_log_prob(
         self,

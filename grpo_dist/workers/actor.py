@@ -12,7 +12,8 @@ from typing import Any
 import ray
 import torch
 
-from grpo_dist.workers.common import current_node_id, free_port, node_ip, process_memory_gb, setup_process, timed
+from grpo_dist.distributed.process_group import free_port
+from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
 
 
 @ray.remote

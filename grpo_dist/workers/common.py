@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Callable, Generic, ParamSpec, Sequence, TypeVar
@@ -65,12 +64,6 @@ def current_node_id() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def process_memory_gb() -> float:

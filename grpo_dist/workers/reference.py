@@ -9,7 +9,8 @@ from __future__ import annotations
 import ray
 import torch
 
-from grpo_dist.workers.common import current_node_id, free_port, node_ip, setup_process, timed
+from grpo_dist.distributed.process_group import free_port
+from grpo_dist.workers.common import current_node_id, node_ip, setup_process, timed
 
 
 @ray.remote

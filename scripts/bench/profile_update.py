@@ -42,7 +42,8 @@ VARIANTS = ("default", "sync_every_micro_batch", "no_reshard", "fused_adamw", "f
 def build_actor(w: dict, variant: str):
     import torch
 
-    from grpo_dist.training.actor import ActorSettings, FSDPActor
+    from grpo_dist.training.actor import FSDPActor
+    from grpo_dist.training.settings import ActorSettings
 
     cuda = w["device"] == "cuda"
     n = w["batch_size"] * w["n"]

@@ -119,12 +119,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
     ``fn`` must be a module-level function; its return value (torch-saveable) comes back per rank.
     A rank that fails or a run past ``timeout_s`` fails the caller with the ranks' tracebacks.
     """
-    from grpo_dist.distributed.process_group import find_free_port
+    from grpo_dist.distributed.process_group import free_port
 
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _entry,
-            args=(fn, world_size, find_free_port(), out_dir, args),
+            args=(fn, world_size, free_port(), out_dir, args),
             nprocs=world_size,
             join=False,
             start_method="spawn",

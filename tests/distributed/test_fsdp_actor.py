@@ -26,7 +26,7 @@ MODES_ABC = ("token-mean", "seq-mean-token-mean")
 
 
 def settings(**overrides):
-    from grpo_dist.training.actor import ActorSettings
+    from grpo_dist.training.settings import ActorSettings
 
     base = dict(lr=LR, temperature=T, grad_clip=1.0, weight_decay=0.01, norm_constant=8.0)
     base.update(overrides)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from grpo_dist.training.actor import ActorSettings, lr_lambda, resolve_warmup_steps
+from grpo_dist.core.schedules import lr_lambda, resolve_warmup_steps
+from grpo_dist.training.settings import ActorSettings
 from grpo_dist.training.policy import forward_logprobs, trim_padding_columns
 
 

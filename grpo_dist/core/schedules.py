@@ -1,0 +1,83 @@
+"""Learning-rate schedules: the multiplier of the peak learning rate at each scheduler step.
+
+Pure Python (no torch): :class:`LRMultiplier` is the callable a ``torch.optim.lr_scheduler.LambdaLR``
+takes, and :data:`LR_SCHEDULER_TYPES` is the one list of schedule names that the actor and the
+configuration validation (``actor_rollout_ref.actor.optim.lr_scheduler_type``) both read.
+
+The schedule steps once per training step (one ``update_policy`` call), AFTER the update, as in verl:
+scheduler step ``s`` is the multiplier used by the ``s``-th update (counting from 0).
+"""
+
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["LR_SCHEDULER_TYPES", "resolve_warmup_steps", "lr_lambda", "LRMultiplier"]
+
+LR_SCHEDULER_TYPES: tuple[str, ...] = ("constant", "cosine")
+"""Names of the schedules after warm-up (``actor_rollout_ref.actor.optim.lr_scheduler_type``)."""
+
+
+def resolve_warmup_steps(lr_warmup_steps: int | None, ratio: float, total_training_steps: int) -> int:
+    """Warm-up length in scheduler steps (verl's rule).
+
+    ``lr_warmup_steps`` when it is ``>= 0``; otherwise (``-1`` or ``None``)
+    ``int(ratio * total_training_steps)``. ``ValueError`` when ``ratio`` is outside [0, 1], or when a
+    positive ratio is given without ``total_training_steps > 0``.
+    """
+    if lr_warmup_steps is not None and lr_warmup_steps >= 0:
+        return int(lr_warmup_steps)
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"lr_warmup_steps_ratio must be in [0, 1], got {ratio}")
+    if ratio > 0 and total_training_steps <= 0:
+        raise ValueError("lr_warmup_steps_ratio > 0 needs total_training_steps > 0 (or set lr_warmup_steps)")
+    return int(ratio * max(total_training_steps, 0))
+
+
+def lr_lambda(step: int, *, kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """LR multiplier at scheduler step ``step`` (verl's ``get_{constant,cosine}_schedule_with_warmup``).
+
+    constant: ``step / max(1, warmup)`` while ``step < warmup``, then 1.
+    (The scheduler steps AFTER each update, so with ``warmup > 0`` the first update runs at
+    multiplier 0 and ``actor/lr`` reports the LR the update used.)
+    cosine: warm-up ``min_lr_ratio + (1 - min_lr_ratio) * step / max(1, warmup)``, then
+    ``max(min_lr_ratio, c * cos(pi * progress) + i)`` with ``c = (1 - min_lr_ratio) / 2``,
+    ``i = (1 + min_lr_ratio) / 2``, ``progress = (step - warmup) / max(1, total - warmup)``.
+
+    ``kind`` must be one of :data:`LR_SCHEDULER_TYPES` (checked by the caller's settings).
+    """
+    if kind == "constant":
+        return float(step) / float(max(1, warmup_steps)) if step < warmup_steps else 1.0
+    assert kind == "cosine", kind
+    if step < warmup_steps:
+        return min_lr_ratio + (1.0 - min_lr_ratio) * float(step) / float(max(1, warmup_steps))
+    progress = float(step - warmup_steps) / float(max(1, total_steps - warmup_steps))
+    coef, intercept = (1.0 - min_lr_ratio) * 0.5, (1.0 + min_lr_ratio) * 0.5
+    return max(min_lr_ratio, math.cos(math.pi * progress) * coef + intercept)
+
+
+@dataclass
+class LRMultiplier:
+    """:func:`lr_lambda` with its parameters bound: ``LambdaLR(optimizer, LRMultiplier(...))``.
+
+    An object rather than a closure so that it pickles, and so that ``LambdaLR.state_dict()`` saves
+    its fields (``kind``, ``warmup_steps``, ``total_steps``, ``min_lr_ratio``) with a checkpoint.
+    """
+
+    kind: str
+    warmup_steps: int
+    total_steps: int
+    min_lr_ratio: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in LR_SCHEDULER_TYPES:
+            raise ValueError(f"lr_scheduler_type {self.kind!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
+
+    def __call__(self, step: int) -> float:
+        return lr_lambda(
+            step,
+            kind=self.kind,
+            warmup_steps=self.warmup_steps,
+            total_steps=self.total_steps,
+            min_lr_ratio=self.min_lr_ratio,
+        )

@@ -1,0 +1,233 @@
+"""Checkpoint I/O of an FSDP2-trained model: the training state (sharded), and the Hugging Face export.
+
+For any trainable model (the policy, and later a value or reward model):
+
+- :func:`save_train_state` / :func:`load_train_state`: model + optimizer shards with
+  ``torch.distributed.checkpoint`` (DCP, under ``directory/dcp``; loadable on another world size),
+  and per rank a small file ``directory/extra_rank{r}.pt`` with the LR scheduler's state, the RNG
+  states and the caller's counters.
+- :func:`export_hf`: a Hugging Face model directory (config, safetensors, generation config and a
+  verbatim copy of the tokenizer files) that transformers and vLLM load.
+
+Everything here that touches a sharded model is COLLECTIVE: every rank of the mesh must call it, in
+the same order, or the job hangs. ``directory`` must be on a file system every rank sees.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.optim.lr_scheduler import LRScheduler
+
+from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.fsdp import full_state_dict
+
+__all__ = [
+    "save_train_state",
+    "load_train_state",
+    "save_sharded",
+    "load_sharded",
+    "rng_state",
+    "set_rng_state",
+    "TOKENIZER_FILES",
+    "copy_tokenizer_files",
+    "export_hf",
+]
+
+_SCHEDULER_KEY, _RNG_KEY = "lr_scheduler", "rng"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _extra_path(directory: Path, rank: int) -> Path:
+    return directory / f"extra_rank{rank}.pt"
+
+
+# --------------------------------------------------------------------------------------------------
+# RNG
+# --------------------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states: torch (CPU), Python ``random``, numpy, and CUDA when available."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned (CUDA's only when both sides have CUDA)."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------------------------------
+# sharded model + optimizer
+# --------------------------------------------------------------------------------------------------
+def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Collective: write the model and optimizer shards with DCP under ``directory/dcp``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(directory / "dcp"))
+
+
+def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Collective: load what :func:`save_sharded` wrote into ``model`` and ``optimizer`` (in place).
+
+    The mesh size may differ from the one that saved (DCP reshards). ``FileNotFoundError`` when
+    ``directory/dcp`` is missing.
+    """
+    directory = Path(directory)
+    if not (directory / "dcp").is_dir():
+        raise FileNotFoundError(f"no sharded checkpoint at {directory / 'dcp'}")
+    # get_state_dict initialises the optimizer state (a zero-lr step) so DCP has tensors to load into.
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=str(directory / "dcp"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def save_train_state(
+    directory: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler | None,
+    extra: Mapping[str, Any],
+) -> None:
+    """Collective: everything needed to continue training ``model`` exactly where it is.
+
+    Writes the model and optimizer shards (:func:`save_sharded`) and, per rank, ``extra_rank{r}.pt``
+    holding ``scheduler.state_dict()`` (when a scheduler is given), this rank's RNG states and the
+    small picklable objects of ``extra`` (counters); ends with a barrier, so the folder is complete
+    on return. ``extra`` may not use the names ``lr_scheduler`` or ``rng`` (``ValueError``).
+    """
+    clash = sorted({_SCHEDULER_KEY, _RNG_KEY} & set(extra))
+    if clash:
+        raise ValueError(f"save_train_state: extra may not use the reserved names {clash}")
+    directory = Path(directory)
+    save_sharded(directory, model, optimizer)
+    record: dict[str, Any] = {_RNG_KEY: rng_state(), **extra}
+    if scheduler is not None:
+        record[_SCHEDULER_KEY] = scheduler.state_dict()
+    torch.save(record, _extra_path(directory, _rank()))
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_train_state(
+    directory: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler | None,
+) -> dict[str, Any]:
+    """Collective: restore what :func:`save_train_state` wrote; returns the ``extra`` it was given.
+
+    Model and optimizer are loaded in place (the world size may differ from the one that saved).
+    The scheduler state and the counters come from this rank's file; a rank that did not exist when
+    the checkpoint was written reads rank 0's file and keeps its own RNG stream (another rank's
+    would not be its own). ``FileNotFoundError`` when the folder lacks the shards or rank 0's file.
+    """
+    directory = Path(directory)
+    load_sharded(directory, model, optimizer)
+    mine = _extra_path(directory, _rank())
+    if mine.exists():
+        record = torch.load(mine, weights_only=False)
+    else:
+        rank0 = _extra_path(directory, 0)
+        if not rank0.exists():
+            raise FileNotFoundError(f"no scheduler/RNG state in {directory} (expected {rank0.name})")
+        record = torch.load(rank0, weights_only=False)
+        record.pop(_RNG_KEY, None)
+    if scheduler is not None:
+        scheduler.load_state_dict(record[_SCHEDULER_KEY])
+    if _RNG_KEY in record:
+        set_rng_state(record[_RNG_KEY])
+    return {k: v for k, v in record.items() if k not in (_SCHEDULER_KEY, _RNG_KEY)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face export
+# --------------------------------------------------------------------------------------------------
+TOKENIZER_FILES: tuple[str, ...] = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def copy_tokenizer_files(source: str | os.PathLike, directory: str | os.PathLike) -> list[str]:
+    """Copy the tokenizer files of a local model directory verbatim (no re-serialisation, so the
+    copy is exactly what the rollout engine and the data pipeline were given). Returns their names."""
+    source = Path(source)
+    found = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+    if not found:
+        raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...) in {source}")
+    for name in found:
+        shutil.copyfile(source / name, Path(directory) / name)
+    return found
+
+
+def export_hf(
+    directory: str | os.PathLike,
+    model: nn.Module,
+    *,
+    config: Any,
+    tokenizer_path: str | os.PathLike | None = None,
+    generation_config_path: str | os.PathLike | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_shard_size: str = "5GB",
+) -> None:
+    """Collective: write a Hugging Face model directory that transformers and vLLM can load.
+
+    Every rank takes part in gathering the full state dict; rank 0 writes ``config.json``, the
+    weights as safetensors (``model.safetensors``, or shards + index above ``max_shard_size``), a copy
+    of ``generation_config.json`` from ``generation_config_path`` and a verbatim copy of the tokenizer
+    files of the local directory ``tokenizer_path`` when given. ``dtype`` casts the weights (default: their training dtype).
+    """
+    from huggingface_hub import save_torch_state_dict
+
+    sd = full_state_dict(model)
+    if _rank() == 0:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        target = to_dtype(dtype) if dtype is not None else None
+        if getattr(config, "tie_word_embeddings", False):
+            # transformers re-ties lm_head to the input embedding on load
+            sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+        sd = {k: (v.to(target) if target is not None and v.is_floating_point() else v).contiguous() for k, v in sd.items()}
+        floating = [v.dtype for v in sd.values() if v.is_floating_point()]
+        config = type(config).from_dict(config.to_dict())  # a copy: the caller's config is left as is
+        if floating:
+            config.dtype = floating[0]
+        config.save_pretrained(directory)
+        save_torch_state_dict(sd, directory, max_shard_size=max_shard_size, metadata={"format": "pt"})
+        if generation_config_path is not None and (Path(generation_config_path) / "generation_config.json").exists():
+            from transformers import GenerationConfig
+
+            GenerationConfig.from_pretrained(generation_config_path).save_pretrained(directory)
+        if tokenizer_path is not None:
+            copy_tokenizer_files(tokenizer_path, directory)
+    if dist.is_initialized():
+        dist.barrier()

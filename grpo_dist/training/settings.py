@@ -1,0 +1,182 @@
+"""What the trainable and frozen models are given: their settings and the batch keys they read.
+
+Light on purpose: importing this module pulls in neither ``torch.distributed.fsdp`` nor
+transformers nor :mod:`grpo_dist.training.actor`, so the driver process can build these dataclasses
+(and pick batch keys) without loading the FSDP machinery. Ray pickles the settings to the workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grpo_dist.core.kl import canonical_kl_kind
+from grpo_dist.core.losses import LOSS_AGG_MODES
+from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
+from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, resolve_warmup_steps
+from grpo_dist.training.dtypes import to_dtype
+
+__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "ActorSettings", "ReferenceSettings"]
+
+ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "eager", "flash_attention_2")
+"""Values of ``actor_rollout_ref.model.attn_implementation`` (auto: flash_attention_2 on CUDA when
+installed and computing in half precision, else sdpa)."""
+
+FORWARD_KEYS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids", "responses")
+"""Batch keys a log-prob forward reads (``FSDPActor.compute_log_prob``,
+``FSDPReference.compute_ref_log_prob``): the prompt + response tokens, their attention mask and
+position ids, and the responses (whose width is the response length). Rows sent to these calls need
+no other key."""
+
+UPDATE_KEYS: tuple[str, ...] = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "advantages",
+)
+"""Batch keys ``FSDPActor.update_policy`` always reads. It also reads ``old_log_probs`` (which may be
+left out only when the update makes a single optimizer step: on-policy) and ``ref_log_prob`` when
+``ActorSettings.use_kl_loss``."""
+
+
+@dataclass
+class ActorSettings:
+    """The numbers the actor uses (the trainer maps ``actor_rollout_ref.actor.*`` onto these)."""
+
+    # --- batching -------------------------------------------------------------------------------
+    ppo_mini_batch_size_per_gpu: int | None = None
+    """Responses of ONE rank in one mini-batch (= one optimizer step); None: all of the rank's rows
+    are one mini-batch. verl's normalisation: ``ppo_mini_batch_size * rollout.n // world_size``."""
+    ppo_micro_batch_size_per_gpu: int | None = None
+    """Responses per forward/backward on one rank (memory knob); None: the whole mini-batch."""
+    use_dynamic_bsz: bool = False
+    """Cut micro-batches by token budget (``ppo_max_token_len_per_gpu``) instead of by count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget (prompt + response real tokens) of one micro-batch when ``use_dynamic_bsz``."""
+    ppo_epochs: int = 1
+    """Passes over the step's mini-batches."""
+    shuffle: bool = False
+    """Shuffle the rows WITHIN each of this rank's mini-batch chunks before cutting micro-batches, with
+    a generator seeded by ``(seed, update count)``: the same permutation on every rank; it changes
+    only which rows share a micro-batch, so (by micro-batch invariance) not the update."""
+    seed: int = 0
+
+    # --- loss -----------------------------------------------------------------------------------
+    loss_mode: str = "vanilla"
+    """Policy-loss mode, a name registered in :mod:`grpo_dist.core.policy_loss`
+    (``actor_rollout_ref.actor.policy_loss.loss_mode``)."""
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    norm_constant: float | None = None
+    """Divisor of ``seq-mean-token-sum-norm`` (Dr. GRPO): the max response length; None: padded width."""
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    """kl (k1) | abs | mse (k2) | low_var_kl (k3); ``full`` needs logits of both models: not supported."""
+    temperature: float = 1.0
+    """Rollout sampling temperature: logits are divided by it in every forward of the update."""
+
+    # --- optimizer and schedule -----------------------------------------------------------------
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this; None or <= 0: no clipping (the norm is still reported)."""
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    lr_warmup_steps: int | None = -1
+    """Linear warm-up steps; -1 or None: ``int(lr_warmup_steps_ratio * total_training_steps)``."""
+    lr_warmup_steps_ratio: float = 0.0
+    total_training_steps: int = -1
+    """Optimizer schedule length in training steps (update_policy calls); needed for cosine and ratio."""
+    lr_scheduler_type: str = "constant"
+    min_lr_ratio: float = 0.0
+
+    # --- model and FSDP2 ------------------------------------------------------------------------
+    model_dtype: str = "float32"
+    """dtype of the sharded master weights (and of the optimizer state)."""
+    param_dtype: str = "float32"
+    """Compute dtype of the gathered parameters (FSDP2 MixedPrecisionPolicy)."""
+    reduce_dtype: str = "float32"
+    """dtype of the gradient reduce-scatter."""
+    attn_implementation: str = "auto"
+    """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
+    enable_gradient_checkpointing: bool = False
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+    """FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the CPU."""
+    optimizer_offload: bool = False
+    """Keep the optimizer state in CPU memory between updates (implied by param_offload)."""
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        def positive(name: str, allow_none: bool = False) -> None:
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"ActorSettings.{name} must be an integer >= 1, got {v!r}")
+
+        positive("ppo_mini_batch_size_per_gpu", allow_none=True)
+        positive("ppo_micro_batch_size_per_gpu", allow_none=True)
+        positive("ppo_max_token_len_per_gpu")
+        positive("ppo_epochs")
+        if self.loss_mode not in list_policy_losses():
+            raise ValueError(
+                f"ActorSettings.loss_mode {self.loss_mode!r} is not a registered policy loss; "
+                f"valid: {list_policy_losses()}"
+            )
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
+        kind = canonical_kl_kind(self.kl_loss_type)
+        if kind == "full":
+            raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl, abs or mse")
+        if not self.clip_ratio_c > 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
+        self.policy_loss_params()  # the clip ranges' own checks
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.lr_scheduler_type not in LR_SCHEDULER_TYPES:
+            raise ValueError(f"lr_scheduler_type {self.lr_scheduler_type!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.lr_scheduler_type == "cosine" and self.total_training_steps <= 0:
+            raise ValueError("lr_scheduler_type='cosine' needs total_training_steps > 0")
+        if len(tuple(self.betas)) != 2:
+            raise ValueError(f"betas must be two floats, got {self.betas!r}")
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
+            to_dtype(getattr(self, name))
+        resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)
+
+    def policy_loss_params(self) -> PolicyLossParams:
+        """The numbers handed to the policy-loss function (``params=``)."""
+        return PolicyLossParams(
+            clip_ratio_low=self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio_high,
+            clip_ratio_c=self.clip_ratio_c,
+        )
+
+
+@dataclass
+class ReferenceSettings:
+    """The frozen reference model's settings (``actor_rollout_ref.ref.*`` and the shared model keys).
+
+    The field names are ``FSDPReference``'s constructor keywords:
+    ``FSDPReference(path, rank=..., world_size=..., device=..., **dataclasses.asdict(settings))``.
+    """
+
+    param_dtype: str = "float32"
+    """dtype the weights are loaded and computed in (nothing is trained: no separate master copy)."""
+    param_offload: bool = False
+    """FSDP2 CPUOffloadPolicy: the sharded parameters live in CPU memory between uses."""
+    reshard_after_forward: bool = True
+    """Free the gathered parameters after each forward."""
+    attn_implementation: str = "auto"
+    """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        to_dtype(self.param_dtype)

@@ -1,0 +1,42 @@
+"""The driver builds the actor's settings and shards batches without loading the FSDP machinery."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch.distributed.fsdp", "transformers", "grpo_dist.training.actor", "grpo_dist.training.fsdp")
+
+
+@pytest.mark.parametrize(
+    ("statement", "module"),
+    [
+        (
+            "from grpo_dist.training.settings import ActorSettings, ReferenceSettings, FORWARD_KEYS, UPDATE_KEYS; "
+            "ActorSettings(loss_mode='vanilla', lr_scheduler_type='cosine', total_training_steps=3); ReferenceSettings()",
+            "grpo_dist.training.settings",
+        ),
+        (
+            "from grpo_dist.training.micro_batches import rank_shard_indices; "
+            "rank_shard_indices(8, num_mini_batches=2, rank=1, world_size=2)",
+            "grpo_dist.training.micro_batches",
+        ),
+        ("import grpo_dist.training", "grpo_dist.training"),
+    ],
+)
+def test_light_training_modules_do_not_import_fsdp_or_transformers(statement, module):
+    code = (
+        f"import sys, json\n{statement}\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'grpo_dist'))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert module in loaded  # the listing sees what the statement imported
+    heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY))
+    assert heavy == [], f"{statement!r} imported {heavy}"
