@@ -34,7 +34,6 @@ from grpo_dist.distributed.worker_group import (
     create_placement_groups,
     remove_placement_groups,
 )
-from grpo_dist.rewards.tokens import place_scores_on_last_token, place_step_rewards
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, pad_responses
 from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
@@ -149,7 +148,8 @@ class GRPOTrainer:
         self.groups.append(self.rollout)
         rm = cfg.reward_model
         self.reward_group = SingleWorker(
-            "reward", _reward_cls(), custom_path=cfg.custom_reward_function.path,
+            "reward", _reward_cls(), tokenizer_path=self.tokenizer_path,
+            trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code, custom_path=cfg.custom_reward_function.path,
             custom_name=cfg.custom_reward_function.name, num_workers=rm.num_workers, timeout_s=rm.timeout_s,
             on_error=rm.on_error,
         )
@@ -245,32 +245,20 @@ class GRPOTrainer:
         rows["position_ids"] = torch.cat([rows["position_ids"], resp_pos], dim=1)
         return rows, busy_s
 
-    def decode_responses(self, batch: Batch) -> list[str]:
-        out = []
-        for ids, m in zip(batch["responses"], batch["response_mask"]):
-            out.append(self.tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True))
-        return out
-
     def score(self, batch: Batch, *, token_level: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores [B]; with ``token_level`` also ``token_level_scores`` in the batch: the score on the
         last response token or, with process supervision, the per-step rewards (``step_rewards``
         from the reward function) on the tokens that end each step (and ``step_end_mask``)."""
-        texts = self.decode_responses(batch)
-        scores, extra, stats = self.reward_group.call(
-            "score", list(batch["data_source"]), texts, list(batch["ground_truth"]), list(batch["extra_info"])
+        result = self.reward_group.call(
+            "compute", batch["responses"], batch["response_mask"], list(batch["data_source"]),
+            list(batch["ground_truth"]), list(batch["extra_info"]), token_level,
+            token_level and self.estimator.needs_step_rewards,
         )
-        scores_B = torch.tensor(scores, dtype=torch.float32)
-        if not token_level:
-            pass
-        elif self.estimator.needs_step_rewards:
-            lengths = [[len(self.tokenizer.decode([t], skip_special_tokens=True)) for t in ids[m.bool()].tolist()]
-                       for ids, m in zip(batch["responses"], batch["response_mask"])]
-            rewards, ends = place_step_rewards(extra.get("step_rewards", [None] * len(texts)), texts, lengths,
-                                               batch["response_mask"])
-            batch["token_level_scores"], batch["step_end_mask"] = rewards, ends
-        else:
-            batch["token_level_scores"] = place_scores_on_last_token(scores_B, batch["response_mask"])
-        return scores_B, {k: float(v) for k, v in stats.items()}
+        if result.token_level_scores_BR is not None:
+            batch["token_level_scores"] = result.token_level_scores_BR
+        if result.step_end_mask_BR is not None:
+            batch["step_end_mask"] = result.step_end_mask_BR
+        return result.scores_B, result.stats
 
     def _shard_evenly(self, batch: Batch, keys) -> list[tuple]:
         pieces = batch.select(*keys).chunk(self.shape.world_size)
