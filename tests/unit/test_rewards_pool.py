@@ -1,5 +1,7 @@
 """TaskPool: picklable tasks in worker processes, a time limit per task, results in input order."""
 
+import functools
+import importlib
 import os
 import threading
 import time
@@ -11,10 +13,15 @@ from grpo_dist.rewards.pool import TaskPickleError, TaskPool
 TIMEOUT_S = 1.0
 
 
-def nap(arg):
-    """``arg = (seconds, value)``: sleep, then return ``(value, this process's id)``."""
-    seconds, value = arg
-    time.sleep(seconds)
+def gated(arg):
+    """``arg = (gate, value, role)``: ``"opens"`` creates the file ``gate``, ``"waits"`` waits (up to
+    60 s) until it exists, anything else just returns; the result is ``(value, this process's id)``."""
+    gate, value, role = arg
+    if role == "opens":
+        open(gate, "w").close()
+    deadline = time.monotonic() + 60
+    while role == "waits" and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return value, os.getpid()
 
 
@@ -40,17 +47,28 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def pool():
-    with TaskPool(2, timeout_s=TIMEOUT_S, name="test") as p:
+    # the workers import this module when they start, so that importing it does not count against
+    # the first task's time limit
+    warm_up = [functools.partial(importlib.import_module, __name__)]
+    with TaskPool(2, timeout_s=TIMEOUT_S, warm_up=warm_up, name="test") as p:
         yield p
 
 
-def test_results_come_back_in_input_order(pool):
-    pool.map(nap, [(0.0, "warm")] * 2)  # the workers are started
-    args = [(0.6, "a"), (0.0, "b"), (0.3, "c"), (0.0, "d")]
+@pytest.fixture(scope="module")
+def unlimited_pool():
+    with TaskPool(2, timeout_s=None, name="test") as p:
+        yield p
+
+
+def test_results_come_back_in_input_order(unlimited_pool, tmp_path):
+    # task 0 waits for task 3, so the tasks finish out of order whatever the machine's load
+    args = [(str(tmp_path / "gate1"), "a", "waits"), (str(tmp_path / "gate1"), "b", ""),
+            (str(tmp_path / "gate1"), "c", ""), (str(tmp_path / "gate1"), "d", "opens")]
     finished = []
-    pool.run(nap, args, lambda i, outcome: finished.append(i))
-    assert sorted(finished) == [0, 1, 2, 3] and finished != [0, 1, 2, 3]  # they finished out of order
-    outcomes = pool.map(nap, args)
+    unlimited_pool.run(gated, args, lambda i, outcome: finished.append(i))
+    assert finished == [1, 2, 3, 0]
+    args = [(str(tmp_path / "gate2"), *arg[1:]) for arg in args]
+    outcomes = unlimited_pool.map(gated, args)
     assert [o.status for o in outcomes] == ["ok"] * 4
     assert [o.value[0] for o in outcomes] == ["a", "b", "c", "d"]
     assert len({o.value[1] for o in outcomes}) == 2  # both workers took tasks
@@ -65,7 +83,7 @@ def test_task_over_its_limit_is_reported_and_its_worker_replaced(pool):
     assert [o.status for o in outcomes] == ["ok", "timeout", "ok", "ok"]
     assert outcomes[1].error == "timed out after 1 s" and outcomes[1].value is None
     assert [o.value[0] for o in outcomes if o.ok] == ["a", "b", "c"]
-    assert elapsed < 3 * TIMEOUT_S  # only the hung task waited for its limit
+    assert elapsed < 15  # the hung task (30 s) was stopped at its limit
     after = {w.proc.pid for w in pool.workers}
     assert len(after) == 2 and len(before & after) == 1  # one worker replaced, the other kept
     (killed,) = before - after
@@ -86,18 +104,22 @@ def test_failures_are_reported_per_task(pool, arg, status, error):
     assert [o.value[0] for o in pool.map(act, ["c", "d"])] == ["c", "d"]
 
 
-def test_a_raising_callback_stops_the_running_tasks(pool):
-    pool.map(act, ["x", "y"])
+def test_a_raising_callback_stops_the_running_tasks(unlimited_pool, tmp_path):
+    # both workers take a task: the first waits for the second
+    unlimited_pool.map(gated, [(str(tmp_path / "gate"), "x", "waits"), (str(tmp_path / "gate"), "y", "opens")])
+    before = {w.proc.pid for w in unlimited_pool.workers}
 
     def stop(i, outcome):
         raise RuntimeError(f"stop at {i}")
 
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="stop at 1"):
-        pool.run(act, ["hang", "a"], stop)
-    assert time.monotonic() - start < TIMEOUT_S  # did not wait for the hung task
-    assert not any(w.busy for w in pool.workers)
-    assert [o.value[0] for o in pool.map(act, ["b", "c"])] == ["b", "c"]
+        unlimited_pool.run(act, ["hang", "a"], stop)
+    assert time.monotonic() - start < 10  # did not wait for the hung task (30 s)
+    assert not any(w.busy for w in unlimited_pool.workers)
+    after = {w.proc.pid for w in unlimited_pool.workers}
+    assert len(before & after) == 1 and not alive((before - after).pop())  # the hung task's worker was replaced
+    assert [o.value[0] for o in unlimited_pool.map(act, ["b", "c"])] == ["b", "c"]
 
 
 def test_unpicklable_argument_is_refused_before_anything_runs():
