@@ -2,24 +2,66 @@
 
     python -m grpo_dist.report RUN_DIR     # writes RUN_DIR/report/*.png and prints their paths
 
-Plots: reward, validation accuracy, KL, entropy, response length, time per phase, over steps.
-The trainer calls this at the end of every run; the command redraws it for any run folder.
+Plots, over steps: reward, validation accuracy, KL, entropy, response length, the seconds of each
+phase of a step (stacked, with the step's total as a line), and the breakdown of phases (the
+workers' busy time, the parts of the weight sync). The trainer calls this at the end of every run;
+the command redraws it for any run folder.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
+#: Line panels: (file name, metric names or prefixes ending in "/", title).
 PANELS = [
     ("reward", ["critic/score/mean"], "mean score of the step's responses"),
     ("val_accuracy", ["val-core/"], "validation accuracy"),
     ("kl", ["actor/kl_loss", "actor/ppo_kl", "actor/reward_kl_penalty"], "KL"),
     ("entropy", ["actor/entropy"], "policy entropy (nats/token)"),
     ("response_length", ["response_length/mean"], "response length (tokens)"),
-    ("timing", ["timing_s/"], "seconds per phase"),
 ]
+TIMING_PREFIX = "timing_s/"
+TIMING_TOTAL = "timing_s/step"
+#: The phases of a step in the order they run (the stack's order, bottom up); other phases follow.
+PHASE_ORDER = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "testing",
+               "save_checkpoint")
+
+
+@dataclass(frozen=True)
+class TimingSeries:
+    """Which ``timing_s/`` metrics go where in the report.
+
+    Attributes:
+        phases: ``timing_s/<phase>`` (no further ``/``, not ``step``): stacked per step, in
+            :data:`PHASE_ORDER`, then any other phase by name.
+        breakdown: ``timing_s/<phase>/<part>`` (``gen/worker``, ``update_weights/gather``, ...): lines
+            in a panel of their own, grouped by phase in the same order.
+        total: ``timing_s/step`` when logged (a line over the stack), else None.
+    """
+
+    phases: list[str]
+    breakdown: list[str]
+    total: str | None
+
+
+def _phase_rank(name: str) -> tuple[int, str]:
+    phase = name[len(TIMING_PREFIX):].split("/")[0]
+    return (PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER), name)
+
+
+def split_timing(keys: Iterable[str]) -> TimingSeries:
+    """Sort metric names into the timing panels; names outside ``timing_s/`` are ignored."""
+    names = {k for k in keys if k.startswith(TIMING_PREFIX)}
+    total = TIMING_TOTAL if TIMING_TOTAL in names else None
+    names.discard(TIMING_TOTAL)
+    phases = [k for k in names if "/" not in k[len(TIMING_PREFIX):]]
+    breakdown = [k for k in names if "/" in k[len(TIMING_PREFIX):]]
+    return TimingSeries(phases=sorted(phases, key=_phase_rank), breakdown=sorted(breakdown, key=_phase_rank),
+                        total=total)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -47,6 +89,44 @@ def _series(rows: list[dict], prefixes: list[str]) -> dict[str, tuple[list[int],
     return out
 
 
+def _plot_lines(ax, series: dict[str, tuple[list[int], list[float]]], names: list[str]) -> None:
+    for k in names:
+        xs, ys = series[k]
+        ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=k)
+
+
+def _plot_phase_stack(ax, series: dict[str, tuple[list[int], list[float]]], timing: TimingSeries) -> None:
+    """Stacked bars of the phases' seconds per step (a phase not logged at a step counts 0), and the
+    step's total as a line over them."""
+    steps = sorted({x for k in timing.phases for x in series[k][0]})
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    width = 0.8 * (min(gaps) if gaps else 1)
+    bottom = [0.0] * len(steps)
+    for k in timing.phases:
+        at = dict(zip(*series[k]))
+        heights = [at.get(x, 0.0) for x in steps]
+        ax.bar(steps, heights, width=width, bottom=bottom, label=k[len(TIMING_PREFIX):], linewidth=0)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    if timing.total is not None:
+        xs, ys = series[timing.total]
+        ax.plot(xs, ys, color="black", marker="." if len(xs) < 30 else None, label="step (total)")
+
+
+def _panels(rows: list[dict]) -> list[tuple[str, str, int, Callable[[Any], None]]]:
+    """(file name, title, number of series, draw function) for every panel of the report."""
+    panels = []
+    for name, prefixes, title in PANELS:
+        series = _series(rows, prefixes)
+        panels.append((name, title, len(series), lambda ax, s=series: _plot_lines(ax, s, sorted(s))))
+    timing_series = _series(rows, [TIMING_PREFIX])
+    timing = split_timing(timing_series)
+    panels.append(("timing", "seconds per phase (stacked)", len(timing.phases) + (timing.total is not None),
+                   lambda ax: _plot_phase_stack(ax, timing_series, timing)))
+    panels.append(("timing_breakdown", "seconds inside phases (worker busy time, weight-sync parts)",
+                   len(timing.breakdown), lambda ax: _plot_lines(ax, timing_series, timing.breakdown)))
+    return panels
+
+
 def write_report(run_dir: str | Path) -> list[Path]:
     import matplotlib
 
@@ -57,17 +137,20 @@ def write_report(run_dir: str | Path) -> list[Path]:
     out_dir = Path(run_dir) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    fig_all, axes = plt.subplots(2, 3, figsize=(15, 8))
-    for ax_all, (name, prefixes, title) in zip(axes.flat, PANELS):
-        series = _series(rows, prefixes)
+    panels = _panels(rows)
+    ncols = 4
+    nrows = -(-len(panels) // ncols)
+    fig_all, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 4 * nrows))
+    for ax_all in axes.flat[len(panels):]:
+        ax_all.set_visible(False)
+    for ax_all, (name, title, count, draw) in zip(axes.flat, panels):
         fig, ax = plt.subplots(figsize=(6, 4))
         for a in (ax, ax_all):
-            for k, (xs, ys) in sorted(series.items()):
-                a.plot(xs, ys, marker="." if len(xs) < 30 else None, label=k)
+            draw(a)
             a.set_title(title)
             a.set_xlabel("step")
             a.grid(alpha=0.3)
-            if series:
+            if count:
                 a.legend(fontsize=7)
             else:
                 a.text(0.5, 0.5, "no data", ha="center", va="center", transform=a.transAxes)

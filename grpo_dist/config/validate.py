@@ -13,12 +13,12 @@ from typing import Any, Iterable
 
 from grpo_dist.config.schema import ConfigError, GRPOConfig
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
+from grpo_dist.data import TRUNCATION_MODES, as_path_list
 from grpo_dist.rollout import ENGINE_NAMES
 from grpo_dist.tasks import BUILTIN_PREFIX
 from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS
 
 STRATEGIES = ("fsdp2", "fsdp")
-TRUNCATION_MODES = ("error", "left", "right", "middle")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
@@ -51,16 +51,8 @@ def _freq(key: str, value: int) -> None:
         raise _bad(key, value, "expected -1 (off) or a positive number of steps")
 
 
-def _paths(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    return [str(value)]
-
-
 def _check_exists(key: str, value: Any, *, kind: str) -> None:
-    for p in _paths(value):
+    for p in as_path_list(value):
         if p.startswith(BUILTIN_PREFIX):
             from grpo_dist.tasks import builtin_names
 
@@ -262,7 +254,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             _check_exists("data.tokenizer", d.tokenizer, kind="model")
         _check_exists("data.train_files", d.train_files, kind="data")
         _check_exists("data.val_files", d.val_files, kind="data")
-        if not _paths(d.train_files):
+        if not as_path_list(d.train_files):
             raise _bad("data.train_files", d.train_files, "expected a parquet/jsonl path or a list of them")
         if cfg.custom_reward_function.path:
             _check_exists("custom_reward_function.path", cfg.custom_reward_function.path, kind="file")

@@ -27,7 +27,8 @@ from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.core.advantages import get_adv_estimator
 from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
-from grpo_dist.data.dataset import EpochSampler, PromptDataset, collate_prompts
+from grpo_dist.data.dataset import PromptDataset, collate_prompts
+from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.distributed.worker_group import WorkerGroup, cluster_cpus
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings

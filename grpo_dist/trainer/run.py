@@ -19,15 +19,10 @@ def _fail(msg: str, code: int = 1) -> int:
     return code
 
 
-def _paths(value) -> list[str]:
-    if value is None:
-        return []
-    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
-
-
 def run(cfg: GRPOConfig) -> int:
     from grpo_dist import tasks
-    from grpo_dist.data.dataset import DataError, PromptDataset
+    from grpo_dist.data.dataset import PromptDataset
+    from grpo_dist.data.readers import DataError, as_path_list
     from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
     from grpo_dist.config.validate import data_parallel_size
     from grpo_dist.trainer import build
@@ -37,8 +32,8 @@ def run(cfg: GRPOConfig) -> int:
     try:
         model_path = tasks.resolve(cfg.actor_rollout_ref.model.path)
         tok_path = tasks.resolve(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
-        train_files = [tasks.resolve(p) for p in _paths(cfg.data.train_files)]
-        val_files = [tasks.resolve(p) for p in _paths(cfg.data.val_files)]
+        train_files = [tasks.resolve(p) for p in as_path_list(cfg.data.train_files)]
+        val_files = [tasks.resolve(p) for p in as_path_list(cfg.data.val_files)]
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)

@@ -1,4 +1,5 @@
-"""Ray actor shell around the reward scorer (rule-based registry or a user function)."""
+"""Ray actor shell around the batch rewarder: decodes responses, scores them (rule-based registry or
+a user function, in scoring processes) and places the rewards on tokens."""
 
 from __future__ import annotations
 
@@ -6,21 +7,33 @@ from typing import Any
 
 import ray
 
+from grpo_dist.workers.common import current_node_id
+
 
 @ray.remote
 class RewardWorker:
-    def __init__(self, *, custom_path: str | None, custom_name: str, num_workers: int, timeout_s: float,
-                 on_error: str) -> None:
+    def __init__(self, *, tokenizer_path: str, trust_remote_code: bool, custom_path: str | None, custom_name: str,
+                 num_workers: int, timeout_s: float, on_error: str) -> None:
+        from transformers import AutoTokenizer
+
         from grpo_dist.rewards.custom import CustomRewardFn
         from grpo_dist.rewards.manager import RewardScorer
+        from grpo_dist.rewards.rewarder import BatchRewarder
         import grpo_dist.tasks  # noqa: F401  registers the embedded tasks' scorers
 
         target = CustomRewardFn(custom_path, custom_name) if custom_path else None
         self.scorer = RewardScorer(target, num_workers=num_workers, timeout_s=timeout_s, on_error=on_error)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+        self.rewarder = BatchRewarder(tokenizer, self.scorer)
 
-    def score(self, data_sources: list[str], solution_strs: list[str], ground_truths: list[Any],
-              extra_infos: list[Any]) -> tuple[list[float], dict, dict]:
-        return self.scorer.score_batch(data_sources, solution_strs, ground_truths, extra_infos)
+    def compute(self, responses: Any, response_mask: Any, data_sources: list[str], ground_truths: list[Any],
+                extra_infos: list[Any], token_level: bool, step_rewards: bool):
+        """A :class:`~grpo_dist.rewards.rewarder.RewardResult` for the batch (see ``BatchRewarder.compute``)."""
+        return self.rewarder.compute(responses, response_mask, data_sources, ground_truths, extra_infos,
+                                     token_level=token_level, step_rewards=step_rewards)
 
     def close(self) -> None:
         self.scorer.close()
+
+    def node_id(self) -> str:
+        return current_node_id()

@@ -197,7 +197,7 @@ def load_prompt_dataset(w: dict):
 
 def step_prompt_indices(w: dict) -> list[list[int]]:
     """Row indices of each step's prompts, as grpo_dist's sampler draws them (data.seed, shuffle on)."""
-    from grpo_dist.data.dataset import EpochSampler
+    from grpo_dist.data.sampler import EpochSampler
 
     _, ds = load_prompt_dataset(w)
     sampler = EpochSampler(len(ds), w["batch_size"], seed=w["data_seed"], shuffle=True)

@@ -58,7 +58,7 @@ def test_malformed_prompt_names_file_row_and_column(tiny_model_dir, reverse_data
     assert_one_message(proc, "bad.jsonl", "row 5", "prompt", code=2)
     assert time.time() - t0 < 60
     # the option that skips bad rows and counts them instead goes past the data check
-    from grpo_dist.data.dataset import load_rows
+    from grpo_dist.data.rows import load_rows
 
     assert len(load_rows(str(bad), skip_bad_rows=True)) == 7
 

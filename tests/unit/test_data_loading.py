@@ -166,3 +166,16 @@ def test_parquet_struct_nulls_are_dropped_from_messages(tmp_path):
     rows = load_rows(str(write_parquet(tmp_path / "t.parquet", [row])))
     assert rows[0]["prompt"] == [{"role": "system", "content": "be brief", "name": "sys"},
                                  {"role": "user", "content": "hi"}]
+
+
+def test_a_path_or_a_list_of_paths():
+    """data.train_files / data.val_files take one path or a list of them; unset means none."""
+    from pathlib import Path
+
+    from grpo_dist.data import as_path_list
+
+    assert as_path_list(None) == []
+    assert as_path_list("a.parquet") == ["a.parquet"]
+    assert as_path_list(Path("d/a.jsonl")) == ["d/a.jsonl"]
+    assert as_path_list(["a.parquet", Path("b.jsonl")]) == ["a.parquet", "b.jsonl"]
+    assert as_path_list(("a.parquet",)) == ["a.parquet"]

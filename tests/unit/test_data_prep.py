@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_dist.data.dataset import load_rows
+from grpo_dist.data.rows import load_rows
 from grpo_dist.rewards.scorers import default_compute_score, gsm8k_score, math_score
 
 ROOT = Path(__file__).resolve().parents[2]

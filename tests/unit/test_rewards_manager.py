@@ -169,7 +169,7 @@ def test_worker_exits_quietly_when_the_parent_is_gone():
     import multiprocessing
     import signal
 
-    from grpo_dist.rewards.manager import _worker_main
+    from grpo_dist.rewards.pool import _worker_main
 
     parent, child = multiprocessing.Pipe(duplex=True)
     parent.close()

@@ -98,6 +98,47 @@ def test_report_draws_pngs(tmp_path):
     assert report_main([str(tmp_path / "nope")]) == 1
 
 
+#: Every timing metric a step, a validation and a checkpoint log (grpo_dist.trainer.driver).
+TIMING_KEYS = [
+    "timing_s/step", "timing_s/gen", "timing_s/gen/worker", "timing_s/reward", "timing_s/old_log_prob",
+    "timing_s/old_log_prob/worker", "timing_s/ref", "timing_s/ref/worker", "timing_s/adv", "timing_s/update_actor",
+    "timing_s/update_actor/worker", "timing_s/update_weights", "timing_s/update_weights/gather",
+    "timing_s/update_weights/transfer", "timing_s/update_weights/load", "timing_s/update_weights/worker",
+    "timing_s/testing", "timing_s/save_checkpoint",
+]
+
+
+def test_report_stacks_phases_and_draws_their_breakdown_apart(tmp_path):
+    """The phases of a step are stacked in the order they run (new phases after them), with the step's
+    total as a line; the workers' busy time and the weight-sync parts get a panel of their own."""
+    from grpo_dist.report import split_timing, write_report
+
+    timing = split_timing(["critic/score/mean", "timing_s/new_phase", *reversed(TIMING_KEYS)])
+    assert timing.phases == [
+        "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv",
+        "timing_s/update_actor", "timing_s/update_weights", "timing_s/testing", "timing_s/save_checkpoint",
+        "timing_s/new_phase",
+    ]
+    assert timing.breakdown == [
+        "timing_s/gen/worker", "timing_s/old_log_prob/worker", "timing_s/ref/worker", "timing_s/update_actor/worker",
+        "timing_s/update_weights/gather", "timing_s/update_weights/load", "timing_s/update_weights/transfer",
+        "timing_s/update_weights/worker",
+    ]
+    assert timing.total == "timing_s/step"
+    assert split_timing(["timing_s/gen"]).total is None
+
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for s in range(1, 5):
+            row = {"step": s, **{k: 0.1 * (i + 1) for i, k in enumerate(TIMING_KEYS)}}
+            if s % 2:  # validation and checkpoints on some steps only
+                del row["timing_s/testing"], row["timing_s/save_checkpoint"]
+            f.write(json.dumps(row) + "\n")
+    written = write_report(tmp_path)
+    names = sorted(p.name for p in written)
+    assert "timing.png" in names and "timing_breakdown.png" in names and "summary.png" in names
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
 @pytest.mark.parametrize("native_bf16", [True, False])
 def test_cpu_half_precision_warning(native_bf16, monkeypatch):
     """bfloat16 compute on a CPU without native bf16 is emulated and slower than float32: say so once
