@@ -205,7 +205,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
         # A submitted job brings its own runtime environment; adding ours could conflict with it.
         ray.init(address=address, log_to_driver=True)
         return True
-    ray.init(
+    kwargs = dict(
         address="local",  # a new instance even if another Ray runs on this machine (attach with an address)
         num_cpus=max(num_cpus or os.cpu_count() or 1, min_cpus),
         include_dashboard=include_dashboard,
@@ -214,6 +214,17 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
         log_to_driver=True,
         configure_logging=False,
     )
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:
+        # Ray waits a fixed 30 s for its raylet to register; on a machine busy with other work
+        # (measured: load 16 on 2 cores, a previous instance's agents still exiting) that can miss.
+        # A second start then succeeds; a second failure is reported to the caller.
+        if "timed out during startup" not in str(exc):
+            raise
+        ray.shutdown()
+        time.sleep(5.0)
+        ray.init(**kwargs)
     return True
 
 
