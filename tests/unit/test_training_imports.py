@@ -40,3 +40,22 @@ def test_light_training_modules_do_not_import_fsdp_or_transformers(statement, mo
     assert module in loaded  # the listing sees what the statement imported
     heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in HEAVY))
     assert heavy == [], f"{statement!r} imported {heavy}"
+
+
+def test_the_driver_process_does_not_load_the_fsdp_training_modules():
+    """The driver builds every role's settings (role table) and shards the update batch, in a process
+    that never holds a model: importing it must not load FSDP or the training modules that use it."""
+    code = (
+        "import sys, json\n"
+        "import grpo_dist.trainer.driver, grpo_dist.trainer.roles, grpo_dist.main\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'grpo_dist'))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert "grpo_dist.trainer.roles" in loaded
+    # (torch.distributed.fsdp itself is loaded by tensordict, the batch container, on import)
+    fsdp = ("grpo_dist.training.actor", "grpo_dist.training.fsdp", "grpo_dist.training.reference",
+            "grpo_dist.training.model_builder", "grpo_dist.training.checkpoint_io", "grpo_dist.training.policy")
+    heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in fsdp))
+    assert heavy == [], heavy
