@@ -38,6 +38,7 @@ from grpo_dist.rewards.tokens import place_scores_on_last_token, place_step_rewa
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, pad_responses
 from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
+from grpo_dist.trainer.metrics import ResponseClipWarning
 from grpo_dist.trainer.tracking import Tracker
 from grpo_dist.training.micro_batches import rank_shard_indices
 from grpo_dist.workers.common import unwrap_timed
@@ -108,6 +109,7 @@ class GRPOTrainer:
         self.pgs: list = []
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite_streak = 0
+        self.clip_warning = ResponseClipWarning(cfg.actor_rollout_ref.rollout.response_length)
         # One optimizer step per training step on freshly sampled data: the sampling policy is the
         # current one, so the old-log-prob forward is skipped (the update uses ratio 1 exactly).
         self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
@@ -421,6 +423,7 @@ class GRPOTrainer:
         m.update(actor_metrics)
         m.update(extra)
         m.update(data_metrics(batch, cfg.actor_rollout_ref.rollout.response_length))
+        self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
         if "rollout_log_probs" in batch and "old_log_probs" in batch:
             m.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]))
         m.update(reward_stats)
