@@ -15,10 +15,10 @@ import os
 import re
 
 from grpo_dist.config.schema import BUILTIN_PREFIX
-from grpo_dist.tasks import arith, reverse, smollm2
+from grpo_dist.tasks import larger, reverse, smollm2
 
 BUILTIN_MODELS = ("tiny-reverse", smollm2.NAME)
-BUILTIN_DATA = ("reverse/train", "reverse/test", "arith/train", "arith/test")
+BUILTIN_DATA = ("reverse/train", "reverse/test", "larger/train", "larger/test")
 
 
 def builtin_names(kind: str) -> tuple[str, ...]:
@@ -69,6 +69,6 @@ def resolve(value: str) -> str:
             raise ValueError(f"{value}: {exc}") from None
     if name in ("reverse/train", "reverse/test"):
         return str(reverse.ensure_data(cache_root())[name.split("/")[1]])
-    if name in ("arith/train", "arith/test"):
-        return str(arith.ensure_data(cache_root())[name.split("/")[1]])
+    if name in ("larger/train", "larger/test"):
+        return str(larger.ensure_data(cache_root())[name.split("/")[1]])
     raise ValueError(f"unknown embedded name {value!r}; valid: " + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS + BUILTIN_DATA))

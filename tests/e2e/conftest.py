@@ -50,8 +50,8 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def arith_data(tmp_path_factory) -> dict[str, Path]:
+def larger_data(tmp_path_factory) -> dict[str, Path]:
     """The real-model task's train/test parquet files (2-digit addition, verl row format)."""
-    from grpo_dist.tasks.arith import write_data
+    from grpo_dist.tasks.larger import write_data
 
-    return write_data(tmp_path_factory.mktemp("arith_data"))
+    return write_data(tmp_path_factory.mktemp("larger_data"))

@@ -1,4 +1,4 @@
-"""The built-in real model (builtin:smollm2-135m-instruct) and its task (builtin:arith/*): names that
+"""The built-in real model (builtin:smollm2-135m-instruct) and its task (builtin:larger/*): names that
 validation accepts, where the model comes from, what a user sees when it cannot be obtained, and the
 task's held-out split and reward rule. Nothing here downloads anything."""
 
@@ -12,12 +12,12 @@ import pytest
 from grpo_dist import tasks
 from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.validate import validate_config
-from grpo_dist.tasks import arith, smollm2
+from grpo_dist.tasks import larger, smollm2
 
 
 def test_validation_accepts_the_builtin_real_model_and_task():
     overrides = ["actor_rollout_ref.model.path=builtin:smollm2-135m-instruct",
-                 "data.train_files=builtin:arith/train", "data.val_files=builtin:arith/test"]
+                 "data.train_files=builtin:larger/train", "data.val_files=builtin:larger/test"]
     validate_config(to_typed(compose(overrides), overrides), check_paths=True)
     bad = ["actor_rollout_ref.model.path=builtin:smollm2-1.7b"]
     with pytest.raises(ValueError, match="builtin:smollm2-135m-instruct"):
@@ -25,10 +25,10 @@ def test_validation_accepts_the_builtin_real_model_and_task():
 
 
 def test_the_recipe_composes_on_the_builtin_model_and_task():
-    cfg = to_typed(compose([], config_name="recipes/arith_smollm2_135m_cpu"), [])
+    cfg = to_typed(compose([], config_name="recipes/larger_smollm2_135m_cpu"), [])
     validate_config(cfg, check_paths=True)
     assert cfg.actor_rollout_ref.model.path == "builtin:smollm2-135m-instruct"
-    assert cfg.data.val_files == "builtin:arith/test" and cfg.trainer.device == "cpu"
+    assert cfg.data.val_files == "builtin:larger/test" and cfg.trainer.device == "cpu"
 
 
 @pytest.fixture
@@ -101,34 +101,40 @@ def test_missing_optional_packages_name_the_extra(monkeypatch):
 
 # ------------------------------------------------------------------------------------ the task
 @pytest.mark.parametrize("response, score", [
-    ("85", 1.0), ("47 + 38 = 85.", 1.0), ("The answer is 85", 1.0),
-    ("47 + 38 = 84", 0.0), ("85 is wrong, it is 86", 0.0), ("47 + 38 =", 0.0), ("", 0.0), ("eighty-five", 0.0),
+    ("74", 1.0), ("74 is larger than 47.", 1.0), ("The number 74 is larger than the number 47.", 1.0),
+    ("47 is larger than 74.", 0.0), ("47", 0.0), ("To compare them, we look at the tens digit", 0.0), ("", 0.0),
+    ("seventy-four", 0.0),
 ])
-def test_the_reward_reads_the_last_number(response, score):
-    assert arith.score(response, "85") == score
+def test_the_reward_reads_the_first_number(response, score):
+    assert larger.score(response, "74") == score
 
 
 def test_the_scorer_is_registered_for_the_data_source():
     from grpo_dist.rewards.scorers import DEFAULT_REGISTRY
 
-    assert DEFAULT_REGISTRY.get(arith.DATA_SOURCE)("47 + 38 = 85", "85") == 1.0
+    assert DEFAULT_REGISTRY.get(larger.DATA_SOURCE)("74 is larger", "74") == 1.0
 
 
 def test_test_pairs_never_appear_in_training_in_either_order():
-    split = arith.split_pairs()
-    assert len(split["test"]) == arith.N_TEST and len(split["train"]) == arith.N_TRAIN
+    split = larger.split_pairs()
+    assert len(split["test"]) == larger.N_TEST and len(split["train"]) == larger.N_TRAIN
     train = {frozenset(p) for p in split["train"]}
     assert not any(frozenset(p) in train for p in split["test"])
-    assert all(arith.LOW <= x <= arith.HIGH for p in split["train"] + split["test"] for x in p)
+    assert all(larger.LOW <= x <= larger.HIGH for p in split["train"] + split["test"] for x in p)
+    assert all(a != b for a, b in split["train"] + split["test"])
 
 
-def test_rows_are_in_verls_format_with_the_sum_as_ground_truth(tmp_path):
+def test_rows_are_in_verls_format_with_the_larger_number_as_ground_truth(tmp_path):
     from grpo_dist.data.dataset import load_rows
 
-    paths = arith.write_data(tmp_path)
+    paths = larger.write_data(tmp_path)
     rows = load_rows(paths["test"])
-    assert len(rows) == arith.N_TEST
-    row = rows[0]
-    a, b = (int(x) for x in row["prompt"][0]["content"].split("?")[0].removeprefix("What is ").split(" + "))
-    assert row["reward_model"]["ground_truth"] == str(a + b) and row["data_source"] == arith.DATA_SOURCE
-    assert [m["role"] for m in row["prompt"]] == ["user"]  # the model's template adds its system prompt
+    assert len(rows) == larger.N_TEST
+    for row in rows[:20]:
+        a, b = (int(x) for x in row["prompt"][0]["content"].split("?")[0].split(", ")[1].split(" or "))
+        assert row["reward_model"]["ground_truth"] == str(max(a, b)) and row["data_source"] == larger.DATA_SOURCE
+    assert [m["role"] for m in rows[0]["prompt"]] == ["user"]  # the model's template adds its system prompt
+    # the larger number is first about half of the time: naming the first number is no strategy
+    firsts = [int(r["prompt"][0]["content"].split(", ")[1].split(" or ")[0]) for r in rows]
+    share = sum(f == int(r["reward_model"]["ground_truth"]) for f, r in zip(firsts, rows)) / len(rows)
+    assert 0.4 < share < 0.6

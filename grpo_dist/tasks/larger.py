@@ -1,17 +1,19 @@
-"""The real-model task: add two 2-digit numbers, for ``builtin:smollm2-135m-instruct``.
+"""The real-model task: name the larger of two 2-digit numbers, for ``builtin:smollm2-135m-instruct``.
 
 Prompt (one user message; the model's chat template adds its default system prompt):
-``What is 47 + 38? Reply with just the number.``; the answer is ``85``. The reward is 1.0 when the
-**last number in the response** is the sum and 0.0 otherwise (data_source ``grpo_dist/arith``), so
-``47 + 38 = 85.`` and ``85`` both score 1 and a response cut before its answer scores 0.
+``Which number is larger, 47 or 74? Reply with just the number.``; the answer is ``74``. The reward
+is 1.0 when the **first number in the response** is the larger one and 0.0 otherwise (data_source
+``grpo_dist/larger``): ``74``, ``74 is larger than 47.`` and ``The number 74 is larger.`` score 1;
+``47 is larger than 74.`` and a response without a number score 0.
 
-SmolLM2-135M-Instruct is weak at it: greedy, it gets about a quarter of the held-out sums right, and
-a group of 8 samples holds a right answer for most prompts, so GRPO groups have reward variance
-(measured numbers: docs/quickstart.md).
+SmolLM2-135M-Instruct is weak at it: greedy, it is right on about a third of the held-out pairs (it
+often names the first number of the question, or starts to explain and names none), while a group
+of 8 samples at temperature 1 holds a right answer for nearly every prompt, so GRPO groups have
+reward variance (measured numbers: docs/quickstart.md).
 
-Held out by construction: the 256 test pairs ``(a, b)`` never appear in the training split, in
-either order (``b + a`` is not a training item either). 4,096 training prompts, written once as
-parquet in verl's row format under the grpo_dist cache (``builtin:arith/train``, ``builtin:arith/test``).
+Held out by construction: no test pair ``(a, b)`` appears in the training split, in either order.
+4,096 training and 256 test prompts, written once as parquet in verl's row format under the
+grpo_dist cache (``builtin:larger/train``, ``builtin:larger/test``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from grpo_dist.tasks.reverse import _lock
 
-DATA_SOURCE = "grpo_dist/arith"
+DATA_SOURCE = "grpo_dist/larger"
 VERSION = "v1"
 LOW, HIGH = 10, 99
 N_TRAIN, N_TEST = 4096, 256
@@ -32,18 +34,18 @@ _NUMBER = re.compile(r"-?\d+")
 
 
 def make_prompt(a: int, b: int) -> list[dict]:
-    return [{"role": "user", "content": f"What is {a} + {b}? Reply with just the number."}]
+    return [{"role": "user", "content": f"Which number is larger, {a} or {b}? Reply with just the number."}]
 
 
-def last_number(text: str) -> str | None:
-    """The last integer written in ``text`` (digits with an optional minus sign), or None."""
-    found = _NUMBER.findall(text)
-    return found[-1] if found else None
+def first_number(text: str) -> str | None:
+    """The first integer written in ``text`` (digits with an optional minus sign), or None."""
+    found = _NUMBER.search(text)
+    return found.group(0) if found else None
 
 
 def score(solution_str: str, ground_truth, extra_info=None) -> float:
-    """1.0 when the last number in the response equals ``ground_truth`` (the sum), else 0.0."""
-    got = last_number(solution_str)
+    """1.0 when the first number in the response equals ``ground_truth`` (the larger number), else 0.0."""
+    got = first_number(solution_str)
     return 1.0 if got is not None and int(got) == int(ground_truth) else 0.0
 
 
@@ -58,9 +60,10 @@ _register()
 
 
 def split_pairs(*, seed: int = 0) -> dict[str, list[tuple[int, int]]]:
-    """Disjoint train/test lists of ``(a, b)``; no test pair appears in train in either order."""
+    """Disjoint train/test lists of ordered pairs ``(a, b)``, ``a != b``; no test pair appears in
+    train in either order."""
     rng = random.Random(seed)
-    pairs = [(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)]
+    pairs = [(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1) if a != b]
     rng.shuffle(pairs)
     test = pairs[:N_TEST]
     held = {frozenset(p) for p in test}
@@ -80,8 +83,8 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
             {
                 "data_source": DATA_SOURCE,
                 "prompt": make_prompt(a, b),
-                "ability": "arithmetic",
-                "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+                "ability": "comparison",
+                "reward_model": {"style": "rule", "ground_truth": str(max(a, b))},
                 "extra_info": {"split": split, "index": i},
             }
             for i, (a, b) in enumerate(items)
@@ -93,11 +96,11 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
 
 
 def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
-    d = Path(cache) / f"arith-data-{VERSION}"
+    d = Path(cache) / f"larger-data-{VERSION}"
     paths = {"train": d / "train.parquet", "test": d / "test.parquet"}
     if all(p.exists() for p in paths.values()):
         return paths
-    with _lock(Path(cache) / ".arith-data.lock"):
+    with _lock(Path(cache) / ".larger-data.lock"):
         if not all(p.exists() for p in paths.values()):
             tmp = d.with_name(d.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
