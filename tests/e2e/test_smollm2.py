@@ -284,9 +284,13 @@ def test_rollout_and_actor_probabilities_agree_in_float32(actor, vllm_engine, pr
 
 def test_two_training_steps_report_cut_responses_once(smollm2_dir, tmp_path, larger_data):
     """`python -m grpo_dist.main` on the real model with responses cut short (8 tokens, where the model's
-    answers are longer): ``response_length/clip_ratio`` is the fraction of responses whose length equals
-    the limit (verl's definition; they are scored as cut), the warning naming data.max_response_length is
-    printed once although both steps are cut, and the rollout-vs-actor gap stays within the bound."""
+    answers are longer), handled as verl handles them: a response that reaches the limit without its EOS
+    is kept as it is (every token in the response mask), its tokens are decoded with
+    ``skip_special_tokens=True`` and scored like any other (verl's reward managers add no penalty of their
+    own), and ``response_length/clip_ratio`` is verl's ``mean(response_length == max_response_length)``
+    (``compute_data_metrics``). The warning naming data.max_response_length is printed once although
+    both steps are cut, and the rollout-vs-actor gap of both steps (the second after a weight sync of the
+    tied embeddings) stays within the bound."""
     out = tmp_path / "run"
     proc = run_main([
         "actor_rollout_ref.model.path=builtin:smollm2-135m-instruct",
@@ -303,5 +307,6 @@ def test_two_training_steps_report_cut_responses_once(smollm2_dir, tmp_path, lar
     metrics = read_metrics(out)
     for step in (1, 2):
         assert metrics[step]["response_length/clip_ratio"] > 0.5
+        assert metrics[step]["response_length/max"] == 8
         assert metrics[step]["training/rollout_probs_diff_max"] < PROBS_DIFF_MAX_BOUND
     assert proc.stdout.count("data.max_response_length = 8 tokens") == 1
