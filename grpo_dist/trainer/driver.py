@@ -33,7 +33,14 @@ from grpo_dist.distributed.worker_group import WorkerGroup, cluster_cpus
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer import build, checkpoint
-from grpo_dist.trainer.metrics import Timer, data_metrics, reduce_validation, throughput_metrics, token_count
+from grpo_dist.trainer.metrics import (
+    ResponseClipWarning,
+    Timer,
+    data_metrics,
+    reduce_validation,
+    throughput_metrics,
+    token_count,
+)
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
@@ -74,6 +81,7 @@ class GRPOTrainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.val_sampling = build.val_sampling(cfg)
+        self.clip_warning = ResponseClipWarning(cfg.actor_rollout_ref.rollout.response_length)
         self.workers: Workers | None = None
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite_streak = 0
@@ -215,6 +223,7 @@ class GRPOTrainer:
         self.summary.tokens += ntok
         m.update(actor_metrics)
         m.update(data_metrics(batch, cfg.actor_rollout_ref.rollout.response_length))
+        self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
         if "rollout_log_probs" in batch and "old_log_probs" in batch:
             m.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]))
         m.update(reward_stats)

@@ -76,3 +76,46 @@ def reduce_validation(data_sources, scores, n: int) -> dict[str, float]:
         by_src[str(src)].append(float(s))
     out = {f"val-core/{src}/acc/mean@{n}": sum(v) / len(v) for src, v in by_src.items()}
     return out
+
+
+#: A step whose ``response_length/clip_ratio`` is above this (more than half of its responses cut at
+#: the response limit) triggers :class:`ResponseClipWarning`.
+CLIP_RATIO_WARN_THRESHOLD = 0.5
+
+
+class ResponseClipWarning:
+    """Warns once per run when most responses of a step were cut at the response limit.
+
+    A response that reaches ``data.max_response_length`` tokens without its EOS is cut there, and the
+    reward scores the cut text: an answer that would have come after the cut is never seen, so the
+    reward looks like a model that cannot answer. ``response_length/clip_ratio`` (verl's metric:
+    the fraction of responses whose length equals the limit) shows it every step; this says it in
+    words, once, the first time a step's ratio is above ``threshold``.
+
+    Args:
+        max_response_length: the response limit in tokens (named in the message).
+        threshold: the clip ratio above which to warn, in [0, 1); default 0.5.
+        emit: where the message goes (default: print to stdout).
+    """
+
+    def __init__(self, max_response_length: int, threshold: float = CLIP_RATIO_WARN_THRESHOLD,
+                 emit=None) -> None:
+        if not 0.0 <= threshold < 1.0:
+            raise ValueError(f"threshold = {threshold} is not valid: expected a fraction in [0, 1)")
+        self.max_response_length = max_response_length
+        self.threshold = threshold
+        self.emit = emit if emit is not None else (lambda msg: print(msg, flush=True))
+        self.warned = False
+
+    def observe(self, clip_ratio: float, step: int) -> str | None:
+        """Look at one step's clip ratio; returns (and emits) the warning the first time it is above
+        the threshold, None otherwise."""
+        if self.warned or not clip_ratio > self.threshold:
+            return None
+        self.warned = True
+        msg = (f"grpo_dist: warning: {clip_ratio:.0%} of the responses of step {step} were cut at "
+               f"data.max_response_length = {self.max_response_length} tokens before they ended, so the "
+               "reward never saw the rest of them. Raise data.max_response_length (or ask for shorter "
+               "answers in the prompt). Shown once per run; response_length/clip_ratio tracks it each step.")
+        self.emit(msg)
+        return msg

