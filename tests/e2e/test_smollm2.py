@@ -73,13 +73,14 @@ def hf_engine(smollm2_dir):
 @pytest.fixture(scope="module")
 def actor(smollm2_dir):
     """The FSDP2 actor on one rank (gloo) in this process, as a Ray actor worker holds it."""
-    from grpo_dist.distributed.process_group import destroy, find_free_port, init_process_group
-    from grpo_dist.training.actor import ActorSettings, FSDPActor
+    from grpo_dist.distributed.process_group import destroy, free_port, init_process_group
+    from grpo_dist.training.actor import FSDPActor
+    from grpo_dist.training.settings import ActorSettings
 
     import torch.distributed as dist
 
     ours = not dist.is_initialized()  # the in-process vLLM engine may have opened a 1-process group already
-    init_process_group(backend="gloo", rank=0, world_size=1, master_addr="127.0.0.1", master_port=find_free_port())
+    init_process_group(backend="gloo", rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
     try:
         yield FSDPActor(smollm2_dir, ActorSettings(lr=1e-4, grad_clip=1.0), rank=0, world_size=1, device="cpu")
     finally:
