@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 
 from omegaconf import II
 
-from grpo_dist.core.policy_loss import list_policy_losses
+from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 
 
@@ -110,7 +110,8 @@ class CheckpointConfig:
 class PolicyLossConfig:
     loss_mode: str = F(
         "vanilla",
-        "policy-loss mode: " + " | ".join(list_policy_losses())
+        "policy-loss mode: " + " | ".join(BUILTIN_POLICY_LOSSES)
+        + ", or a mode registered with grpo_dist.core.policy_loss.register_policy_loss"
         + " (vanilla: the PPO clipped surrogate with clip-higher and dual clip)",
     )
 

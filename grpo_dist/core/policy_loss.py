@@ -188,3 +188,8 @@ def vanilla_policy_loss(
         clip_ratio_c=params.clip_ratio_c,
         agg=agg,
     )
+
+
+# The modes this package registers itself; registrations by user modules (or tests) come later and are
+# not part of generated documentation.
+BUILTIN_POLICY_LOSSES: tuple[str, ...] = tuple(list_policy_losses())
