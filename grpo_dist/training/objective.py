@@ -114,12 +114,14 @@ class MicroBatchLoss:
             (with the KL loss) ``kl_loss``: summed over micro-batches they give the mini-batch's values.
         metrics: the policy loss's own metrics (masked token means over this micro-batch).
         tokens: 0-dim, the micro-batch's response-token count (the weight of its metrics).
+        entropy_BR: [B, R] detached per-token entropy (for diagnostics in other aggregations).
     """
 
     loss: torch.Tensor
     terms: dict[str, torch.Tensor]
     metrics: Mapping[str, torch.Tensor]
     tokens: torch.Tensor
+    entropy_BR: torch.Tensor
 
 
 def micro_batch_loss(
@@ -168,7 +170,9 @@ def micro_batch_loss(
         kl_agg = agg_loss(kl_penalty(logp, mb["ref_log_prob"].float(), o.kl_loss_type), mask, kl_agg_spec)
         loss = loss + o.kl_loss_coef * kl_agg
         terms["kl_loss"] = kl_agg.detach()
-    return MicroBatchLoss(loss=loss, terms=terms, metrics=pg_metrics, tokens=mask.detach().double().sum())
+    return MicroBatchLoss(
+        loss=loss, terms=terms, metrics=pg_metrics, tokens=mask.detach().double().sum(), entropy_BR=entropy.detach()
+    )
 
 
 class TermSums:
