@@ -90,6 +90,8 @@ def runs(fsdp_model_dir):
     prompts[0, :3] = 0
     prompts[2, :1] = 0
     api, batches = {}, {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the spawned rank does: the same kernels, and no spin-waiting on a busy machine
     for name, options in CONFIGS.items():
         model = AutoModelForCausalLM.from_pretrained(fsdp_model_dir, dtype=torch.float32)
         initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -110,6 +112,7 @@ def runs(fsdp_model_dir):
                 "position_ids": rollout.position_ids, "responses": rollout.responses,
                 "response_mask": rollout.response_mask, "advantages": advantages}
         batches[name] = (actor_settings(options), data)
+    torch.set_num_threads(threads)
     (actor,) = run_ranks(job, 1, str(fsdp_model_dir), batches)
     return api, actor
 
