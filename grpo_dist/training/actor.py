@@ -21,7 +21,8 @@ its piece of the global aggregated loss::
     loss = pg_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg(kl_penalty(logp, ref_logp))
 
 where ``pg_loss`` is the registered policy-loss mode ``settings.loss_mode``
-(:mod:`grpo_dist.core.policy_loss`) called on the micro-batch with the mini-batch's ``AggSpec``;
+(:mod:`grpo_dist.core.policy_loss`) called on the micro-batch with the mini-batch's ``AggSpec``
+(:func:`grpo_dist.training.objective.micro_batch_loss`, shared with the in-process API);
 it back-propagates ``loss * W`` (FSDP2 averages gradients over the ``W`` ranks), so the accumulated
 gradient is that of the whole mini-batch's loss: the update does not depend on the micro-batch size,
 the token budget, or the number of ranks (up to float rounding).
@@ -48,9 +49,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import AutoConfig
 
-from grpo_dist.core.kl import kl_penalty
-from grpo_dist.core.losses import AggSpec, agg_loss, global_counts
-from grpo_dist.core.policy_loss import RESERVED_METRIC_NAMES, get_policy_loss
+from grpo_dist.core.losses import global_counts
 from grpo_dist.core.schedules import LRMultiplier, resolve_warmup_steps
 from grpo_dist.distributed.process_group import make_device_mesh
 from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
@@ -58,7 +57,8 @@ from grpo_dist.training import checkpoint_io, fsdp
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
-from grpo_dist.training.policy import batched_logprobs, forward_logprobs, require_keys
+from grpo_dist.training.objective import PolicyObjective, TermSums, micro_batch_loss
+from grpo_dist.training.policy import batched_logprobs, require_keys
 from grpo_dist.training.settings import UPDATE_KEYS, ActorSettings
 
 __all__ = ["FSDPActor"]
@@ -90,9 +90,11 @@ class FSDPActor:
                 f"{dist.get_rank()}/{dist.get_world_size()}"
             )
         self.settings = settings
-        self.policy_loss = get_policy_loss(settings.loss_mode)
-        """The registered policy-loss mode (looked up here: the mode must be registered in this process)."""
-        self.policy_loss_params = settings.policy_loss_params()
+        self.objective = PolicyObjective.from_settings(settings)
+        """The loss of every micro-batch (:mod:`grpo_dist.training.objective`); the policy-loss mode is
+        looked up here: it must be registered in this process."""
+        self.policy_loss = self.objective.policy_loss
+        self.policy_loss_params = self.objective.params
         self.model_path = str(model_path)
         self.rank, self.world_size = rank, world_size
         self.device = to_torch_device(device)
@@ -267,97 +269,31 @@ class FSDPActor:
         self, mb_data: dict[str, torch.Tensor], micro_kwargs: dict[str, int]
     ) -> tuple[dict[str, float], bool]:
         """Forward/backward over the micro-batches of one mini-batch, then clip and step."""
-        s = self.settings
         tokens, seqs = global_counts(mb_data["response_mask"])
         g_tokens, g_seqs = self._all_reduce_sum([tokens, seqs])
-        spec = AggSpec(mode=s.loss_agg_mode, global_tokens=g_tokens, global_seqs=g_seqs, norm_constant=s.norm_constant)
+        spec = self.objective.agg_spec(g_tokens, g_seqs)
         R = mb_data["responses"].shape[1]
-        # local sums (0-dim tensors on the device, read once per mini-batch: no sync per micro-batch):
-        # pg_loss, entropy, kl_loss are pieces of the global aggregates; the policy loss's metrics
-        # (masked means of a micro-batch) are summed weighted by their token counts
-        aggregates = ("pg_loss", "entropy", "kl_loss")
-        sums = {name: torch.zeros((), dtype=torch.float64, device=self.device) for name in aggregates}
-        loss_metric_names: tuple[str, ...] | None = None
+        # local sums (0-dim tensors on the device, read once per mini-batch: no sync per micro-batch)
+        sums = TermSums(self.objective, self.device)
         micro = plan_micro_batches(mb_data["attention_mask"], **micro_kwargs)
         for i, idx in enumerate(micro):
             if self.defer_grad_sync:
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
             mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
-            mask = mb["response_mask"]
-            logp, entropy = forward_logprobs(
-                self.model,
-                mb["input_ids"],
-                mb["attention_mask"],
-                mb["position_ids"],
-                response_length=R,
-                temperature=s.temperature,
-                compute_entropy=True,
-                entropy_requires_grad=s.entropy_coeff != 0,
-            )
-            pg_loss, pg_metrics = self.policy_loss.fn(
-                logp,
-                mb["old_log_probs"].float() if "old_log_probs" in mb else logp.detach(),
-                mb["advantages"].float(),
-                mask,
-                agg=spec,
-                params=self.policy_loss_params,
-            )
-            if loss_metric_names is None:
-                loss_metric_names = self._check_loss_metrics(pg_metrics)
-                sums.update({name: torch.zeros((), dtype=torch.float64, device=self.device) for name in loss_metric_names})
-            elif tuple(pg_metrics) != loss_metric_names:
-                raise ValueError(
-                    f"policy loss {self.policy_loss.name!r} returned metrics {list(pg_metrics)} after "
-                    f"{list(loss_metric_names)}: a loss must return the same metric names on every call"
-                )
-            assert entropy is not None
-            entropy_agg = agg_loss(entropy, mask, spec)
-            loss = pg_loss - s.entropy_coeff * entropy_agg if s.entropy_coeff != 0 else pg_loss
-            if s.use_kl_loss:
-                kl_agg = agg_loss(kl_penalty(logp, mb["ref_log_prob"].float(), s.kl_loss_type), mask, spec)
-                loss = loss + s.kl_loss_coef * kl_agg
-                sums["kl_loss"] += kl_agg.detach().double()
-            (loss * self.world_size).backward()
-            n_tok = mask.detach().double().sum()
-            sums["pg_loss"] += pg_loss.detach().double()
-            sums["entropy"] += entropy_agg.detach().double()
-            for name in loss_metric_names:
-                sums[name] += pg_metrics[name].detach().double() * n_tok
+            out = micro_batch_loss(self.model, mb, objective=self.objective, agg=spec, response_length=R)
+            sums.add(out)
+            (out.loss * self.world_size).backward()
 
-        assert loss_metric_names is not None, "every rank runs at least one micro-batch"
-        names = aggregates + loss_metric_names
-        local = torch.stack([sums[n] for n in names]).tolist()
-        totals = dict(zip(names, self._all_reduce_sum(local), strict=True))
-        for name in loss_metric_names:
-            totals[name] = totals[name] / g_tokens if g_tokens > 0 else 0.0
+        totals = sums.totals(self._all_reduce_sum(sums.local()), g_tokens)
         grad_norm = self._clip_grad_norm()
         finite = math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-        metrics = {f"actor/{name}": value for name, value in totals.items() if name != "kl_loss" or s.use_kl_loss}
+        metrics = {f"actor/{name}": value for name, value in totals.items()}
         metrics["actor/grad_norm"] = grad_norm
         return metrics, finite
-
-    def _check_loss_metrics(self, metrics: Mapping[str, torch.Tensor]) -> tuple[str, ...]:
-        """The names of a policy loss's metrics, after checking the metrics contract
-        (:mod:`grpo_dist.core.policy_loss`): 0-dim tensors, no name the actor reports itself."""
-        name = self.policy_loss.name
-        if not isinstance(metrics, Mapping):
-            raise ValueError(f"policy loss {name!r} must return (loss, dict of metrics), got {type(metrics).__name__}")
-        clash = sorted(RESERVED_METRIC_NAMES & set(metrics))
-        if clash:
-            raise ValueError(
-                f"policy loss {name!r} returned metrics named {clash}, which the actor reports itself; rename them"
-            )
-        for key, value in metrics.items():
-            if not isinstance(key, str) or not isinstance(value, torch.Tensor) or value.dim() != 0:
-                raise ValueError(
-                    f"policy loss {name!r}: metric {key!r} must be a 0-dim tensor under a string name, "
-                    f"got {type(value).__name__}{tuple(getattr(value, 'shape', ()))}"
-                )
-        return tuple(metrics)
 
     def _clip_grad_norm(self) -> float:
         """Global L2 norm of the (sharded, DTensor) gradients; clip to ``grad_clip`` when it is > 0."""
