@@ -108,3 +108,72 @@ def test_actor_settings_accept_aliases():
     s = ActorSettings(kl_loss_type="k3", betas=[0.9, 0.95], lr_scheduler_type="cosine", total_training_steps=10)
     assert s.betas == (0.9, 0.95)
     assert math.isclose(s.clip_ratio_low, 0.2)
+
+
+# ---- packed forward (use_remove_padding) ----
+
+
+def packed_vs_padded(model, ids, am, pos, R, T):
+    """Log-probs, entropies and parameter gradients of one loss through both paths."""
+    results = []
+    for remove_padding in (False, True):
+        model.zero_grad()
+        logp, ent = forward_logprobs(
+            model, ids, am, pos, response_length=R, temperature=T, compute_entropy=True, remove_padding=remove_padding
+        )
+        rm = am[:, -R:].bool()
+        (-(logp * rm).sum() - 0.1 * (ent * rm).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((logp.detach(), ent.detach(), grads))
+    return results
+
+
+@pytest.mark.parametrize(
+    "prompt_lengths,response_lengths",
+    [([2, 4, 3], [1, 3, 2]), ([6, 1, 5, 2], [5, 5, 2, 4]), ([3], [5]), ([4, 2], [0, 3])],
+)
+def test_packed_forward_equals_the_padded_one(tiny_model, prompt_lengths, response_lengths):
+    tiny_model.train()
+    ids, am, pos, rm = batch(prompt_lengths, response_lengths, seed=len(prompt_lengths))
+    (lp0, en0, g0), (lp1, en1, g1) = packed_vs_padded(tiny_model, ids, am, pos, R=5, T=0.7)
+    m = rm.bool()
+    assert (lp0 - lp1)[m].abs().max() < 1e-5
+    assert (en0 - en1)[m].abs().max() < 1e-5
+    assert torch.all(lp1[~m] == 0) and torch.all(en1[~m] == 0), "padding positions of the packed path hold 0"
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        assert torch.allclose(g0[name], g1[name], atol=1e-5, rtol=1e-4), name
+    tiny_model.eval()
+
+
+def test_packed_forward_runs_only_the_real_tokens(tiny_model):
+    ids, am, pos, rm = batch([2, 4, 3], [1, 3, 2])
+    seen = []
+    handle = tiny_model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape))
+    try:
+        forward_logprobs(tiny_model, ids, am, pos, response_length=5, temperature=1.0, compute_entropy=False,
+                         remove_padding=True)
+    finally:
+        handle.remove()
+    assert seen == [torch.Size([1, int(am.sum())])]
+
+
+def test_packed_forward_of_rows_without_response_tokens_is_zero(tiny_model):
+    ids, am, pos, _ = batch([2, 4], [0, 0])
+    logp, ent = forward_logprobs(tiny_model, ids, am, pos, response_length=5, temperature=1.0, compute_entropy=True,
+                                 remove_padding=True)
+    assert torch.all(logp == 0) and torch.all(ent == 0)
+
+
+def test_packing_refuses_a_row_with_a_hole_or_without_a_prompt(tiny_model):
+    ids, am, pos, _ = batch([2, 4], [3, 3])
+    holed = am.clone()
+    holed[1, 7] = 0
+    with pytest.raises(ValueError, match="row 1 cannot be packed"):
+        forward_logprobs(tiny_model, ids, holed, pos, response_length=5, temperature=1.0, compute_entropy=False,
+                         remove_padding=True)
+    no_prompt = am.clone()
+    no_prompt[0, :6] = 0
+    with pytest.raises(ValueError, match="row 0 cannot be packed"):
+        forward_logprobs(tiny_model, ids, no_prompt, pos, response_length=5, temperature=1.0, compute_entropy=False,
+                         remove_padding=True)
