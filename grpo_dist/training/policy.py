@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grpo_dist.core.losses import entropy_from_logits, logprobs_from_logits
+from grpo_dist.core.logprobs import token_logprobs_and_entropy
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.settings import FORWARD_KEYS
 
@@ -128,6 +128,7 @@ def _forward_packed(
     temperature: float,
     compute_entropy: bool,
     entropy_requires_grad: bool,
+    logits_chunk_size: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     packed = pack_rows(input_ids, attention_mask, position_ids, response_length)
     B = input_ids.shape[0]
@@ -144,20 +145,17 @@ def _forward_packed(
     logits = out.logits[0]
     if logits.shape[0] != packed.keep_M.shape[0]:  # a model that ignores logits_to_keep
         logits = logits[packed.keep_M]
-    logits_MV = logits.float() / temperature
+    logp_M, entropy_M = token_logprobs_and_entropy(
+        logits, packed.labels_M, temperature=temperature, compute_entropy=compute_entropy,
+        entropy_requires_grad=entropy_requires_grad, chunk_size=logits_chunk_size,
+    )
 
     def to_grid(values_M: torch.Tensor) -> torch.Tensor:
         grid = values_M.new_zeros(B, response_length)
         return grid.index_put((packed.row_M, packed.col_M), values_M)
 
-    logp_BR = to_grid(logprobs_from_logits(logits_MV, packed.labels_M))
-    entropy_BR = None
-    if compute_entropy:
-        if entropy_requires_grad:
-            entropy_BR = to_grid(entropy_from_logits(logits_MV))
-        else:
-            with torch.no_grad():
-                entropy_BR = to_grid(entropy_from_logits(logits_MV.detach()))
+    logp_BR = to_grid(logp_M)
+    entropy_BR = to_grid(entropy_M) if entropy_M is not None else None
     return logp_BR, entropy_BR
 
 
@@ -172,6 +170,7 @@ def forward_logprobs(
     compute_entropy: bool,
     entropy_requires_grad: bool = True,
     remove_padding: bool = False,
+    logits_chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob (and entropy) of each response token under ``model`` at ``temperature``.
 
@@ -181,7 +180,9 @@ def forward_logprobs(
     the last attended column get 0. Gradients flow when called under grad mode (to the entropy too
     unless ``entropy_requires_grad=False``: then it is computed from detached logits, for metrics).
     ``remove_padding=True`` runs the packed forward (module docstring); response positions that are
-    padding then hold 0.
+    padding then hold 0. ``logits_chunk_size`` computes log-probs and entropy about that many
+    positions at a time (whole rows on the padded path), recomputed in the backward (:mod:`grpo_dist.core.logprobs`: same values, far less memory
+    for large vocabularies).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -197,6 +198,7 @@ def forward_logprobs(
         return _forward_packed(
             model, input_ids, attention_mask, position_ids, response_length=R, temperature=temperature,
             compute_entropy=compute_entropy, entropy_requires_grad=entropy_requires_grad,
+            logits_chunk_size=logits_chunk_size,
         )
     start, kept = trim_padding_columns(attention_mask, R)
     end = input_ids.shape[1] - R + kept
@@ -208,16 +210,13 @@ def forward_logprobs(
         logits_to_keep=kept + 1,
     )
     # K = kept response columns; slicing from the end also works for a model that ignores logits_to_keep
-    logits_BKV = out.logits[:, -(kept + 1) : -1, :].float() / temperature
+    logits_BKV = out.logits[:, -(kept + 1) : -1, :]
     labels_BK = input_ids[:, end - kept : end]
-    logp_BK = logprobs_from_logits(logits_BKV, labels_BK)
-    entropy_BK = None
-    if compute_entropy:
-        if entropy_requires_grad:
-            entropy_BK = entropy_from_logits(logits_BKV)
-        else:
-            with torch.no_grad():
-                entropy_BK = entropy_from_logits(logits_BKV.detach())
+    rows_per_chunk = None if logits_chunk_size is None else max(1, logits_chunk_size // kept)
+    logp_BK, entropy_BK = token_logprobs_and_entropy(
+        logits_BKV, labels_BK, temperature=temperature, compute_entropy=compute_entropy,
+        entropy_requires_grad=entropy_requires_grad, chunk_size=rows_per_chunk,
+    )
     if kept < R:
         pad = (0, R - kept)
         logp_BK = nn.functional.pad(logp_BK, pad)
@@ -236,6 +235,7 @@ def batched_logprobs(
     temperature: float,
     compute_entropy: bool,
     remove_padding: bool = False,
+    logits_chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """No-grad log-probs (and entropy) of every row of ``data``, micro-batch by micro-batch.
 
@@ -258,6 +258,7 @@ def batched_logprobs(
             temperature=temperature,
             compute_entropy=compute_entropy,
             remove_padding=remove_padding,
+            logits_chunk_size=logits_chunk_size,
         )
         logps.append(logp.cpu())
         if ent is not None:

@@ -177,3 +177,19 @@ def test_packing_refuses_a_row_with_a_hole_or_without_a_prompt(tiny_model):
     with pytest.raises(ValueError, match="row 0 cannot be packed"):
         forward_logprobs(tiny_model, ids, no_prompt, pos, response_length=5, temperature=1.0, compute_entropy=False,
                          remove_padding=True)
+
+
+@pytest.mark.parametrize("remove_padding", [False, True])
+def test_chunked_logits_give_the_same_values_and_gradients(tiny_model, remove_padding):
+    ids, am, pos, rm = batch([6, 1, 5, 2], [5, 5, 2, 4], seed=9)
+    results = []
+    for chunk in (None, 3):
+        tiny_model.zero_grad()
+        logp, ent = forward_logprobs(tiny_model, ids, am, pos, response_length=5, temperature=0.9, compute_entropy=True,
+                                     remove_padding=remove_padding, logits_chunk_size=chunk)
+        (-(logp * rm).sum() - 0.1 * (ent * rm).sum()).backward()
+        results.append((logp.detach(), ent.detach(), [p.grad.clone() for p in tiny_model.parameters()]))
+    (lp0, en0, g0), (lp1, en1, g1) = results
+    m = rm.bool()
+    assert (lp0 - lp1)[m].abs().max() < 1e-6 and (en0 - en1)[m].abs().max() < 1e-6
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g0, g1, strict=True))
