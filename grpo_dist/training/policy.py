@@ -181,7 +181,7 @@ def forward_logprobs(
     unless ``entropy_requires_grad=False``: then it is computed from detached logits, for metrics).
     ``remove_padding=True`` runs the packed forward (module docstring); response positions that are
     padding then hold 0. ``logits_chunk_size`` computes log-probs and entropy about that many
-    positions at a time (whole rows on the padded path), recomputed in the backward (:mod:`grpo_dist.core.logprobs`: same values, far less memory
+    positions at a time (None: a size chosen from the vocabulary), recomputed in the backward (:mod:`grpo_dist.core.logprobs`: same values, far less memory
     for large vocabularies).
     """
     if temperature <= 0:
@@ -212,10 +212,9 @@ def forward_logprobs(
     # K = kept response columns; slicing from the end also works for a model that ignores logits_to_keep
     logits_BKV = out.logits[:, -(kept + 1) : -1, :]
     labels_BK = input_ids[:, end - kept : end]
-    rows_per_chunk = None if logits_chunk_size is None else max(1, logits_chunk_size // kept)
     logp_BK, entropy_BK = token_logprobs_and_entropy(
         logits_BKV, labels_BK, temperature=temperature, compute_entropy=compute_entropy,
-        entropy_requires_grad=entropy_requires_grad, chunk_size=rows_per_chunk,
+        entropy_requires_grad=entropy_requires_grad, chunk_size=logits_chunk_size,
     )
     if kept < R:
         pad = (0, R - kept)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grpo_dist.core.logprobs import token_logprobs_and_entropy
+from grpo_dist.core.losses import entropy_from_logits, logprobs_from_logits
 
 
 def plain(logits_MV: torch.Tensor, labels_M: torch.Tensor, temperature: float):
@@ -78,28 +79,30 @@ def test_bad_arguments_are_named():
         token_logprobs_and_entropy(logits, labels[:-1], temperature=1.0, compute_entropy=False)
 
 
-def saved_bytes(chunk_size):
-    """Bytes autograd keeps for the backward of one loss over [512, 8192] logits."""
+def saved_bytes(compute) -> int:
+    """Bytes autograd keeps for the backward of one loss over [512, 8192] logits, besides the logits."""
     logits, labels = inputs(M=512, V=8192, seed=1)
     total = 0
 
     def pack(t):
         nonlocal total
-        if t.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr():  # the model's logits: kept anyway
+        if t.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr():
             total += t.numel() * t.element_size()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, ent = token_logprobs_and_entropy(logits, labels, temperature=1.0, compute_entropy=True,
-                                               chunk_size=chunk_size)
+        logp, ent = compute(logits, labels)
     kept = total
     (logp.sum() + ent.sum()).backward()  # and the backward still works
     assert logits.grad is not None
     return kept
 
 
-def test_chunks_keep_far_less_for_the_backward():
+def test_no_float32_copy_of_the_logits_is_kept_for_the_backward():
     one_logits = 512 * 8192 * 4
-    plain_bytes, chunked_bytes = saved_bytes(None), saved_bytes(64)
-    assert plain_bytes >= 2 * one_logits, "the plain path keeps float32 [M, V] tensors"
-    assert chunked_bytes < one_logits / 4, "chunks are recomputed in the backward, not kept"
+    textbook = saved_bytes(lambda z, y: (logprobs_from_logits(z.float(), y), entropy_from_logits(z.float())))
+    assert textbook >= 2 * one_logits, "the textbook composition keeps float32 [M, V] tensors"
+    for chunk_size in (None, 64):
+        ours = saved_bytes(lambda z, y: token_logprobs_and_entropy(
+            z, y, temperature=0.8, compute_entropy=True, chunk_size=chunk_size))
+        assert ours <= 3 * 512 * 8, f"chunk_size={chunk_size}: keeps {ours} bytes (per-position numbers only)"
