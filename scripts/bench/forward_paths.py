@@ -1,8 +1,8 @@
 """Padded vs packed forward, log-probs over all positions at once vs in chunks: time and peak memory of the actor's forward +
 backward on one CPU rank, each variant in a fresh process.
 
-    .venv/bin/python scripts/bench/forward_paths.py            # both workloads, ~4 min on 2 cores
-    .venv/bin/python scripts/bench/forward_paths.py --quick    # smaller, ~1 min
+    .venv/bin/python scripts/bench/forward_paths.py            # both workloads, ~9 min on 2 cores
+    .venv/bin/python scripts/bench/forward_paths.py --quick    # smaller, ~2 min
 
 Workloads (random Qwen2-style models, float32, SDPA attention, no gradient checkpointing):
 
