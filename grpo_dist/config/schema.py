@@ -75,7 +75,11 @@ class DataConfig:
 class ModelConfig:
     path: str = F("builtin:tiny-reverse", "Hugging Face model directory (or hub-cache name) of the policy and reference")
     enable_gradient_checkpointing: bool = F(True, "recompute activations in the backward pass to save memory")
-    use_remove_padding: bool = F(False, "pack sequences without padding (accepted for verl compatibility; padded path used)")
+    use_remove_padding: bool = F(
+        True,
+        "run the actor's and reference's forwards on the real tokens only, packed into one row per "
+        "micro-batch with per-sequence position ids (same results as the padded path, less compute)",
+    )
     trust_remote_code: bool = F(False, "allow the model directory's own Python code to run when loading it")
     attn_implementation: str = F("auto", "attention kernel: auto (sdpa, or flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2")
 

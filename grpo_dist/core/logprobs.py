@@ -25,8 +25,6 @@ logits ran 3-4x faster than all positions at once, for 32k and 152k vocabularies
 contribute 0.
 """
 
-from __future__ import annotations
-
 import torch
 
 __all__ = ["token_logprobs_and_entropy", "default_chunk_size"]

@@ -117,6 +117,7 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         reduce_dtype="float32",
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         enable_gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
         reshard_after_forward=a.fsdp_config.reshard_after_forward,
         param_offload=a.fsdp_config.param_offload,
         optimizer_offload=a.fsdp_config.optimizer_offload,
@@ -132,6 +133,7 @@ def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
         reshard_after_forward=r.fsdp_config.reshard_after_forward,
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+        use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
     )
 
 

@@ -187,6 +187,7 @@ class FSDPActor:
             max_token_len=max_token_len,
             temperature=self.settings.temperature if temperature is None else temperature,
             compute_entropy=compute_entropy,
+            remove_padding=self.settings.use_remove_padding,
         )
 
     def update_policy(self, data: Mapping[str, torch.Tensor]) -> dict[str, float]:

@@ -68,6 +68,8 @@ class PolicyObjective:
     kl_loss_type: str
     kl_loss_agg_mode: str | None
     temperature: float
+    remove_padding: bool = False
+    """The packed forward (:func:`~grpo_dist.training.policy.forward_logprobs`): same values, less compute."""
 
     def __post_init__(self) -> None:
         for name in ("loss_agg_mode", "kl_loss_agg_mode"):
@@ -95,6 +97,7 @@ class PolicyObjective:
             kl_loss_type=s.kl_loss_type,
             kl_loss_agg_mode=None,
             temperature=s.temperature,
+            remove_padding=s.use_remove_padding,
         )
 
     def agg_spec(self, global_tokens: float, global_seqs: float) -> AggSpec:
@@ -152,6 +155,7 @@ def micro_batch_loss(
         temperature=o.temperature,
         compute_entropy=True,
         entropy_requires_grad=o.entropy_coeff != 0,
+        remove_padding=o.remove_padding,
     )
     pg_loss, pg_metrics = o.policy_loss.fn(
         logp,

@@ -40,6 +40,7 @@ class FSDPReference:
         reshard_after_forward: bool = True,
         attn_implementation: str = "auto",
         trust_remote_code: bool = False,
+        use_remove_padding: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("FSDPReference needs torch.distributed initialised (init_process_group) first")
@@ -54,6 +55,7 @@ class FSDPReference:
             reshard_after_forward=reshard_after_forward,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
+            use_remove_padding=use_remove_padding,
         )
         self.rank, self.world_size = rank, world_size
         self.device = to_torch_device(device)
@@ -95,5 +97,6 @@ class FSDPReference:
             max_token_len=max_token_len,
             temperature=temperature,
             compute_entropy=False,
+            remove_padding=self.settings.use_remove_padding,
         )
         return logp

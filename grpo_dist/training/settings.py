@@ -104,6 +104,9 @@ class ActorSettings:
     attn_implementation: str = "auto"
     """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
     enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+    """Run every forward on the real tokens only, packed into one row with per-sequence position ids
+    (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""
     reshard_after_forward: bool = True
     param_offload: bool = False
     """FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the CPU."""
@@ -177,6 +180,9 @@ class ReferenceSettings:
     attn_implementation: str = "auto"
     """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
     trust_remote_code: bool = False
+    use_remove_padding: bool = False
+    """Run every forward on the real tokens only, packed into one row with per-sequence position ids
+    (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""
 
     def __post_init__(self) -> None:
         to_dtype(self.param_dtype)

@@ -56,12 +56,14 @@ def full_params(actor) -> dict[str, torch.Tensor]:
 
 def cross_rank_config(mode: str, world_size: int):
     """Same update on 1 and 2 ranks: 2 mini-batches, 2 epochs, KL loss and entropy bonus on.
-    1 rank cuts micro-batches of 1 row; 2 ranks pack by token budget and shuffle."""
+    1 rank cuts padded micro-batches of 1 row; 2 ranks cut by token budget, shuffle and run packed
+    forwards (use_remove_padding)."""
     common = dict(loss_agg_mode=mode, ppo_epochs=2, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
     if world_size == 1:
         return settings(ppo_mini_batch_size_per_gpu=4, ppo_micro_batch_size_per_gpu=1, **common)
     return settings(
-        ppo_mini_batch_size_per_gpu=2, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40, shuffle=True, seed=3, **common
+        ppo_mini_batch_size_per_gpu=2, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40, shuffle=True, seed=3,
+        use_remove_padding=True, **common
     )
 
 
@@ -97,6 +99,10 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
     logp_mb2, _ = actor.compute_log_prob(mine, micro_batch_size=3, temperature=T)
     ref = FSDPReference(model_dir, rank=rank, world_size=world_size, device="cpu")
     ref_logp = ref.compute_ref_log_prob(mine, max_token_len=16, temperature=T)
+    packed_actor = make(settings(use_remove_padding=True))
+    packed_logp, packed_ent = packed_actor.compute_log_prob(mine, max_token_len=16, temperature=T, compute_entropy=True)
+    packed_ref = FSDPReference(model_dir, rank=rank, world_size=world_size, device="cpu", use_remove_padding=True)
+    packed_ref_logp = packed_ref.compute_ref_log_prob(mine, micro_batch_size=3, temperature=T)
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = plain(
@@ -113,6 +119,9 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
         "actor_count": (logp_mb2 - want_logp)[m].abs().max().item(),
         "reference": (ref_logp - want_logp)[m].abs().max().item(),
         "entropy": (ent - want_ent)[m].abs().max().item(),
+        "actor_packed": (packed_logp - want_logp)[m].abs().max().item(),
+        "entropy_packed": (packed_ent - want_ent)[m].abs().max().item(),
+        "reference_packed": (packed_ref_logp - want_logp)[m].abs().max().item(),
         "temperature_matters": (torch.log_softmax(logits[:, -R - 1 : -1], -1) - logsm).abs().max().item(),
     }
 
@@ -193,6 +202,8 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
         "micro4": dict(ppo_micro_batch_size_per_gpu=4),
         "dynamic": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20),
         "micro4_checkpointing": dict(ppo_micro_batch_size_per_gpu=4, enable_gradient_checkpointing=True),
+        "micro4_packed": dict(ppo_micro_batch_size_per_gpu=4, use_remove_padding=True),
+        "dynamic_packed": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, use_remove_padding=True),
     }
     out["invariance"] = {}
     for mode in LOSS_AGG_MODES:
@@ -350,7 +361,7 @@ def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mod
     runs = {cut: r for (m, cut), r in one_rank["invariance"].items() if m == mode}
     ref = runs["micro1"]
     assert ref["metrics"]["actor/grad_norm"] > 1e-3
-    for cut in ("micro4", "dynamic", "micro4_checkpointing"):
+    for cut in ("micro4", "dynamic", "micro4_checkpointing", "micro4_packed", "dynamic_packed"):
         got = runs[cut]
         assert rel(got["metrics"]["actor/grad_norm"], ref["metrics"]["actor/grad_norm"]) < 1e-5, cut
         assert max_param_diff(got["params"], ref["params"]) < 1e-6, cut
@@ -388,6 +399,7 @@ def test_compute_log_prob_matches_plain_hf_forward(two_rank):
         assert err["actor_count"] < 1e-5
         assert err["reference"] < 1e-5
         assert err["entropy"] < 1e-5
+        assert err["actor_packed"] < 1e-5 and err["entropy_packed"] < 1e-5 and err["reference_packed"] < 1e-5
         assert err["temperature_matters"] > 1e-2
 
 
