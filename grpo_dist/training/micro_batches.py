@@ -33,6 +33,9 @@ __all__ = [
     "row_lengths",
     "plan_micro_batches",
     "rank_shard_indices",
+    "balanced_shard_order",
+    "shard_token_loads",
+    "seqlen_balance_metrics",
 ]
 
 
@@ -198,3 +201,64 @@ def rank_shard_indices(num_rows: int, *, num_mini_batches: int, rank: int, world
     mini = num_rows // num_mini_batches
     per_rank = mini // world_size
     return [k * mini + rank * per_rank + j for k in range(num_mini_batches) for j in range(per_rank)]
+
+
+def balanced_shard_order(lengths: Sequence[int], *, num_mini_batches: int, world_size: int) -> list[int]:
+    """A row order for :func:`rank_shard_indices` under which every rank gets about the same number of
+    tokens in each global mini-batch (verl's ``trainer.balance_batch``), without moving any row to
+    another mini-batch.
+
+    Rows only move inside their own global mini-batch (the ``num_rows // num_mini_batches`` consecutive
+    rows ``rank_shard_indices`` cuts into ``world_size`` chunks). The update sums every rank's piece of a
+    mini-batch with global normalisers, so such a permutation leaves it unchanged up to float rounding,
+    while moving rows across mini-batches would change which optimizer step sees them.
+
+    Within a mini-batch the rows are dealt longest first (ties: lower index first) to the rank with
+    the fewest tokens so far among those with room (each rank takes exactly ``num_rows //
+    (num_mini_batches * world_size)`` rows; ties: lower rank). Returns ``order`` with
+    ``order[i]`` = the input row placed at position ``i``; deterministic.
+    """
+    n = len(lengths)
+    if num_mini_batches < 1 or world_size < 1:
+        raise ValueError("num_mini_batches and world_size must be >= 1")
+    if n % (num_mini_batches * world_size):
+        raise ValueError(f"{n} rows cannot be cut into {num_mini_batches} mini-batches x {world_size} ranks evenly")
+    mini, per_rank = n // num_mini_batches, n // (num_mini_batches * world_size)
+    order: list[int] = []
+    for k in range(num_mini_batches):
+        rows = range(k * mini, (k + 1) * mini)
+        loads, members = [0] * world_size, [[] for _ in range(world_size)]
+        for i in sorted(rows, key=lambda i: (-int(lengths[i]), i)):
+            r = min((r for r in range(world_size) if len(members[r]) < per_rank), key=lambda r: (loads[r], r))
+            members[r].append(i)
+            loads[r] += int(lengths[i])
+        order.extend(i for r in range(world_size) for i in sorted(members[r]))
+    return order
+
+
+def shard_token_loads(lengths: Sequence[int], order: Sequence[int], *, num_mini_batches: int, world_size: int) -> list[int]:
+    """Tokens of each (mini-batch, rank) shard when rows are laid out in ``order``: a list of
+    ``num_mini_batches * world_size`` sums, mini-batch major."""
+    n = len(order)
+    per_rank = n // (num_mini_batches * world_size)
+    return [sum(int(lengths[order[j]]) for j in range(s, s + per_rank)) for s in range(0, n, per_rank)]
+
+
+def seqlen_balance_metrics(lengths: Sequence[int], order: Sequence[int], *, num_mini_batches: int, world_size: int) -> dict[str, float]:
+    """verl's ``global_seqlen/*`` metrics: tokens per rank over the step (summed over its shards of all
+    mini-batches) in the original order (``min``, ``max``, ``minmax_diff``) and in ``order``
+    (``balanced_min``, ``balanced_max``), and their ``mean``."""
+
+    def per_rank(o: Sequence[int]) -> list[int]:
+        loads = shard_token_loads(lengths, o, num_mini_batches=num_mini_batches, world_size=world_size)
+        return [sum(loads[k * world_size + r] for k in range(num_mini_batches)) for r in range(world_size)]
+
+    before, after = per_rank(list(range(len(order)))), per_rank(order)
+    return {
+        "global_seqlen/min": float(min(before)),
+        "global_seqlen/max": float(max(before)),
+        "global_seqlen/minmax_diff": float(max(before) - min(before)),
+        "global_seqlen/balanced_min": float(min(after)),
+        "global_seqlen/balanced_max": float(max(after)),
+        "global_seqlen/mean": float(sum(before) / world_size),
+    }

@@ -121,3 +121,55 @@ def test_rank_shard_layout():
     assert union == [6, 7, 8, 9, 10, 11], "chunk 1 over all ranks is global mini-batch 1"
     with pytest.raises(ValueError):
         rank_shard_indices(10, num_mini_batches=3, rank=0, world_size=2)
+
+
+# ---- balancing tokens over ranks inside each mini-batch (trainer.balance_batch) ----
+from grpo_dist.training.micro_batches import balanced_shard_order, seqlen_balance_metrics, shard_token_loads  # noqa: E402
+
+
+def test_balanced_order_by_hand():
+    # one mini-batch, 2 ranks x 2 rows: contiguous chunks give [10+9, 1+2] = [19, 3]
+    lengths = [10, 9, 1, 2]
+    order = balanced_shard_order(lengths, num_mini_batches=1, world_size=2)
+    # dealt longest first: 10 -> r0, 9 -> r1, 2 -> r1 (9 < 10), 1 -> r0
+    assert order == [0, 2, 1, 3]
+    assert shard_token_loads(lengths, order, num_mini_batches=1, world_size=2) == [11, 11]
+    m = seqlen_balance_metrics(lengths, order, num_mini_batches=1, world_size=2)
+    assert m == {
+        "global_seqlen/min": 3.0, "global_seqlen/max": 19.0, "global_seqlen/minmax_diff": 16.0,
+        "global_seqlen/balanced_min": 11.0, "global_seqlen/balanced_max": 11.0, "global_seqlen/mean": 11.0,
+    }
+
+
+def test_rows_never_leave_their_mini_batch():
+    lengths = [100, 100, 100, 100, 1, 1, 1, 1]  # mini-batch 0 is all long, mini-batch 1 all short
+    order = balanced_shard_order(lengths, num_mini_batches=2, world_size=2)
+    assert sorted(order[:4]) == [0, 1, 2, 3] and sorted(order[4:]) == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_balanced_order_is_a_permutation_within_mini_batches_and_evens_the_load(seed):
+    import random
+
+    rng = random.Random(seed)
+    M, W, per = rng.randint(1, 3), rng.randint(1, 4), rng.randint(1, 5)
+    n = M * W * per
+    lengths = [rng.randint(1, 200) for _ in range(n)]
+    order = balanced_shard_order(lengths, num_mini_batches=M, world_size=W)
+    assert sorted(order) == list(range(n))
+    mini = n // M
+    for k in range(M):
+        assert {i // mini for i in order[k * mini : (k + 1) * mini]} == {k}
+    loads = shard_token_loads(lengths, order, num_mini_batches=M, world_size=W)
+    plain = shard_token_loads(lengths, list(range(n)), num_mini_batches=M, world_size=W)
+    for k in range(M):
+        got, before = loads[k * W : (k + 1) * W], plain[k * W : (k + 1) * W]
+        longest = max(lengths[k * mini : (k + 1) * mini])
+        assert max(got) - min(got) <= longest, "dealing longest first leaves at most one row's difference"
+        assert max(got) <= max(before)
+    assert balanced_shard_order(lengths, num_mini_batches=M, world_size=W) == order, "deterministic"
+
+
+def test_balanced_order_refuses_uneven_cuts():
+    with pytest.raises(ValueError, match="cannot be cut"):
+        balanced_shard_order([1, 2, 3], num_mini_batches=1, world_size=2)
