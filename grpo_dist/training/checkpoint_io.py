@@ -9,14 +9,22 @@ For any trainable model (the policy, and later a value or reward model):
 - :func:`export_hf`: a Hugging Face model directory (config, safetensors, generation config and a
   verbatim copy of the tokenizer files) that transformers and vLLM load.
 
+Nothing is unpickled with code: the per-rank files load with ``torch.load(weights_only=True)``, DCP's
+metadata with an unpickler that allows only DCP's metadata types, and DCP's non-tensor entries with
+``weights_only=True`` as well; anything else is refused with :class:`UnsafeCheckpointError`.
+
 Everything here that touches a sharded model is COLLECTIVE: every rank of the mesh must call it, in
 the same order, or the job hangs. ``directory`` must be on a file system every rank sees.
 """
 
 from __future__ import annotations
 
+import importlib
+import io
 import os
+import pickle
 import random
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +34,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint._traverse import set_element
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.optim.lr_scheduler import LRScheduler
@@ -60,8 +72,15 @@ def _extra_path(directory: Path, rank: int) -> Path:
 # RNG
 # --------------------------------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
-    """This process's RNG states: torch (CPU), Python ``random``, numpy, and CUDA when available."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """This process's RNG states: torch (CPU), Python ``random``, numpy, and CUDA when available, as
+    tensors and plain values only (so that they load with ``torch.load(weights_only=True)``)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -71,9 +90,114 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`rng_state` returned (CUDA's only when both sides have CUDA)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    np.random.set_state(
+        (n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------------------------------
+# loading without running code from disk
+# --------------------------------------------------------------------------------------------------
+class UnsafeCheckpointError(ValueError):
+    """A checkpoint file holds something other than tensors, plain values and DCP's own metadata
+    classes: it is refused instead of unpickled (unpickling can run arbitrary code)."""
+
+
+# what DCP's .metadata file may name (besides builtin containers): its metadata classes, the
+# filesystem reader's storage record, torch dtypes and sizes, and paths
+_DCP_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
+_DCP_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (
+            (module in _DCP_METADATA_MODULES and isinstance(getattr(importlib.import_module(module), name, None), type))
+            or (module, name) in _DCP_METADATA_GLOBALS
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )
+        if not allowed:
+            raise UnsafeCheckpointError(f"names {module}.{name}, which is not a checkpoint metadata type")
+        return super().find_class(module, name)
+
+
+def read_dcp_metadata(path: str | os.PathLike) -> Any:
+    """DCP's ``.metadata`` file, unpickled with only DCP's metadata types allowed
+    (:class:`UnsafeCheckpointError` naming the file and the refused name otherwise)."""
+    try:
+        with open(path, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except UnsafeCheckpointError as e:
+        raise UnsafeCheckpointError(f"refusing to load {path}: it {e}") from None
+
+
+def safe_torch_load(path: str | os.PathLike) -> Any:
+    """``torch.load(path, weights_only=True)``: tensors and plain Python values only; anything else is
+    refused with :class:`UnsafeCheckpointError` naming the file (never unpickled)."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it holds Python objects other than tensors and plain values "
+            f"({first}); checkpoint files are never unpickled with code"
+        ) from None
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """DCP's file reader with the metadata read by :func:`read_dcp_metadata`."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        rank = kwargs.get("rank")
+        metadata = read_dcp_metadata(self._get_metadata_path(rank))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _SafePlanner(DefaultLoadPlanner):
+    """DCP's default load planner with non-tensor entries (optimizer hyper-parameters, step
+    counters) read by ``torch.load(weights_only=True)`` instead of a full unpickle."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        try:
+            obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise UnsafeCheckpointError(
+                f"refusing to load the entry {read_item.dest_index.fqn!r} of a checkpoint: it holds Python "
+                f"objects other than tensors and plain values ({str(e).strip().splitlines()[0]})"
+            ) from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+def safe_dcp_load(state: dict[str, Any], checkpoint_dir: str | os.PathLike) -> None:
+    """``dcp.load(state, checkpoint_dir)`` (collective, in place) with the metadata and every non-tensor
+    entry read without running code (:class:`UnsafeCheckpointError` otherwise)."""
+    try:
+        dcp.load(state, storage_reader=_SafeReader(str(checkpoint_dir)), planner=_SafePlanner())
+    except (Exception, CheckpointException) as e:  # DCP wraps failures in a CheckpointException (a BaseException)
+        failures = getattr(e, "failures", None) or {}
+        text = " ".join([str(e), *(str(f) for f in failures.values())])
+        at = text.find("refusing to load")
+        if at < 0:
+            raise
+        raise UnsafeCheckpointError(re.split(r"[;\n]", text[at:])[0].strip()) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,7 +223,7 @@ def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torc
     # get_state_dict initialises the optimizer state (a zero-lr step) so DCP has tensors to load into.
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(state, checkpoint_id=str(directory / "dcp"))
+    safe_dcp_load(state, directory / "dcp")
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
@@ -147,12 +271,12 @@ def load_train_state(
     load_sharded(directory, model, optimizer)
     mine = _extra_path(directory, _rank())
     if mine.exists():
-        record = torch.load(mine, weights_only=False)
+        record = safe_torch_load(mine)
     else:
         rank0 = _extra_path(directory, 0)
         if not rank0.exists():
             raise FileNotFoundError(f"no scheduler/RNG state in {directory} (expected {rank0.name})")
-        record = torch.load(rank0, weights_only=False)
+        record = safe_torch_load(rank0)
         record.pop(_RNG_KEY, None)
     if scheduler is not None:
         scheduler.load_state_dict(record[_SCHEDULER_KEY])
