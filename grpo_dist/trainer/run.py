@@ -23,10 +23,8 @@ def run(cfg: GRPOConfig) -> int:
     from grpo_dist import tasks
     from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
-    from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
-    from grpo_dist.config.validate import data_parallel_size
     from grpo_dist.trainer import build
-    from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
+    from grpo_dist.utils.run_lock import RunLock, RunLockError
 
     t0 = time.perf_counter()
     try:
@@ -48,8 +46,32 @@ def run(cfg: GRPOConfig) -> int:
         return _fail(str(exc), 2)
 
     out_dir = Path(cfg.trainer.default_local_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out_dir)
+    lock = RunLock(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        save_config(cfg, out_dir)
+    except RunLockError as exc:
+        return _fail(str(exc), 2)
+    except OSError as exc:
+        lock.release()
+        return _fail(f"cannot write to trainer.default_local_dir={out_dir}: {exc.strerror or exc} "
+                     f"({exc.filename or out_dir}); give a directory this user can create and write", 2)
+    if lock.note:
+        print(f"grpo_dist: {lock.note}", flush=True)
+    try:
+        return _run_locked(cfg, out_dir, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
+                           train=train, val=val, t0=t0)
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_path, train, val, t0: float) -> int:
+    from grpo_dist.config.validate import data_parallel_size
+    from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
+    from grpo_dist.trainer import build
+    from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
+
     ri = cfg.ray_kwargs.ray_init
     started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
                            min_cpus=data_parallel_size(cfg))

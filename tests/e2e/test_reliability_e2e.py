@@ -102,6 +102,33 @@ def test_ranks_that_do_not_fit_the_devices(tiny_model_dir, reverse_data, tmp_pat
     assert_one_message(proc, "trainer.device", "no GPUs", code=2)
 
 
+def test_output_directory_of_a_running_run_is_refused(tiny_model_dir, reverse_data, tmp_path):
+    """A second run on a directory another live run holds stops before starting anything and leaves the
+    other run's files alone."""
+    import socket
+
+    out = tmp_path / "o"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock = out / ".grpo_dist.lock"
+        lock.write_text(json.dumps({"host": socket.gethostname(), "pid": holder.pid, "started": "earlier"}))
+        (out / "metrics.jsonl").write_text('{"step": 1}\n')
+        proc = run_main(base_args(tiny_model_dir, reverse_data, out, 1) + LIGHT)
+        assert_one_message(proc, f"is in use by another grpo_dist run (pid {holder.pid}", code=2)
+        assert lock.exists() and (out / "metrics.jsonl").read_text() == '{"step": 1}\n'
+        assert not (out / "config.yaml").exists()
+    finally:
+        holder.kill()
+
+
+def test_unwritable_output_directory_is_named(tiny_model_dir, reverse_data, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    proc = run_main(base_args(tiny_model_dir, reverse_data, blocker / "out", 1) + LIGHT)
+    assert_one_message(proc, "cannot write to trainer.default_local_dir", str(blocker / "out"), code=2)
+
+
 # --------------------------------------------------------------- faults during training
 def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, reverse_data, tmp_path):
     args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [

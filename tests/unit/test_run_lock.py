@@ -1,0 +1,53 @@
+"""One run per output directory: a second run is refused with a message naming the first; a lock
+left by a dead run is taken over; the lock goes away when the run ends."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from grpo_dist.utils.run_lock import LOCK_NAME, RunLock, RunLockError
+
+
+def test_second_run_is_refused_and_names_the_first(tmp_path):
+    with RunLock(tmp_path):
+        lock = tmp_path / LOCK_NAME
+        owner = json.loads(lock.read_text())
+        assert owner["host"] == socket.gethostname()
+        # another process on the same directory
+        code = (
+            "import sys\nfrom grpo_dist.utils.run_lock import RunLock, RunLockError\n"
+            f"try:\n    RunLock({str(tmp_path)!r}).acquire()\nexcept RunLockError as e:\n    print(e); sys.exit(3)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert proc.returncode == 3, proc.stderr
+        assert f"is in use by another grpo_dist run (pid {owner['pid']} on {owner['host']}" in proc.stdout
+        assert "another trainer.default_local_dir" in proc.stdout
+        assert lock.exists(), "the refused run must not remove the running one's lock"
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_stale_lock_of_a_dead_run_is_taken_over(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": pid, "started": "x"}))
+    with RunLock(tmp_path) as lock:
+        assert lock.note and f"pid {pid}" in lock.note
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_lock_from_another_host_says_how_to_clear_it(tmp_path):
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": "node-that-is-not-here", "pid": 1, "started": "x"}))
+    with pytest.raises(RunLockError, match=f"if that run is gone, delete .*{LOCK_NAME}"):
+        RunLock(tmp_path).acquire()
+    assert (tmp_path / LOCK_NAME).exists()
+
+
+def test_lock_is_released_on_an_exception(tmp_path):
+    with pytest.raises(KeyError), RunLock(tmp_path):
+        raise KeyError("boom")
+    assert not (tmp_path / LOCK_NAME).exists()
