@@ -85,12 +85,16 @@ def forward_values(
         raise ValueError(f"response_length {R} must be in (0, {input_ids.shape[1]})")
     start, kept = trim_padding_columns(attention_mask, R)
     end = input_ids.shape[1] - R + kept
-    out = model(
-        input_ids=input_ids[:, start:end],
-        attention_mask=attention_mask[:, start:end],
-        position_ids=position_ids[:, start:end],
-        use_cache=False,
-    )
+    with warnings.catch_warnings():
+        # the token-classification head's output is a view; FSDP2 warns that an in-place op on it
+        # would skip its backward hook, and nothing here modifies it in place
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        out = model(
+            input_ids=input_ids[:, start:end],
+            attention_mask=attention_mask[:, start:end],
+            position_ids=position_ids[:, start:end],
+            use_cache=False,
+        )
     values_BK = out.logits[:, -(kept + 1) : -1, 0].float()
     if kept < R:
         values_BK = nn.functional.pad(values_BK, (0, R - kept))
