@@ -39,6 +39,8 @@ def _yaml_scalar(v: Any) -> str:
         return repr(v)
     if isinstance(v, list):
         return "[" + ", ".join(_yaml_scalar(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_yaml_scalar(k)}: {_yaml_scalar(x)}" for k, x in v.items()) + "}"
     s = str(v)
     if s == "" or any(c in s for c in ":#{}[],&*?|<>=!%@`'\"") or s.strip() != s:
         return "'" + s.replace("'", "''") + "'"

@@ -16,7 +16,7 @@ Cross-key rules (divisibility, ranges, files that must exist) live in ``validate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import II
 
@@ -211,6 +211,104 @@ class ActorRolloutRefConfig:
 
 
 # --------------------------------------------------------------------------------------------
+# critic (PPO with a value model; on when the advantage estimator needs values)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class CriticFSDPConfig:
+    param_offload: bool = F(False, "keep the value model's parameters in CPU memory between uses")
+    optimizer_offload: bool = F(False, "keep the critic's optimizer state in CPU memory")
+    reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
+    model_dtype: str = F("float32", "dtype of the value model's master weights: float32 | bfloat16")
+    dtype: str = F("auto", "compute (mixed-precision) dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+
+
+@dataclass
+class CriticModelConfig:
+    path: str = F(
+        II("actor_rollout_ref.model.path"),
+        "value model: a Hugging Face directory (a causal LM gets a new scalar value head; one saved with "
+        "AutoModelForTokenClassification, num_labels=1, keeps its own); default: the actor's model",
+    )
+    tokenizer_path: str = F(
+        II("actor_rollout_ref.model.path"),
+        "verl compatibility: the critic reads the actor's token ids, so its model's vocabulary must cover "
+        "the actor's tokenizer (checked at start-up); nothing else reads this key",
+    )
+    override_config: Dict[str, Any] = F(
+        {}, "fields set on the value model's Hugging Face config before it is built (attn_implementation picks the attention kernel)"
+    )
+    use_remove_padding: bool = F(False, "pack sequences without padding (accepted for verl compatibility; padded path used)")
+    enable_gradient_checkpointing: bool = F(True, "recompute the value model's activations in the backward pass to save memory")
+    trust_remote_code: bool = F(II("actor_rollout_ref.model.trust_remote_code"), "allow the value model directory's own Python code to run when loading it")
+    fsdp_config: CriticFSDPConfig = S(
+        CriticFSDPConfig, "FSDP2 settings of the value model, verl's early-2026 place for them (critic.fsdp is the current one; set either)"
+    )
+
+
+@dataclass
+class CriticOptimConfig:
+    lr: float = F(1e-5, "peak learning rate of the critic's AdamW")
+    weight_decay: float = F(0.01, "AdamW weight decay")
+    betas: List[float] = F([0.9, 0.999], "AdamW betas")
+    lr_warmup_steps: int = F(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio")
+    lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
+    lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
+    min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
+    total_training_steps: int = F(-1, "set by the trainer from the data and trainer.total_epochs; -1 = derive")
+    clip_grad: float = F(1.0, "clip the critic's global gradient norm to this value (verl's current key; critic.grad_clip is the early-2026 one: set either)")
+
+
+@dataclass
+class CriticCheckpointConfig:
+    save_contents: List[str] = F(
+        ["model", "optimizer", "extra"],
+        "what the critic's checkpoint holds: model, optimizer, extra (schedule, RNG; all three always, for an exact "
+        "resume) and hf_model (also a Hugging Face export of the value model, critic/huggingface)",
+    )
+    load_contents: List[str] = F(
+        II("critic.checkpoint.save_contents"), "what resume loads: model, optimizer and extra (all three: resume is exact)"
+    )
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = F(None, "train a critic (value model); null = on iff algorithm.adv_estimator needs values (gae)")
+    strategy: str = F("fsdp2", "training backend of the critic: fsdp2 (fsdp is accepted as an alias)")
+    ppo_mini_batch_size: int = F(
+        II("actor_rollout_ref.actor.ppo_mini_batch_size"),
+        "prompts per critic optimizer step (x rollout.n responses), a global size; default: the actor's",
+    )
+    ppo_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per critic forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
+    )
+    use_dynamic_bsz: bool = F(
+        II("actor_rollout_ref.actor.use_dynamic_bsz"),
+        "cut critic micro-batches by token budget (ppo_max_token_len_per_gpu); default: the actor's",
+    )
+    ppo_max_token_len_per_gpu: int = F(32768, "token budget of one critic micro-batch when use_dynamic_bsz is on")
+    forward_micro_batch_size_per_gpu: Optional[int] = F(
+        II("critic.ppo_micro_batch_size_per_gpu"), "responses per value forward on one rank; default: ppo_micro_batch_size_per_gpu"
+    )
+    forward_max_token_len_per_gpu: int = F(
+        II("critic.ppo_max_token_len_per_gpu"), "token budget of one value forward when use_dynamic_bsz is on; default: ppo_max_token_len_per_gpu"
+    )
+    ppo_epochs: int = F(II("actor_rollout_ref.actor.ppo_epochs"), "passes of the critic over each step's responses; default: the actor's")
+    shuffle: bool = F(
+        II("actor_rollout_ref.actor.shuffle"), "shuffle responses within each critic mini-batch (seeded); default: the actor's"
+    )
+    cliprange_value: float = F(0.5, "value clip range c: a prediction is also scored at clip(v, v_old - c, v_old + c)")
+    loss_agg_mode: str = F(
+        II("actor_rollout_ref.actor.loss_agg_mode"),
+        "value-loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm; default: the actor's",
+    )
+    grad_clip: float = F(1.0, "clip the critic's global gradient norm (verl's early-2026 key; critic.optim.clip_grad is the current one: set either)")
+    model: CriticModelConfig = S(CriticModelConfig, "the value model")
+    optim: CriticOptimConfig = S(CriticOptimConfig, "the critic's optimizer and learning-rate schedule")
+    fsdp: CriticFSDPConfig = S(CriticFSDPConfig, "FSDP2 settings of the value model (verl's current place; critic.model.fsdp_config is the early-2026 one; set either)")
+    checkpoint: CriticCheckpointConfig = S(CriticCheckpointConfig, "the critic's checkpoint contents")
+
+
+# --------------------------------------------------------------------------------------------
 # algorithm, reward
 # --------------------------------------------------------------------------------------------
 @dataclass
@@ -272,6 +370,11 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int] = F(None, "keep only the newest N checkpoints; null = all")
     seed: int = F(1, "seed of model-side randomness (dropout, mini-batch shuffling)")
     progress_bar: bool = F(True, "show a progress bar over training steps")
+    critic_warmup: int = F(
+        0,
+        "train only the critic until this step: the actor updates from step critic_warmup on (steps counted from 1, "
+        "as verl does; 0 and 1: from the first step)",
+    )
     max_consecutive_nonfinite_steps: int = F(
         3, "stop (after saving a checkpoint) when this many steps in a row had a non-finite loss or gradient norm; 0 = never"
     )
@@ -293,6 +396,7 @@ class RayKwargsConfig:
 class GRPOConfig:
     data: DataConfig = S(DataConfig, "prompt data")
     actor_rollout_ref: ActorRolloutRefConfig = S(ActorRolloutRefConfig, "policy, reference and rollout")
+    critic: CriticConfig = S(CriticConfig, "the critic: a value model trained alongside the policy (PPO with GAE)")
     algorithm: AlgorithmConfig = S(AlgorithmConfig, "advantage estimation and KL in reward")
     reward_model: RewardModelConfig = S(RewardModelConfig, "reward scoring")
     custom_reward_function: CustomRewardFunctionConfig = S(CustomRewardFunctionConfig, "a user-supplied reward function")
@@ -318,6 +422,9 @@ VERL_DEFAULT_DIFFERENCES = {
     "actor_rollout_ref.actor.use_kl_loss": "on, as in the GRPO recipe (verl: false)",
     "actor_rollout_ref.actor.optim.lr": "a tiny model needs a large step (verl: 1e-6)",
     "actor_rollout_ref.actor.strategy": "FSDP2 is the only backend (verl: fsdp)",
+    "critic.strategy": "FSDP2 is the only backend (verl: fsdp)",
+    "critic.model.path": "the actor's model (verl: ~/models/deepseek-llm-7b-chat)",
+    "critic.model.use_remove_padding": "the padded path (verl's current layout: true)",
     "actor_rollout_ref.rollout.n": "a GRPO group (verl: 1)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "one rank per engine (verl: 2)",
     "algorithm.adv_estimator": "GRPO (verl: gae)",

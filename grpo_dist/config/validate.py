@@ -8,10 +8,11 @@ that it exists (checks that need the model or the data run later, in the trainer
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from grpo_dist.config.schema import ConfigError, GRPOConfig
+from grpo_dist.config.schema import ConfigError, CriticConfig, CriticFSDPConfig, CriticOptimConfig, GRPOConfig
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.data import TRUNCATION_MODES, as_path_list
 from grpo_dist.rollout import ENGINE_NAMES
@@ -78,6 +79,112 @@ def data_parallel_size(cfg: GRPOConfig) -> int:
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
 
+def critic_enabled(cfg: GRPOConfig) -> bool:
+    """Whether the run trains a critic: ``critic.enable``, or when it is null, whether the advantage
+    estimator needs values (verl's rule). The one place this is decided."""
+    from grpo_dist.core.advantages import get_adv_estimator
+
+    if cfg.critic.enable is not None:
+        return bool(cfg.critic.enable)
+    return get_adv_estimator(cfg.algorithm.adv_estimator).needs_values
+
+
+def _one_of_two(key_a: str, a: Any, key_b: str, b: Any, default: Any) -> Any:
+    """The value of a setting verl spells two ways (two layouts, or a renamed key): the one that was
+    changed from the default; ``ConfigError`` when both were, to different values."""
+    if a != default and b != default and a != b:
+        raise _bad(key_b, b, f"it contradicts {key_a} = {a!r}, another name for the same setting; set only one of them")
+    return a if a != default else b
+
+
+def critic_fsdp(cfg: GRPOConfig) -> CriticFSDPConfig:
+    """The critic's FSDP settings from either layout: ``critic.fsdp.*`` (verl's current) or
+    ``critic.model.fsdp_config.*`` (early 2026). Per field, the one changed from the default wins;
+    both changed to different values is a ``ConfigError``."""
+    default = CriticFSDPConfig()
+    current, early = cfg.critic.fsdp, cfg.critic.model.fsdp_config
+    return CriticFSDPConfig(**{
+        f.name: _one_of_two(f"critic.fsdp.{f.name}", getattr(current, f.name), f"critic.model.fsdp_config.{f.name}",
+                            getattr(early, f.name), getattr(default, f.name))
+        for f in fields(CriticFSDPConfig)
+    })
+
+
+def critic_grad_clip(cfg: GRPOConfig) -> float:
+    """The critic's gradient-norm clip: ``critic.optim.clip_grad`` (verl's current key) or
+    ``critic.grad_clip`` (early 2026), whichever was changed from the default."""
+    default = CriticConfig().grad_clip
+    assert default == CriticOptimConfig().clip_grad, "the two keys share one default"
+    return _one_of_two("critic.optim.clip_grad", cfg.critic.optim.clip_grad, "critic.grad_clip", cfg.critic.grad_clip, default)
+
+
+CRITIC_CKPT_REQUIRED = ("model", "optimizer", "extra")
+
+
+def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
+    """The ``critic.*`` keys and ``trainer.critic_warmup`` of a run that trains a critic."""
+    from grpo_dist.core.losses import LOSS_AGG_MODES
+
+    c, d, rollout = cfg.critic, cfg.data, cfg.actor_rollout_ref.rollout
+    _choice("critic.strategy", c.strategy, STRATEGIES)
+    _choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("critic.optim.lr_scheduler_type", c.optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    fsdp = critic_fsdp(cfg)
+    where = "critic.fsdp" if fsdp.model_dtype == c.fsdp.model_dtype else "critic.model.fsdp_config"
+    _choice(f"{where}.model_dtype", fsdp.model_dtype, DTYPES)
+    where = "critic.fsdp" if fsdp.dtype == c.fsdp.dtype else "critic.model.fsdp_config"
+    _choice(f"{where}.dtype", fsdp.dtype, ("auto",) + DTYPES)
+    for key, contents in (("critic.checkpoint.save_contents", c.checkpoint.save_contents),
+                          ("critic.checkpoint.load_contents", c.checkpoint.load_contents)):
+        for item in contents:
+            _choice(key, item, CKPT_CONTENTS)
+        missing = [x for x in CRITIC_CKPT_REQUIRED if x not in contents]
+        if missing:
+            raise _bad(key, list(contents), f"it lacks {missing}: the critic is saved and resumed whole (model, "
+                       "optimizer, extra) so that a resumed run continues exactly; add them (hf_model is optional)")
+    for key, val in (
+        ("critic.optim.lr", c.optim.lr),
+        ("critic.ppo_mini_batch_size", c.ppo_mini_batch_size),
+        ("critic.ppo_micro_batch_size_per_gpu", c.ppo_micro_batch_size_per_gpu),
+        ("critic.ppo_max_token_len_per_gpu", c.ppo_max_token_len_per_gpu),
+        ("critic.forward_micro_batch_size_per_gpu", c.forward_micro_batch_size_per_gpu),
+        ("critic.forward_max_token_len_per_gpu", c.forward_max_token_len_per_gpu),
+        ("critic.ppo_epochs", c.ppo_epochs),
+    ):
+        _positive(key, val)
+    for key, val in (
+        ("critic.cliprange_value", c.cliprange_value),
+        ("critic.optim.weight_decay", c.optim.weight_decay),
+        ("critic.optim.lr_warmup_steps_ratio", c.optim.lr_warmup_steps_ratio),
+        ("critic.optim.min_lr_ratio", c.optim.min_lr_ratio),
+        ("trainer.critic_warmup", cfg.trainer.critic_warmup),
+    ):
+        _positive(key, val, allow_zero=True)
+    if critic_grad_clip(cfg) <= 0:
+        raise _bad("critic.optim.clip_grad", critic_grad_clip(cfg), "expected a number > 0 (critic.grad_clip is the same setting)")
+    if c.optim.min_lr_ratio > 1:
+        raise _bad("critic.optim.min_lr_ratio", c.optim.min_lr_ratio, "expected a number in [0, 1]")
+    if len(c.optim.betas) != 2 or not all(0 <= b < 1 for b in c.optim.betas):
+        raise _bad("critic.optim.betas", list(c.optim.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+    if d.train_batch_size % c.ppo_mini_batch_size:
+        raise _bad("critic.ppo_mini_batch_size", c.ppo_mini_batch_size,
+                   f"data.train_batch_size ({d.train_batch_size}) must be divisible by it; "
+                   f"valid: {', '.join(str(x) for x in _divisors(d.train_batch_size))}")
+    dp = data_parallel_size(cfg)
+    mini_responses = c.ppo_mini_batch_size * rollout.n
+    micro = c.ppo_micro_batch_size_per_gpu if not c.use_dynamic_bsz else None
+    if mini_responses % (dp * (micro or 1)):
+        what = f"{dp} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node)"
+        if micro:
+            what += f" x critic.ppo_micro_batch_size_per_gpu {micro}"
+        raise _bad("critic.ppo_micro_batch_size_per_gpu" if micro else "critic.ppo_mini_batch_size",
+                   micro if micro else c.ppo_mini_batch_size,
+                   f"a critic mini-batch of ppo_mini_batch_size x rollout.n = {mini_responses} responses must split "
+                   f"evenly over {what}")
+    if check_paths:
+        _check_exists("critic.model.path", c.model.path, kind="model")
+
+
 def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     """Raise ConfigError on the first problem found. Order: choices, ranges, sizes, paths."""
     from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
@@ -139,8 +246,9 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("algorithm.use_kl_in_reward", True,
                    f"algorithm.adv_estimator={alg.adv_estimator} reads rewards only at step ends; use the KL loss "
                    "(actor_rollout_ref.actor.use_kl_loss=true) instead")
-    if spec.needs_values:
-        raise _bad("algorithm.adv_estimator", alg.adv_estimator, "gae needs a critic, which grpo_dist does not train; use grpo, rloo or reinforce_plus_plus")
+    if spec.needs_values and cfg.critic.enable is False:
+        raise _bad("critic.enable", False, f"algorithm.adv_estimator={alg.adv_estimator} needs the critic's values; "
+                   "set critic.enable=true (or null), or use an estimator without values (grpo, rloo, reinforce_plus_plus)")
     if rollout.n < 1:
         raise _bad("actor_rollout_ref.rollout.n", rollout.n, "expected >= 1")
     if (not rollout.do_sample or rollout.temperature == 0) and rollout.n > 1:
@@ -246,6 +354,9 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     if rollout.tensor_model_parallel_size > 1:
         raise _bad("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
                    "only 1 is supported for now (one engine per rank, updated in place); use 1")
+
+    if critic_enabled(cfg):
+        validate_critic(cfg, check_paths=check_paths)
 
     # --- paths -------------------------------------------------------------------------------
     if check_paths:

@@ -1,5 +1,6 @@
 """Pure GRPO/PPO math: advantage estimators, policy losses (and their registry), loss aggregation,
-KL estimators, learning-rate schedules, and diagnostics (the rollout-vs-actor probability gap).
+the critic's value loss, KL estimators, learning-rate schedules, and diagnostics (the rollout-vs-actor
+probability gap).
 
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
 """
@@ -52,6 +53,7 @@ from grpo_dist.core.policy_loss import (
     vanilla_policy_loss,
 )
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, LRMultiplier, lr_lambda, resolve_warmup_steps
+from grpo_dist.core.value import explained_variance, value_loss
 
 __all__ = [
     # advantages
@@ -85,6 +87,9 @@ __all__ = [
     "get_policy_loss",
     "list_policy_losses",
     "vanilla_policy_loss",
+    # the critic
+    "value_loss",
+    "explained_variance",
     # learning-rate schedules
     "LR_SCHEDULER_TYPES",
     "LRMultiplier",

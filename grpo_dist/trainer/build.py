@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import data_parallel_size
+from grpo_dist.config.validate import critic_enabled, critic_fsdp, critic_grad_clip, data_parallel_size
 from grpo_dist.rollout.base import SamplingSettings
-from grpo_dist.training.settings import ActorSettings
+from grpo_dist.training.settings import ActorSettings, CriticSettings
 
 
 def choose_device(name: str, cluster_gpus: float) -> str:
@@ -137,6 +137,74 @@ def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
     )
 
 
+def needs_critic(cfg: GRPOConfig) -> bool:
+    return critic_enabled(cfg)
+
+
+def critic_model_path(cfg: GRPOConfig, actor_model_path: str) -> str:
+    """The value model's local folder: the actor's (already resolved) when ``critic.model.path`` names
+    the actor's model, else ``critic.model.path`` resolved like the actor's (embedded name, hub cache)."""
+    if cfg.critic.model.path == cfg.actor_rollout_ref.model.path:
+        return actor_model_path
+    from grpo_dist import tasks
+
+    return tasks.resolve(cfg.critic.model.path)
+
+
+def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> CriticSettings:
+    c = cfg.critic
+    shape = step_shape(cfg)
+    fsdp = critic_fsdp(cfg)
+    override = dict(c.model.override_config)
+    attn = override.pop("attn_implementation", cfg.actor_rollout_ref.model.attn_implementation)
+    return CriticSettings(
+        ppo_mini_batch_size_per_gpu=c.ppo_mini_batch_size * shape.n // shape.world_size,
+        ppo_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
+        use_dynamic_bsz=c.use_dynamic_bsz,
+        ppo_max_token_len_per_gpu=c.ppo_max_token_len_per_gpu,
+        forward_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else c.forward_micro_batch_size_per_gpu,
+        forward_max_token_len_per_gpu=c.forward_max_token_len_per_gpu,
+        ppo_epochs=c.ppo_epochs,
+        shuffle=c.shuffle,
+        seed=cfg.trainer.seed,
+        cliprange_value=c.cliprange_value,
+        loss_agg_mode=c.loss_agg_mode,
+        norm_constant=float(cfg.actor_rollout_ref.rollout.response_length),
+        grad_clip=critic_grad_clip(cfg),
+        lr=c.optim.lr,
+        weight_decay=c.optim.weight_decay,
+        betas=tuple(c.optim.betas),
+        lr_warmup_steps=c.optim.lr_warmup_steps,
+        lr_warmup_steps_ratio=c.optim.lr_warmup_steps_ratio,
+        total_training_steps=total_training_steps,
+        lr_scheduler_type=c.optim.lr_scheduler_type,
+        min_lr_ratio=c.optim.min_lr_ratio,
+        model_dtype=fsdp.model_dtype,
+        param_dtype=compute_dtype(fsdp.dtype, device),
+        reduce_dtype="float32",
+        attn_implementation=attn,
+        override_config=override,
+        enable_gradient_checkpointing=c.model.enable_gradient_checkpointing,
+        reshard_after_forward=fsdp.reshard_after_forward,
+        param_offload=fsdp.param_offload,
+        optimizer_offload=fsdp.optimizer_offload,
+        trust_remote_code=c.model.trust_remote_code,
+        export_hf="hf_model" in c.checkpoint.save_contents,
+    )
+
+
+def actor_update_due(finished_steps: int, critic_warmup: int) -> bool:
+    """Whether the step now running updates the actor (``trainer.critic_warmup``).
+
+    verl counts steps from 1 (``global_steps`` is 1 during the first step) and updates the actor when
+    ``critic_warmup <= global_steps``. Here ``finished_steps`` (the driver's ``global_step``) counts
+    the steps already done, so the running step is verl's ``finished_steps + 1``: the actor updates
+    when ``finished_steps + 1 >= critic_warmup``. Steps 1 .. critic_warmup - 1 train only the critic;
+    0 and 1 both mean no warm-up.
+    """
+    return finished_steps + 1 >= critic_warmup
+
+
 def forward_batching(section) -> tuple[int | None, int | None]:
     """``(micro_batch_size, max_token_len)`` of a no-grad log-prob forward from a config section with
     verl's ``log_prob_micro_batch_size_per_gpu`` / ``log_prob_use_dynamic_bsz`` /
@@ -208,3 +276,17 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}: they do not belong "
             f"together (data.tokenizer = {cfg.data.tokenizer!r}, actor_rollout_ref.model.path = {model_path!r})"
         )
+    if needs_critic(cfg):
+        path = critic_model_path(cfg, model_path)
+        cc = AutoConfig.from_pretrained(path, trust_remote_code=cfg.critic.model.trust_remote_code)
+        ctx, vocab = getattr(cc, "max_position_embeddings", None), getattr(cc, "vocab_size", None)
+        if ctx is not None and need > ctx:
+            raise ValueError(
+                f"data.max_prompt_length + data.max_response_length = {need} is longer than the value model's context "
+                f"(max_position_embeddings = {ctx} in {path}/config.json, critic.model.path); lower one of them"
+            )
+        if vocab is not None and len(tokenizer) > vocab:
+            raise ValueError(
+                f"the tokenizer has {len(tokenizer)} tokens but the value model's vocab_size is {vocab}: the critic reads "
+                f"the actor's token ids, so critic.model.path = {cfg.critic.model.path!r} must share the actor's vocabulary"
+            )

@@ -3,7 +3,8 @@
 One step, as data::
 
     prompts -> rollout (n responses each) -> reward -> old log-probs -> reference log-probs
-            -> advantages -> actor update -> weight sync -> metrics, validation, checkpoint
+            -> values (with a critic) -> advantages -> critic update (with a critic)
+            -> actor update (after the critic warm-up) -> weight sync -> metrics, validation, checkpoint
 
 The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync is a protocol
 object of its own (:mod:`grpo_dist.trainer.weight_sync`), and the batch is assembled by
@@ -36,6 +37,7 @@ from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import (
     ResponseClipWarning,
     Timer,
+    critic_data_metrics,
     data_metrics,
     reduce_validation,
     throughput_metrics,
@@ -45,7 +47,7 @@ from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.micro_batches import rank_shard_indices
-from grpo_dist.training.settings import FORWARD_KEYS, UPDATE_KEYS
+from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, UPDATE_KEYS
 from grpo_dist.workers.common import unwrap_timed
 
 
@@ -99,6 +101,7 @@ class GRPOTrainer:
         self.workers.start()
         w = self.workers
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
+        self.critic = w.get("critic")
         r = self.cfg.actor_rollout_ref.rollout
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=build.compute_dtype(r.dtype, dev),
@@ -158,13 +161,33 @@ class GRPOTrainer:
                                     *build.forward_batching(self.cfg.actor_rollout_ref.ref), temperature)
         return torch.cat(outs, dim=0), busy_s
 
+    def values(self, batch: Batch) -> tuple[torch.Tensor, float]:
+        """The critic's values [B, R] of the response tokens (0 outside the response), and the slowest
+        critic rank's busy seconds."""
+        shares = batch.select(*FORWARD_KEYS, "response_mask").chunk(self.shape.world_size)
+        outs, busy_s = unwrap_timed(self.critic.call("compute_values", per_rank=[(s.tensor_dict(),) for s in shares]))
+        return torch.cat(outs, dim=0), busy_s
+
     def advantages(self, batch: Batch) -> None:
         alg = self.cfg.algorithm
         batch["advantages"], batch["returns"] = self.estimator.fn(
             token_level_rewards_BT=batch["token_level_rewards"], response_mask_BT=batch["response_mask"],
             index_B=list(batch["uid"]), gamma=alg.gamma, lam=alg.lam, norm_adv_by_std=alg.norm_adv_by_std_in_grpo,
+            values_BT=batch["values"] if "values" in batch else None,
             step_end_mask_BT=batch["step_end_mask"] if "step_end_mask" in batch else None,
         )
+
+    def update_critic(self, batch: Batch) -> tuple[dict[str, float], float]:
+        """One value-loss update on the critic ranks: its metrics, and the slowest critic rank's busy
+        seconds. Rank r gets its share of every critic mini-batch (see :func:`rank_shard_indices`)."""
+        sel = batch.select(*CRITIC_UPDATE_KEYS)
+        W, M = self.shape.world_size, self.cfg.data.train_batch_size // self.cfg.critic.ppo_mini_batch_size
+        per_rank = [(sel.reorder(rank_shard_indices(len(sel), num_mini_batches=M, rank=r, world_size=W)).tensor_dict(),)
+                    for r in range(W)]
+        metrics, busy_s = unwrap_timed(self.critic.call("update_critic", per_rank=per_rank))
+        out = dict(metrics[0])
+        out["perf/max_memory_gb/critic"] = max(m.get("perf/max_memory_gb/critic", 0.0) for m in metrics)
+        return out, busy_s
 
     def update_actor(self, batch: Batch) -> tuple[dict[str, float], float]:
         """One policy update on the actor ranks: its metrics, and the slowest actor rank's busy seconds.
@@ -203,6 +226,10 @@ class GRPOTrainer:
                 with timer("ref"):
                     batch["ref_log_prob"], busy_s = self.ref_log_probs(batch)
                 timer.add("ref/worker", busy_s)
+            if self.critic is not None:
+                with timer("values"):
+                    batch["values"], busy_s = self.values(batch)
+                timer.add("values/worker", busy_s)
             with timer("adv"):
                 batch["token_level_rewards"] = batch["token_level_scores"]
                 if cfg.algorithm.use_kl_in_reward:
@@ -210,20 +237,33 @@ class GRPOTrainer:
                         batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"],
                         kl_coef=self.kl_ctrl.value, kind=cfg.algorithm.kl_penalty)
                     m.update({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
-                    self.kl_ctrl.update(kl, n_steps=len(items))
+                    # the controller advances by the step's responses (verl: the batch size, as in TRL)
+                    self.kl_ctrl.update(kl, n_steps=len(batch))
                 self.advantages(batch)
-            with timer("update_actor"):
-                actor_metrics, busy_s = self.update_actor(batch)
-            timer.add("update_actor/worker", busy_s)
-            with timer("update_weights"):
-                for name, seconds in self.sync().items():
-                    timer.add(name, seconds)
+            if self.critic is not None:
+                with timer("update_critic"):
+                    critic_metrics, busy_s = self.update_critic(batch)
+                timer.add("update_critic/worker", busy_s)
+                m.update(critic_metrics)
+            if build.actor_update_due(self.global_step, cfg.trainer.critic_warmup):
+                with timer("update_actor"):
+                    actor_metrics, busy_s = self.update_actor(batch)
+                timer.add("update_actor/worker", busy_s)
+                m.update(actor_metrics)
+                with timer("update_weights"):
+                    for name, seconds in self.sync().items():
+                        timer.add(name, seconds)
+            elif cfg.actor_rollout_ref.rollout.free_cache_engine:
+                # critic warm-up: the policy did not change, so there is nothing to send; the engine
+                # only gets its memory back
+                self.rollout.call("wake_up")
         step_s = time.perf_counter() - t0
         ntok = token_count(batch)
         self.summary.tokens += ntok
-        m.update(actor_metrics)
         m.update(data_metrics(batch, cfg.actor_rollout_ref.rollout.response_length))
         self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
+        if "values" in batch:
+            m.update(critic_data_metrics(batch))
         if "rollout_log_probs" in batch and "old_log_probs" in batch:
             m.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]))
         m.update(reward_stats)
@@ -277,7 +317,8 @@ class GRPOTrainer:
 
     def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
         """Count steps whose update was skipped for a non-finite loss/gradient; stop after too many in a row."""
-        bad = metrics.get("actor/grad_norm_nonfinite_count", 0.0) > 0 or not math.isfinite(metrics.get("actor/pg_loss", 0.0))
+        bad = (metrics.get("actor/grad_norm_nonfinite_count", 0.0) > 0 or not math.isfinite(metrics.get("actor/pg_loss", 0.0))
+               or metrics.get("critic/grad_norm_nonfinite_count", 0.0) > 0)
         self.nonfinite_streak = self.nonfinite_streak + 1 if bad else 0
         metrics["training/nonfinite_streak"] = self.nonfinite_streak
         limit = self.cfg.trainer.max_consecutive_nonfinite_steps
@@ -287,7 +328,7 @@ class GRPOTrainer:
             raise TrainingError(
                 f"{self.nonfinite_streak} steps in a row (up to step {self.global_step}) had a non-finite loss or "
                 f"gradient norm, so their optimizer steps were skipped; stopped after saving {saved}. Lower "
-                "actor_rollout_ref.actor.optim.lr, check the rewards, or raise trainer.max_consecutive_nonfinite_steps."
+                "actor_rollout_ref.actor.optim.lr (and critic.optim.lr with a critic), check the rewards, or raise trainer.max_consecutive_nonfinite_steps."
             )
 
     # ================================================================ the loop

@@ -10,6 +10,7 @@ from typing import Iterator
 import torch
 
 from grpo_dist.batch import Batch
+from grpo_dist.core.value import explained_variance
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -32,6 +33,15 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
     prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
     out.update(_stats("prompt_length", prompt_len))
+    return out
+
+
+def critic_data_metrics(batch: Batch) -> dict[str, float]:
+    """The critic's values of the step's response tokens and how much of the returns' variance they
+    explain (``critic/vf_explained_var``, verl's)."""
+    mask = batch["response_mask"].bool()
+    out = _stats("critic/values", batch["values"][mask])
+    out["critic/vf_explained_var"] = explained_variance(batch["values"], batch["returns"], batch["response_mask"])
     return out
 
 

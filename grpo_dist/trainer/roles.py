@@ -108,6 +108,12 @@ def _rollout_worker():
     return RolloutWorker
 
 
+def _critic_worker():
+    from grpo_dist.workers.critic import CriticWorker
+
+    return CriticWorker
+
+
 def _reward_worker():
     from grpo_dist.workers.reward import RewardWorker
 
@@ -121,6 +127,11 @@ def _actor_model(ctx: RoleContext) -> dict:
 
 def _reference_model(ctx: RoleContext) -> dict:
     return dict(model_path=ctx.model_path, **build.reference_kwargs(ctx.cfg, ctx.device))
+
+
+def _critic_model(ctx: RoleContext) -> dict:
+    return dict(model_path=build.critic_model_path(ctx.cfg, ctx.model_path),
+                settings=build.critic_settings(ctx.cfg, ctx.device, ctx.total_steps))
 
 
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -141,6 +152,7 @@ def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
 ROLES: tuple[Role, ...] = (
     Role("actor", _actor_worker, _rank_kwargs, model=_actor_model, checkpoint=True, hf_export="huggingface"),
     Role("reference", _reference_worker, _rank_kwargs, enabled=build.needs_reference, model=_reference_model),
+    Role("critic", _critic_worker, _rank_kwargs, enabled=build.needs_critic, model=_critic_model, checkpoint=True),
     Role("rollout", _rollout_worker, _rollout_kwargs),
     Role("reward", _reward_worker, _reward_kwargs, per_rank=False),
 )

@@ -313,6 +313,15 @@ def copy_tokenizer_files(source: str | os.PathLike, directory: str | os.PathLike
     return found
 
 
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """``t``, copied when it is a view into a larger storage: gathering a parameter with fewer rows
+    than ranks (a value head's [1, hidden] weight) leaves it in a padded buffer, which safetensors
+    refuses to write."""
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        return t.clone()
+    return t
+
+
 def export_hf(
     directory: str | os.PathLike,
     model: nn.Module,
@@ -340,7 +349,8 @@ def export_hf(
         if getattr(config, "tie_word_embeddings", False):
             # transformers re-ties lm_head to the input embedding on load
             sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
-        sd = {k: (v.to(target) if target is not None and v.is_floating_point() else v).contiguous() for k, v in sd.items()}
+        sd = {k: _own_storage((v.to(target) if target is not None and v.is_floating_point() else v).contiguous())
+              for k, v in sd.items()}
         floating = [v.dtype for v in sd.values() if v.is_floating_point()]
         config = type(config).from_dict(config.to_dict())  # a copy: the caller's config is left as is
         if floating:

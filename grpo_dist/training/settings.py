@@ -15,7 +15,7 @@ from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
-__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "ActorSettings", "ReferenceSettings"]
+__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "CRITIC_UPDATE_KEYS", "ActorSettings", "ReferenceSettings", "CriticSettings"]
 
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "eager", "flash_attention_2")
 """Values of ``actor_rollout_ref.model.attn_implementation`` (auto: flash_attention_2 on CUDA when
@@ -38,6 +38,18 @@ UPDATE_KEYS: tuple[str, ...] = (
 """Batch keys ``FSDPActor.update_policy`` always reads. It also reads ``old_log_probs`` (which may be
 left out only when the update makes a single optimizer step: on-policy) and ``ref_log_prob`` when
 ``ActorSettings.use_kl_loss``."""
+
+CRITIC_UPDATE_KEYS: tuple[str, ...] = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "values",
+    "returns",
+)
+"""Batch keys ``FSDPCritic.update_critic`` reads: the tokens, the response mask, the values the
+critic gave when the step's advantages were computed (the clip's anchor) and the returns (targets)."""
 
 
 @dataclass
@@ -186,3 +198,87 @@ class ReferenceSettings:
 
     def __post_init__(self) -> None:
         to_dtype(self.param_dtype)
+
+
+@dataclass
+class CriticSettings:
+    """The numbers the critic uses (the trainer maps ``critic.*`` onto these).
+
+    Batching works as the actor's (:class:`ActorSettings`): a rank's rows are ``ppo_epochs`` passes
+    over mini-batch chunks of ``ppo_mini_batch_size_per_gpu`` rows, each cut into micro-batches by
+    count or by token budget; the value loss uses the counts of the whole mini-batch, so the cut and
+    the number of ranks do not change the update.
+    """
+
+    # --- batching -------------------------------------------------------------------------------
+    ppo_mini_batch_size_per_gpu: int | None = None
+    """Responses of ONE rank in one critic mini-batch; None: all of the rank's rows
+    (``critic.ppo_mini_batch_size * rollout.n // world_size``)."""
+    ppo_micro_batch_size_per_gpu: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_micro_batch_size_per_gpu: int | None = None
+    """Responses per value forward (``compute_values``); None: all rows at once (unless dynamic)."""
+    forward_max_token_len_per_gpu: int = 32768
+    """Token budget of one value forward when ``use_dynamic_bsz``."""
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    seed: int = 0
+    """Seeds the within-mini-batch shuffle and the value head's initialisation (a new head is drawn
+    the same on every rank)."""
+
+    # --- loss -----------------------------------------------------------------------------------
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    norm_constant: float | None = None
+    """Divisor of ``seq-mean-token-sum-norm``: the max response length; None: padded width."""
+
+    # --- optimizer and schedule -----------------------------------------------------------------
+    grad_clip: float = 1.0
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    lr_warmup_steps: int | None = -1
+    lr_warmup_steps_ratio: float = 0.0
+    total_training_steps: int = -1
+    lr_scheduler_type: str = "constant"
+    min_lr_ratio: float = 0.0
+
+    # --- model and FSDP2 ------------------------------------------------------------------------
+    model_dtype: str = "float32"
+    param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
+    attn_implementation: str = "auto"
+    override_config: dict | None = None
+    """Fields set on the value model's Hugging Face config before it is built."""
+    enable_gradient_checkpointing: bool = False
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    trust_remote_code: bool = False
+    export_hf: bool = False
+    """Every checkpoint also writes a Hugging Face export of the value model (``<dir>/huggingface``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ppo_mini_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"CriticSettings.{name} must be an integer >= 1 or None, got {v!r}")
+        for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu", "ppo_epochs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"CriticSettings.{name} must be an integer >= 1, got {v!r}")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"CriticSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
+        if not self.cliprange_value >= 0:
+            raise ValueError(f"CriticSettings.cliprange_value must be >= 0, got {self.cliprange_value}")
+        if self.lr_scheduler_type not in LR_SCHEDULER_TYPES:
+            raise ValueError(f"lr_scheduler_type {self.lr_scheduler_type!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
+        if self.lr_scheduler_type == "cosine" and self.total_training_steps <= 0:
+            raise ValueError("lr_scheduler_type='cosine' needs total_training_steps > 0")
+        if len(tuple(self.betas)) != 2:
+            raise ValueError(f"betas must be two floats, got {self.betas!r}")
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
+            to_dtype(getattr(self, name))
+        resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)

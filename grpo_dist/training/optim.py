@@ -1,0 +1,54 @@
+"""The optimizer, its learning-rate schedule and gradient clipping of an FSDP2-trained model.
+
+Functions rather than a base class: a trained role (the critic; the actor builds the same pieces
+itself) calls them with the numbers from its settings.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from grpo_dist.core.schedules import LRMultiplier, resolve_warmup_steps
+
+__all__ = ["make_adamw", "make_lr_scheduler", "clip_grad_norm", "move_optimizer_state"]
+
+
+def make_adamw(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters. ``foreach``: one multi-tensor op per step instead of a
+    Python loop of DTensor ops per parameter (torch picks the loop for CPU tensors)."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas,
+                             weight_decay=weight_decay, foreach=True)
+
+
+def make_lr_scheduler(optimizer: torch.optim.Optimizer, *, kind: str, warmup_steps: int | None, warmup_ratio: float,
+                      total_steps: int, min_lr_ratio: float) -> LambdaLR:
+    """Linear warm-up, then ``kind`` (:data:`grpo_dist.core.schedules.LR_SCHEDULER_TYPES`); stepped
+    once per training step."""
+    warmup = resolve_warmup_steps(warmup_steps, warmup_ratio, total_steps)
+    return LambdaLR(optimizer, LRMultiplier(kind, warmup, total_steps, min_lr_ratio))
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
+    """Collective: the global L2 norm of the (sharded, DTensor) gradients, clipped to ``max_norm``
+    when it is > 0 (None or <= 0: only measured). 0.0 when no parameter has a gradient."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    if max_norm is not None and max_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Move the optimizer's state tensors (not the step counters) to ``device``."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
