@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpo_dist.core.kl import canonical_kl_kind
-from grpo_dist.core.losses import LOSS_AGG_MODES
+from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
@@ -128,8 +128,8 @@ class ActorSettings:
                 f"ActorSettings.loss_mode {self.loss_mode!r} is not a registered policy loss; "
                 f"valid: {list_policy_losses()}"
             )
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
+        if self.loss_agg_mode not in ALL_LOSS_AGG_MODES:
+            raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(ALL_LOSS_AGG_MODES)}")
         kind = canonical_kl_kind(self.kl_loss_type)
         if kind == "full":
             raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl, abs or mse")
