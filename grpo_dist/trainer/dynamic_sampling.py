@@ -15,6 +15,7 @@ One step's protocol (Yu et al. 2025, arXiv:2503.14476, section 3.2; verl's ``alg
 
 The object talks to the driver only through two callables (the next prompts, and "generate and score
 these prompts"), so it is tested with stand-ins (tests/unit/test_dynamic_sampling.py).
+:class:`SingleBatch` is the same interface without filtering (one generation batch per step).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ import torch
 from grpo_dist.batch import Batch
 from grpo_dist.core.group_filter import groups_with_spread
 
-__all__ = ["FILTER_METRICS", "ON_EXHAUSTED", "DynamicSamplingError", "DynamicSampling", "metric_values", "merge_stats"]
+__all__ = ["FILTER_METRICS", "ON_EXHAUSTED", "DynamicSamplingError", "DynamicSampling", "SingleBatch", "metric_values",
+           "merge_stats"]
+
+Generate = Callable[[list, int], tuple[Batch, dict[str, float]]]
+"""``generate(items, k)``: generation batch ``k`` (0, 1, ...) of the step for the prompts ``items``,
+scored, rows grouped by ``uid``; and its reward statistics."""
 
 FILTER_METRICS: tuple[str, ...] = ("acc", "score", "seq_reward", "seq_final_reward")
 """Values of ``algorithm.filter_groups.metric`` (see :func:`metric_values`)."""
@@ -78,6 +84,16 @@ def _first_groups(batch: Batch, num_groups: int) -> Batch:
 
 
 @dataclass(frozen=True)
+class SingleBatch:
+    """No dynamic sampling: a step trains on its one generation batch."""
+
+    def collect(self, first_items: list, next_items: Callable[[], list], generate: Generate) -> tuple[Batch, dict[str, float]]:
+        """``generate(first_items, 0)``; its reward statistics are the metrics."""
+        batch, stats = generate(first_items, 0)
+        return batch, dict(stats)
+
+
+@dataclass(frozen=True)
 class DynamicSampling:
     """The refill loop (see the module docstring).
 
@@ -108,23 +124,27 @@ class DynamicSampling:
         self,
         first_items: list,
         next_items: Callable[[], list],
-        generate: Callable[[list, int], Batch],
+        generate: Generate,
     ) -> tuple[Batch, dict[str, float]]:
         """Run the loop: ``generate(items, k)`` generates and scores generation batch ``k`` (0, 1, ...)
-        of the step (rows grouped by ``uid``, with the keys :func:`metric_values` reads);
-        ``next_items()`` gives the prompts of the next one (``first_items`` are the first's).
+        of the step (rows grouped by ``uid``, with the keys :func:`metric_values` reads) and returns
+        it with its reward statistics; ``next_items()`` gives the prompts of the next one
+        (``first_items`` are the first's).
 
-        Returns the step's batch and the metrics ``train/num_gen_batches`` and
+        Returns the step's batch and the metrics: the reward statistics of all generation batches
+        (:func:`merge_stats`), ``train/num_gen_batches`` and
         ``training/filter_groups/{num_groups, num_kept_groups, num_dropped_groups, kept_fraction,
         num_train_groups, exhausted}`` (groups generated, with spread, without, their ratio, groups
         trained on, 1.0 when the limit was reached short of a full batch).
         """
         kept: list[Batch] = []
         dropped: list[Batch] = []
+        stats: list[dict[str, float]] = []
         n_groups = n_kept = 0
         k, items, exhausted = 0, first_items, False
         while True:
-            batch = generate(items, k)
+            batch, batch_stats = generate(items, k)
+            stats.append(batch_stats)
             k += 1
             keep_B, groups, kept_groups = groups_with_spread(metric_values(batch, self.metric), batch["uid"])
             n_groups += groups
@@ -156,12 +176,13 @@ class DynamicSampling:
                 out = Batch.concat([Batch.concat(kept), _first_groups(Batch.concat(dropped), unit - n_kept)])
         n_train = len(_group_rows(out["uid"]))
         metrics = {
+            **merge_stats(stats),
             "train/num_gen_batches": float(k),
             "training/filter_groups/num_groups": float(n_groups),
             "training/filter_groups/num_kept_groups": float(n_kept),
             "training/filter_groups/num_dropped_groups": float(n_groups - n_kept),
             "training/filter_groups/kept_fraction": n_kept / max(n_groups, 1),
             "training/filter_groups/num_train_groups": float(n_train),
-            "training/filter_groups/exhausted": 1.0 if exhausted and n_kept < self.train_batch_size else 0.0,
+            "training/filter_groups/exhausted": float(exhausted),
         }
         return out, metrics
