@@ -45,12 +45,30 @@ from torch import nn
 from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
 from grpo_dist.core.kl import canonical_kl_kind
 from grpo_dist.core.losses import LOSS_AGG_MODES, AggSpec, agg_loss, global_counts
-from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss
+from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss, list_policy_losses
 from grpo_dist.training.micro_batches import split_by_count, take_rows
 from grpo_dist.training.objective import PolicyObjective, TermSums, micro_batch_loss
 from grpo_dist.training.policy import forward_logprobs
 
-__all__ = ["GRPO", "Rollout"]
+__all__ = ["GRPO", "Rollout", "api_loss_modes", "api_estimators"]
+
+# loss modes that only the distributed trainer can feed (bypass mode takes the rollout engine's
+# log-probs as the old policy, set up by algorithm.rollout_correction)
+TRAINER_ONLY_LOSS_MODES = frozenset({"bypass_mode"})
+
+
+def _api_estimator(spec) -> bool:
+    return not (spec.needs_values or spec.needs_step_rewards or spec.needs_baseline_rollout)
+
+
+def api_loss_modes() -> list[str]:
+    """The registered policy-loss modes :class:`GRPO` accepts."""
+    return [m for m in list_policy_losses() if m not in TRAINER_ONLY_LOSS_MODES]
+
+
+def api_estimators() -> list[str]:
+    """The registered advantage estimators :class:`GRPO` accepts (no critic, step rewards or baseline rollout)."""
+    return [n for n in list_adv_estimators() if _api_estimator(get_adv_estimator(n))]
 
 RewardFn = Callable[[list[Any], list[Any]], Sequence[float]]
 
@@ -234,10 +252,10 @@ class GRPO:
             raise ValueError(f"GRPO reward_fn must be a function reward_fn(completions, prompts) -> list[float], got {reward_fn!r}")
         self.reward_fn = reward_fn
         self.estimator = get_adv_estimator(adv_estimator)
-        if self.estimator.needs_values or self.estimator.needs_step_rewards:
-            usable = [n for n in list_adv_estimators()
-                      if not (get_adv_estimator(n).needs_values or get_adv_estimator(n).needs_step_rewards)]
-            need = "a critic's values" if self.estimator.needs_values else "per-step rewards"
+        if not _api_estimator(self.estimator):
+            usable = [n for n in list_adv_estimators() if _api_estimator(get_adv_estimator(n))]
+            need = ("a critic's values" if self.estimator.needs_values else "per-step rewards"
+                    if self.estimator.needs_step_rewards else "a greedy baseline rollout")
             raise ValueError(f"GRPO adv_estimator {adv_estimator!r} needs {need}, which this API does not produce; "
                              f"valid: {usable}")
         self.group_size = _check_int("group_size", group_size, 2 if self.estimator.group_based else 1)
@@ -272,6 +290,9 @@ class GRPO:
             params = PolicyLossParams(**(clips | extra))
         except ValueError as e:
             raise ValueError(f"GRPO clip ratios / policy_loss_params: {e}") from None
+        if loss_mode in TRAINER_ONLY_LOSS_MODES:
+            raise ValueError(f"GRPO loss_mode {loss_mode!r} needs the rollout engine's log-probs and rollout-correction "
+                             f"settings, which this API does not have; valid: {api_loss_modes()}")
         self.objective = PolicyObjective(
             policy_loss=get_policy_loss(loss_mode),
             params=params,

@@ -9,6 +9,7 @@ Hydra's and OmegaConf's own exceptions (unknown key, wrong type) are translated 
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -82,6 +83,22 @@ def _translate(exc: BaseException, overrides: list[str]) -> ConfigError:
     return ConfigError(" ".join(t.strip() for t in text[:3]))
 
 
+def _schema_plus(override: str) -> str:
+    """``+key=value`` for a key the schema already has -> ``key=value``. verl's launch scripts add
+    keys verl's YAML lacks with ``+`` (e.g. ``+reward_model.reward_kwargs.overlong_buffer_cfg.len=...``);
+    here they exist, and Hydra refuses to "append" an existing key."""
+    if override.startswith("+") and not override.startswith("++"):
+        key = override[1:].split("=", 1)[0]
+        if key in _schema_keys():
+            return override[1:]
+    return override
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_keys() -> frozenset[str]:
+    return frozenset(all_keys())
+
+
 def compose(
     overrides: list[str] | None = None,
     *,
@@ -93,7 +110,7 @@ def compose(
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    overrides = list(overrides or [])
+    overrides = [_schema_plus(o) for o in overrides or []]
     _register_schema()
     conf_dir = Path(config_dir).resolve() if config_dir else CONF_DIR
     if not conf_dir.is_dir():

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II
 
+from grpo_dist.core.advantages import list_adv_estimators
 from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 
@@ -59,6 +60,9 @@ class DataConfig:
     max_prompt_length: int = F(64, "longest prompt in tokens (after the chat template)")
     max_response_length: int = F(24, "longest response in tokens")
     train_batch_size: int = F(32, "prompts per training step; responses per step = train_batch_size x rollout.n")
+    gen_batch_size: Optional[int] = F(
+        None, "prompts per generation batch of dynamic sampling (algorithm.filter_groups); null = train_batch_size; unused without it"
+    )
     val_batch_size: Optional[int] = F(None, "prompts per validation batch; null = the whole validation set at once")
     shuffle: bool = F(True, "shuffle the training prompts every epoch (seeded by data.seed)")
     seed: int = F(42, "seed of the prompt shuffling")
@@ -114,10 +118,15 @@ class CheckpointConfig:
 class PolicyLossConfig:
     loss_mode: str = F(
         "vanilla",
-        "policy-loss mode: " + " | ".join(BUILTIN_POLICY_LOSSES)
+        "policy-loss mode: " + " | ".join(m for m in BUILTIN_POLICY_LOSSES if m != "bypass_mode")
         + ", or a mode registered with grpo_dist.core.policy_loss.register_policy_loss"
-        + " (vanilla: the PPO clipped surrogate with clip-higher and dual clip)",
+        + " (vanilla: the PPO clipped surrogate with clip-higher and dual clip; docs/algorithms.md)",
     )
+    clip_cov_ratio: float = F(0.0002, "clip_cov: fraction of response tokens whose gradient may be cut")
+    clip_cov_lb: float = F(1.0, "clip_cov: lower bound of the covariance of the tokens that may be cut")
+    clip_cov_ub: float = F(5.0, "clip_cov: upper bound of the covariance of the tokens that may be cut")
+    kl_cov_ratio: float = F(0.0002, "kl_cov: fraction of response tokens (largest covariance) that get the KL penalty")
+    ppo_kl_coef: float = F(0.1, "kl_cov: coefficient of that KL penalty")
 
 
 @dataclass
@@ -136,12 +145,12 @@ class ActorConfig:
     clip_ratio_high: Optional[float] = F(None, "upper clip range (clip-higher); null = clip_ratio")
     clip_ratio_c: float = F(3.0, "dual-clip constant bounding the loss of negative-advantage tokens; must be > 1")
     loss_agg_mode: str = F(
-        "token-mean", "loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)"
+        "token-mean", "loss aggregation: token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)"
     )
     entropy_coeff: float = F(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = F(True, "add beta x KL(policy || reference) to the loss (GRPO); needs the reference model")
     kl_loss_coef: float = F(0.001, "beta, the coefficient of the KL loss")
-    kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3)")
+    kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3) | k1+ | k3+ (value of k1/k3, gradient of k2)")
     grad_clip: float = F(1.0, "clip the global gradient norm to this value")
     policy_loss: PolicyLossConfig = S(PolicyLossConfig, "the policy-loss function")
     optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
@@ -320,23 +329,75 @@ class KLCtrlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = F(None, "importance weights against the rollout engine's log-probs: null | token | sequence")
+    rollout_is_threshold: Any = F(
+        2.0, "a number u > 1: truncate the weights at u (TIS); a band 'lo_hi' (quoted, e.g. \"0.5_2.0\"): weight 0 outside it (IcePop)"
+    )
+    rollout_rs: Optional[str] = F(
+        None, "rejection sampling, comma-separated: token_k1|k2|k3, seq_sum_k1|k2|k3, seq_mean_k1|k2|k3, seq_max_k2|k3; null = off"
+    )
+    rollout_rs_threshold: Any = F(
+        None, "rejection thresholds, one per rollout_rs option or one shared: k1 options a ratio band 'lo_hi' or u (the band 1/u..u), others an upper bound"
+    )
+    bypass_mode: bool = F(False, "use the rollout log-probs as the old log-probs (no old-log-prob forward); correction in the loss")
+    loss_type: str = F("ppo_clip", "bypass mode's loss: ppo_clip (PPO clip against the rollout policy) | reinforce (-w * A * logp)")
+    rollout_is_batch_normalize: bool = F(False, "divide the importance weights by their batch mean")
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = F(False, "dynamic sampling (DAPO): drop prompts whose responses all score the same, generate more")
+    metric: str = F("acc", "what must differ within a prompt's responses: acc | score (the reward function's score) | seq_reward | seq_final_reward")
+    max_num_gen_batches: int = F(0, "most generation batches per step; <= 0 = no limit")
+    on_exhausted: str = F("error", "at max_num_gen_batches with too few prompts: error | train (on the prompts kept, whole mini-batches)")
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = F("grpo", "advantage estimator: grpo | grpo_process | rloo | reinforce_plus_plus | gae")
+    adv_estimator: str = F("grpo", "advantage estimator: " + " | ".join(list_adv_estimators()) + " (docs/algorithms.md)")
     norm_adv_by_std_in_grpo: bool = F(True, "divide group-relative advantages by the group std (false = Dr. GRPO)")
     gamma: float = F(1.0, "discount factor (gae, reinforce_plus_plus)")
     lam: float = F(1.0, "GAE lambda")
     use_kl_in_reward: bool = F(False, "subtract a KL penalty from the reward (PPO style) instead of/besides the KL loss")
     kl_penalty: str = F("kl", "KL estimator of the in-reward penalty: kl | abs | mse | low_var_kl")
     kl_ctrl: KLCtrlConfig = S(KLCtrlConfig, "coefficient control of the in-reward KL penalty")
+    rollout_correction: RolloutCorrectionConfig = S(
+        RolloutCorrectionConfig, "rollout correction: importance weights and rejection against the rollout engine's log-probs"
+    )
+    filter_groups: FilterGroupsConfig = S(FilterGroupsConfig, "dynamic sampling (DAPO's group filtering)")
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = F(False, "DAPO's overlong reward shaping: a linear penalty for responses within len tokens of max_resp_len")
+    len: int = F(0, "length of the buffer in tokens")
+    penalty_factor: float = F(0.0, "the penalty at max_resp_len (falls linearly from 0 inside the buffer)")
+    log: bool = F(False, "log reward/overlong_reward/{mean,min} and reward/overlong/mean")
+
+
+@dataclass
+class RewardKwargsConfig:
+    overlong_buffer_cfg: OverlongBufferConfig = S(OverlongBufferConfig, "overlong reward shaping (verl's reward_kwargs spelling)")
+    max_resp_len: int = II("data.max_response_length")
 
 
 @dataclass
 class RewardModelConfig:
     enable: bool = F(False, "score with a learned reward model (not supported yet; rule-based scorers are used)")
-    reward_manager: str = F("naive", "how responses are scored: naive (one score per response) | prime (parallel, same result)")
+    reward_manager: str = F(
+        "naive", "how responses are scored: naive (one score per response) | prime (parallel, same result) | dapo (naive; overlong shaping by its keys)"
+    )
     num_workers: int = F(2, "processes scoring responses in parallel")
     timeout_s: float = F(10.0, "time limit for scoring one response, in seconds")
     on_error: str = F("raise", "a scorer that raises, hangs or returns a non-number: raise (stop, naming the sample) | zero (score 0, counted)")
+    overlong_buffer: OverlongBufferConfig = S(OverlongBufferConfig, "DAPO's overlong reward shaping (its recipe's spelling; max_resp_len = data.max_response_length)")
+    reward_kwargs: RewardKwargsConfig = S(RewardKwargsConfig, "reward-manager arguments (verl's spelling of the overlong shaping)")
+
+
+@dataclass
+class RewardConfig:
+    reward_kwargs: RewardKwargsConfig = S(RewardKwargsConfig, "reward-manager arguments (verl's current spelling of the overlong shaping)")
 
 
 @dataclass
@@ -399,6 +460,7 @@ class GRPOConfig:
     critic: CriticConfig = S(CriticConfig, "the critic: a value model trained alongside the policy (PPO with GAE)")
     algorithm: AlgorithmConfig = S(AlgorithmConfig, "advantage estimation and KL in reward")
     reward_model: RewardModelConfig = S(RewardModelConfig, "reward scoring")
+    reward: RewardConfig = S(RewardConfig, "reward arguments (verl's newer section)")
     custom_reward_function: CustomRewardFunctionConfig = S(CustomRewardFunctionConfig, "a user-supplied reward function")
     trainer: TrainerConfig = S(TrainerConfig, "the training loop")
     ray_kwargs: RayKwargsConfig = S(RayKwargsConfig, "Ray")
@@ -408,6 +470,8 @@ class GRPOConfig:
 INTERPOLATED_HELP = {
     "actor_rollout_ref.rollout.prompt_length": "longest prompt the engine sees (= data.max_prompt_length)",
     "actor_rollout_ref.rollout.response_length": "longest response the engine samples (= data.max_response_length)",
+    "reward_model.reward_kwargs.max_resp_len": "the length the overlong penalty reaches penalty_factor at (= data.max_response_length)",
+    "reward.reward_kwargs.max_resp_len": "the length the overlong penalty reaches penalty_factor at (= data.max_response_length)",
 }
 
 # Keys whose default differs from verl's, and why. Shown in docs/configuration.md.

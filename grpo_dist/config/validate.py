@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from grpo_dist.config.schema import ConfigError, CriticConfig, CriticFSDPConfig, CriticOptimConfig, GRPOConfig
+from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
+from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.data import TRUNCATION_MODES, as_path_list
 from grpo_dist.rollout import ENGINE_NAMES
 from grpo_dist.tasks import BUILTIN_PREFIX
@@ -24,7 +26,9 @@ KL_CTRL_TYPES = ("fixed", "adaptive")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "file", "tensorboard", "wandb")
-REWARD_MANAGERS = ("naive", "prime")
+REWARD_MANAGERS = ("naive", "prime", "dapo")
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # trainer.dynamic_sampling.FILTER_METRICS
+FILTER_ON_EXHAUSTED = ("error", "train")
 ON_ERROR = ("raise", "zero")
 DTYPES = ("float32", "bfloat16", "float16")
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
@@ -185,12 +189,50 @@ def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         _check_exists("critic.model.path", c.model.path, kind="model")
 
 
+def rollout_correction_params(cfg: GRPOConfig) -> RolloutCorrectionParams:
+    """The parsed ``algorithm.rollout_correction.*`` keys; ``ConfigError`` naming the key."""
+    rc = cfg.algorithm.rollout_correction
+    try:
+        return RolloutCorrectionParams.from_config(
+            rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold, rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold, bypass_mode=rc.bypass_mode, loss_type=rc.loss_type,
+            rollout_is_batch_normalize=rc.rollout_is_batch_normalize)
+    except ValueError as exc:
+        raise ConfigError(f"algorithm.rollout_correction.{exc}") from None
+
+
+def overlong_buffer(cfg: GRPOConfig) -> OverlongBuffer | None:
+    """DAPO's overlong shaping from whichever spelling enables it (``reward_model.overlong_buffer``,
+    ``reward_model.reward_kwargs.overlong_buffer_cfg``, ``reward.reward_kwargs.overlong_buffer_cfg``);
+    None when none does. ``ConfigError`` for bad values or two spellings that disagree."""
+    rm = cfg.reward_model
+    spellings = (
+        ("reward_model.overlong_buffer", rm.overlong_buffer, cfg.data.max_response_length),
+        ("reward_model.reward_kwargs.overlong_buffer_cfg", rm.reward_kwargs.overlong_buffer_cfg, rm.reward_kwargs.max_resp_len),
+        ("reward.reward_kwargs.overlong_buffer_cfg", cfg.reward.reward_kwargs.overlong_buffer_cfg, cfg.reward.reward_kwargs.max_resp_len),
+    )
+    found: dict[str, OverlongBuffer] = {}
+    for key, ob, max_len in spellings:
+        if not ob.enable:
+            continue
+        if not 0 < ob.len <= max_len:
+            raise _bad(f"{key}.len", ob.len, f"expected a length in [1, max_resp_len = {max_len}] (the buffer before max_resp_len)")
+        if not ob.penalty_factor >= 0:
+            raise _bad(f"{key}.penalty_factor", ob.penalty_factor, "expected a number >= 0")
+        found[key] = OverlongBuffer(max_resp_len=int(max_len), buffer_len=int(ob.len),
+                                    penalty_factor=float(ob.penalty_factor), log=bool(ob.log))
+    if len(set(found.values())) > 1:
+        raise _bad(next(iter(found)), "enable", "the overlong shaping is enabled under two spellings with different "
+                   f"settings ({', '.join(found)}); set it under one")
+    return next(iter(found.values()), None)
+
+
 def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     """Raise ConfigError on the first problem found. Order: choices, ranges, sizes, paths."""
     from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
     from grpo_dist.core.kl import canonical_kl_kind
-    from grpo_dist.core.losses import LOSS_AGG_MODES
-    from grpo_dist.core.policy_loss import list_policy_losses
+    from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
+    from grpo_dist.core.policy_loss import get_policy_loss, list_policy_losses
 
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, rollout, optim = arr.actor, arr.rollout, arr.actor.optim
@@ -198,7 +240,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     # --- choices -----------------------------------------------------------------------------
     if alg.adv_estimator not in list_adv_estimators():
         raise _bad("algorithm.adv_estimator", alg.adv_estimator, "expected one of " + ", ".join(list_adv_estimators()))
-    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, ALL_LOSS_AGG_MODES)
     _choice("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, list_policy_losses())
     for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", alg.kl_penalty)):
         try:
@@ -210,6 +252,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
                    "'full' needs both models' logits over the vocabulary, which the workers do not exchange yet; use low_var_kl (k3), kl (k1), mse (k2) or abs")
     if canonical_kl_kind(alg.kl_penalty) == "full":
         raise _bad("algorithm.kl_penalty", alg.kl_penalty, "the in-reward penalty needs a per-token estimator: kl, abs, mse or low_var_kl")
+    _check_algorithm_variants(cfg, get_policy_loss)
     _choice("actor_rollout_ref.rollout.name", rollout.name, ENGINE_NAMES)
     _choice("actor_rollout_ref.rollout.mode", rollout.mode, ("sync",))
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
@@ -375,3 +418,38 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
+    """The GRPO-family keys: policy-loss extras, rollout correction, dynamic sampling, overlong shaping."""
+    alg, actor, d = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.data
+    pl = actor.policy_loss
+    pre = "actor_rollout_ref.actor.policy_loss."
+    for key, val in (("clip_cov_ratio", pl.clip_cov_ratio), ("kl_cov_ratio", pl.kl_cov_ratio)):
+        if not 0 < val <= 1:
+            raise _bad(pre + key, val, "expected a fraction in (0, 1] (verl's default 0.0002)")
+    if not pl.clip_cov_lb < pl.clip_cov_ub:
+        raise _bad(pre + "clip_cov_lb", pl.clip_cov_lb, f"expected a number below clip_cov_ub ({pl.clip_cov_ub})")
+    _positive(pre + "ppo_kl_coef", pl.ppo_kl_coef, allow_zero=True)
+
+    rc = rollout_correction_params(cfg)
+    key = "algorithm.rollout_correction."
+    if pl.loss_mode == "bypass_mode" and not rc.bypass:
+        raise _bad(pre + "loss_mode", pl.loss_mode, f"bypass_mode is set up by {key}bypass_mode=true; choose another loss mode")
+    if rc.bypass and pl.loss_mode not in ("vanilla", "bypass_mode"):
+        raise _bad(key + "bypass_mode", True, f"bypass mode brings its own loss ({key}loss_type = ppo_clip | reinforce) and "
+                   f"cannot be combined with {pre}loss_mode={pl.loss_mode}; use loss_mode=vanilla or bypass_mode=false")
+    if rc.loss_type != "ppo_clip" and not rc.bypass:
+        raise _bad(key + "loss_type", rc.loss_type, f"loss_type only applies in bypass mode; set {key}bypass_mode=true or loss_type=ppo_clip")
+    if rc.is_level is not None and not rc.bypass and not get_policy_loss(pl.loss_mode).accepts_rollout_is_weights:
+        raise _bad(key + "rollout_is", rc.is_level, f"{pre}loss_mode={pl.loss_mode} does not take rollout importance weights "
+                   "(its function declares no rollout_is_weights_BT keyword); use rollout_is=null or another loss mode")
+
+    fg = alg.filter_groups
+    _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
+    _choice("algorithm.filter_groups.on_exhausted", fg.on_exhausted, FILTER_ON_EXHAUSTED)
+    _positive("data.gen_batch_size", d.gen_batch_size)
+    if fg.enable and alg.use_kl_in_reward:
+        raise _bad("algorithm.filter_groups.enable", True, "dynamic sampling cannot be combined with algorithm.use_kl_in_reward "
+                   "(the penalty needs the old and reference log-probs of every generation batch); use the KL loss instead")
+    overlong_buffer(cfg)

@@ -1,6 +1,6 @@
 """Pure GRPO/PPO math: advantage estimators, policy losses (and their registry), loss aggregation,
-the critic's value loss, KL estimators, learning-rate schedules, and diagnostics (the rollout-vs-actor
-probability gap).
+the critic's value loss, KL estimators, rollout correction, group filtering, learning-rate
+schedules, and diagnostics (the rollout-vs-actor probability gap).
 
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
 """
@@ -10,8 +10,13 @@ from grpo_dist.core.advantages import (
     AdvEstimatorSpec,
     compute_gae_advantage,
     compute_grpo_advantage,
+    compute_gpg_advantage,
+    compute_grpo_passk_advantage,
     compute_grpo_process_advantage,
+    compute_opo_advantage,
     compute_reinforce_plus_plus_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+    compute_remax_advantage,
     compute_rloo_advantage,
     get_adv_estimator,
     list_adv_estimators,
@@ -20,9 +25,12 @@ from grpo_dist.core.advantages import (
     scores_from_token_rewards,
 )
 from grpo_dist.core.diagnostics import rollout_probs_diff
+from grpo_dist.core.group_filter import groups_with_spread
 from grpo_dist.core.kl import (
     KL_ALIASES,
     KL_KINDS,
+    STRAIGHT_THROUGH_KL_ALIASES,
+    STRAIGHT_THROUGH_KL_KINDS,
     AdaptiveKLController,
     FixedKLController,
     KLController,
@@ -33,7 +41,9 @@ from grpo_dist.core.kl import (
     make_kl_controller,
 )
 from grpo_dist.core.losses import (
+    ALL_LOSS_AGG_MODES,
     LOSS_AGG_MODES,
+    UNNORMALISED_LOSS_AGG_MODES,
     AggSpec,
     agg_loss,
     entropy_from_logits,
@@ -47,10 +57,25 @@ from grpo_dist.core.policy_loss import (
     PolicyLossFn,
     PolicyLossParams,
     PolicyLossSpec,
+    bypass_mode_policy_loss,
+    cispo_policy_loss,
+    clip_cov_policy_loss,
+    geo_mean_policy_loss,
     get_policy_loss,
+    gpg_policy_loss,
+    gspo_policy_loss,
+    kl_cov_policy_loss,
     list_policy_losses,
     register_policy_loss,
     vanilla_policy_loss,
+)
+from grpo_dist.core.rollout_correction import (
+    RejectionCriterion,
+    RolloutCorrectionParams,
+    correct,
+    importance_weights,
+    mismatch_metrics,
+    rejection_mask,
 )
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, LRMultiplier, lr_lambda, resolve_warmup_steps
 from grpo_dist.core.value import explained_variance, value_loss
@@ -69,8 +94,15 @@ __all__ = [
     "compute_reinforce_plus_plus_advantage",
     "compute_gae_advantage",
     "compute_grpo_process_advantage",
+    "compute_remax_advantage",
+    "compute_reinforce_plus_plus_baseline_advantage",
+    "compute_grpo_passk_advantage",
+    "compute_opo_advantage",
+    "compute_gpg_advantage",
     # losses
     "LOSS_AGG_MODES",
+    "UNNORMALISED_LOSS_AGG_MODES",
+    "ALL_LOSS_AGG_MODES",
     "AggSpec",
     "agg_loss",
     "global_counts",
@@ -90,6 +122,21 @@ __all__ = [
     # the critic
     "value_loss",
     "explained_variance",
+    "gspo_policy_loss",
+    "gpg_policy_loss",
+    "cispo_policy_loss",
+    "clip_cov_policy_loss",
+    "kl_cov_policy_loss",
+    "geo_mean_policy_loss",
+    "bypass_mode_policy_loss",
+    # rollout correction, group filtering
+    "RolloutCorrectionParams",
+    "RejectionCriterion",
+    "importance_weights",
+    "rejection_mask",
+    "mismatch_metrics",
+    "correct",
+    "groups_with_spread",
     # learning-rate schedules
     "LR_SCHEDULER_TYPES",
     "LRMultiplier",
@@ -98,6 +145,8 @@ __all__ = [
     # kl
     "KL_KINDS",
     "KL_ALIASES",
+    "STRAIGHT_THROUGH_KL_KINDS",
+    "STRAIGHT_THROUGH_KL_ALIASES",
     "canonical_kl_kind",
     "kl_penalty",
     "kl_full",

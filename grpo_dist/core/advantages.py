@@ -14,7 +14,8 @@ keyword-only signature, so the driver calls them the same way::
 Shapes: ``B`` is the number of responses (prompts x rollout.n), ``T`` the padded response length.
 ``response_mask_BT`` (float or bool) is 1 on response tokens that count. ``index_B`` is a sequence
 (list, numpy array or tensor) of hashable group ids, e.g. prompt uid strings: responses with equal ids
-form one group of size G. Estimators take what they need and ignore the rest.
+form one group of size G. Estimators take what they need and ignore the rest. Estimators flagged
+``needs_baseline_rollout`` (ReMax) are also passed ``reward_baselines_B`` [B].
 
 The names and semantics follow verl's ``verl/trainer/ppo/core_algos.py``. Differences (all
 documented at the function): advantages are always zero outside the mask, the masked whitening used
@@ -40,6 +41,11 @@ __all__ = [
     "compute_reinforce_plus_plus_advantage",
     "compute_gae_advantage",
     "compute_grpo_process_advantage",
+    "compute_remax_advantage",
+    "compute_reinforce_plus_plus_baseline_advantage",
+    "compute_grpo_passk_advantage",
+    "compute_opo_advantage",
+    "compute_gpg_advantage",
 ]
 
 AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -56,6 +62,9 @@ class AdvEstimatorSpec:
             and ``index_B`` must be given.
         needs_values: it needs ``values_BT`` from a critic.
         needs_step_rewards: it needs per-step rewards and ``step_end_mask_BT`` (process supervision).
+        needs_baseline_rollout: it needs the reward of one greedy response per prompt, repeated for
+            the prompt's responses (``reward_baselines_B``, ReMax); only such estimators are passed
+            that keyword.
     """
 
     name: str
@@ -63,6 +72,7 @@ class AdvEstimatorSpec:
     group_based: bool
     needs_values: bool = False
     needs_step_rewards: bool = False
+    needs_baseline_rollout: bool = False
 
 
 _REGISTRY: dict[str, AdvEstimatorSpec] = {}
@@ -74,6 +84,7 @@ def register_adv_estimator(
     group_based: bool,
     needs_values: bool = False,
     needs_step_rewards: bool = False,
+    needs_baseline_rollout: bool = False,
 ) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
     """Decorator: register ``fn`` as the advantage estimator called ``name``.
 
@@ -96,6 +107,7 @@ def register_adv_estimator(
             group_based=group_based,
             needs_values=needs_values,
             needs_step_rewards=needs_step_rewards,
+            needs_baseline_rollout=needs_baseline_rollout,
         )
         return fn
 
@@ -461,4 +473,199 @@ def compute_grpo_process_advantage(
     adv_BT = step_BT.flip(-1).cumsum(-1).flip(-1)
     mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
     advantages_BT = _apply_mask(adv_BT.to(token_level_rewards_BT.dtype), mask_BT)
+    return advantages_BT, advantages_BT
+
+
+def _outcome_advantage(adv_B: torch.Tensor, token_level_rewards_BT: torch.Tensor,
+                       response_mask_BT: torch.Tensor) -> torch.Tensor:
+    """``adv_B[i] * mask[i, t]`` in the rewards' dtype (exact zeros outside the mask)."""
+    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    return _apply_mask(adv_B.to(token_level_rewards_BT.dtype).unsqueeze(-1), mask_BT)
+
+
+@register_adv_estimator("remax", group_based=False, needs_baseline_rollout=True)
+@torch.no_grad()
+def compute_remax_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    reward_baselines_B: torch.Tensor | None = None,
+    index_B: Sequence[Any] | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505), verl's ``remax``: REINFORCE with the reward of the
+    greedy response to the same prompt as the baseline::
+
+        returns[i, t]    = sum_{t' >= t} r[i, t'] * mask[i, t']         (rewards-to-go, no discount)
+        advantages[i, t] = (returns[i, t] - b_i) * mask[i, t]
+
+    ``b_i = reward_baselines_B[i]``: the score of one greedy response to response i's prompt (the
+    trainer samples it each step). Shapes: token_level_rewards_BT, response_mask_BT [B, T];
+    reward_baselines_B [B] -> two [B, T]. Other arguments are ignored. (verl leaves
+    ``-b_i * 0`` outside the mask, i.e. the same zeros.)
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    if reward_baselines_B is None:
+        raise ValueError("the 'remax' advantage estimator needs reward_baselines_B (the greedy response's reward "
+                         "per row, [B]); got None")
+    B = token_level_rewards_BT.shape[0]
+    if tuple(reward_baselines_B.shape) != (B,):
+        raise ValueError(f"reward_baselines_B must have shape ({B},), got {tuple(reward_baselines_B.shape)}")
+    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    returns_BT = _apply_mask(token_level_rewards_BT, mask_BT).flip(-1).cumsum(-1).flip(-1)
+    baseline_BT = reward_baselines_B.to(token_level_rewards_BT.dtype).unsqueeze(-1)
+    advantages_BT = _apply_mask(returns_BT - baseline_BT, mask_BT)
+    return advantages_BT, returns_BT
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline", group_based=True)
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262), verl's
+    ``reinforce_plus_plus_baseline``: subtract the group's mean reward, then whiten over the batch::
+
+        a[i, t]    = (r_i - mean_g(r)) * mask[i, t]          (a group of one: mean 0)
+        advantages = masked_whiten(a, mask) * mask            (batch mean and unbiased std over tokens)
+
+    ``returns = advantages``. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Other arguments
+    are ignored.
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
+    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    _, mean_G, _ = _group_mean_std(scores_B, gid_B, num_groups)
+    a_BT = _outcome_advantage(scores_B - mean_G[gid_B], token_level_rewards_BT, response_mask_BT)
+    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    advantages_BT = _apply_mask(masked_whiten(a_BT, mask_BT), mask_BT)
+    return advantages_BT, advantages_BT
+
+
+@register_adv_estimator("grpo_passk", group_based=True)
+@torch.no_grad()
+def compute_grpo_passk_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k training (Chen et al. 2025, arXiv:2503.19595), verl's ``grpo_passk``: only the best
+    response of each group learns, by its margin over the runner-up::
+
+        A_best = (r_max - r_second) / (std_g(r) + epsilon)     norm_adv_by_std=True
+        A_best =  r_max - r_second                              norm_adv_by_std=False
+        A_j    = 0 for every other response j of the group
+
+    ``best`` is the first response (in row order) with the group's largest reward; ``r_second`` is
+    the second largest reward counting ties (so a tie at the top gives 0); ``std`` is unbiased.
+    ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``. ``ValueError`` for a group of
+    fewer than 2 responses. Shapes: [B, T], [B, T], index_B [B] -> two [B, T].
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
+    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    count_G, _, std_G = _group_mean_std(scores_B, gid_B, num_groups)
+    if bool((count_G < 2).any()):
+        raise ValueError("the 'grpo_passk' advantage estimator needs groups of at least 2 responses "
+                         f"(actor_rollout_ref.rollout.n >= 2); smallest group: {int(count_G.min())}")
+    adv_B = torch.zeros_like(scores_B)
+    for g in range(num_groups):
+        rows = torch.nonzero(gid_B == g, as_tuple=True)[0]
+        vals = scores_B[rows]
+        best = int(torch.argmax(vals))  # the first maximum
+        second = torch.topk(vals, 2).values[1]
+        margin = vals[best] - second
+        adv_B[rows[best]] = margin / (std_G[g] + epsilon) if norm_adv_by_std else margin
+    advantages_BT = _outcome_advantage(adv_B, token_level_rewards_BT, response_mask_BT)
+    return advantages_BT, advantages_BT
+
+
+@register_adv_estimator("opo", group_based=True)
+@torch.no_grad()
+def compute_opo_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO, On-Policy RL with the Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585), verl's
+    ``opo``: the group baseline is the length-weighted mean reward::
+
+        L_j = sum_t mask[j, t];   b_g = sum_{j in g} L_j r_j / sum_{j in g} L_j
+        A_i = r_i - b_g                                        (a group of one, or of empty
+                                                                responses only: b = 0)
+
+    ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``. Shapes: [B, T], [B, T],
+    index_B [B] -> two [B, T]. Other arguments are ignored.
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
+    len_B = response_mask_BT.double().sum(-1)
+    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    zeros_G = torch.zeros(num_groups, dtype=torch.float64, device=scores_B.device)
+    count_G = zeros_G.index_add(0, gid_B, torch.ones_like(scores_B))
+    wsum_G = zeros_G.index_add(0, gid_B, len_B * scores_B)
+    lsum_G = zeros_G.index_add(0, gid_B, len_B)
+    base_G = torch.where((count_G > 1) & (lsum_G > 0), wsum_G / lsum_G.clamp_min(1e-12), zeros_G)
+    advantages_BT = _outcome_advantage(scores_B - base_G[gid_B], token_level_rewards_BT, response_mask_BT)
+    return advantages_BT, advantages_BT
+
+
+@register_adv_estimator("gpg", group_based=True)
+@torch.no_grad()
+def compute_gpg_advantage(
+    *,
+    token_level_rewards_BT: torch.Tensor,
+    response_mask_BT: torch.Tensor,
+    index_B: Sequence[Any],
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    values_BT: torch.Tensor | None = None,
+    step_end_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546), verl's ``gpg``: the group mean
+    as baseline, no std, rescaled by the share of responses with a non-zero reward in the batch::
+
+        alpha = B / max(#{i : r_i != 0}, 1)
+        A_i   = alpha * (r_i - mean_g(r)) / f_norm,   f_norm = 1   (a group of one: mean 0)
+
+    ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``. Use with the ``gpg`` policy
+    loss. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Other arguments are ignored.
+    """
+    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
+    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
+    B = scores_B.shape[0]
+    alpha = B / max(int((scores_B != 0).sum()), 1)
+    gid_B, num_groups = _group_ids(index_B, B, scores_B.device)
+    _, mean_G, _ = _group_mean_std(scores_B, gid_B, num_groups)
+    advantages_BT = _outcome_advantage(alpha * (scores_B - mean_G[gid_B]), token_level_rewards_BT, response_mask_BT)
     return advantages_BT, advantages_BT

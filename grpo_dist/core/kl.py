@@ -12,7 +12,14 @@ kind           alias      per-token value
 ``low_var_kl`` ``k3``     ``exp(-d) + d - 1`` (clamped, see :func:`kl_penalty`); the unbiased,
                           non-negative estimator used by GRPO
 ``full``                  exact KL over the vocabulary: needs logits, see :func:`kl_full`
+``kl+``        ``k1+``    straight-through: the value of k1, the gradient of k2 (see below)
+``low_var_kl+`` ``k3+``   straight-through: the value of k3, the gradient of k2
 =============  =========  ========================================================================
+
+The ``+`` kinds (verl's): k1 and k3 are unbiased estimates of the KL's value, but their gradients
+are not unbiased estimates of the KL's gradient; k2's gradient is (for samples from the policy).
+``k+ = k2 - sg(k2) + sg(k)`` has k's value and k2's gradient. Folded into the reward (no gradient)
+a ``+`` kind is the same as its base kind.
 
 Used two ways, as in verl: folded into the rewards (``algorithm.use_kl_in_reward``, see
 :func:`apply_kl_penalty` and the controllers) or added to the loss (``actor.use_kl_loss``,
@@ -26,6 +33,8 @@ import torch
 __all__ = [
     "KL_KINDS",
     "KL_ALIASES",
+    "STRAIGHT_THROUGH_KL_KINDS",
+    "STRAIGHT_THROUGH_KL_ALIASES",
     "canonical_kl_kind",
     "kl_penalty",
     "kl_full",
@@ -38,16 +47,24 @@ __all__ = [
 
 KL_KINDS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl", "full")
 KL_ALIASES: dict[str, str] = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+STRAIGHT_THROUGH_KL_KINDS: tuple[str, ...] = ("kl+", "low_var_kl+")
+"""Kinds with k1's or k3's value and k2's gradient (see the module docstring)."""
+STRAIGHT_THROUGH_KL_ALIASES: dict[str, str] = {"k1+": "kl+", "k3+": "low_var_kl+"}
 
 
 def canonical_kl_kind(name: str) -> str:
-    """The canonical KL kind for ``name`` (``"k3"`` -> ``"low_var_kl"``); ``ValueError`` if unknown."""
+    """The canonical KL kind for ``name`` (``"k3"`` -> ``"low_var_kl"``, ``"k3+"`` ->
+    ``"low_var_kl+"``); ``ValueError`` if unknown."""
     if isinstance(name, str):
-        if name in KL_KINDS:
+        if name in KL_KINDS or name in STRAIGHT_THROUGH_KL_KINDS:
             return name
         if name in KL_ALIASES:
             return KL_ALIASES[name]
-    valid = list(KL_KINDS) + [f"{a} (= {c})" for a, c in KL_ALIASES.items()]
+        if name in STRAIGHT_THROUGH_KL_ALIASES:
+            return STRAIGHT_THROUGH_KL_ALIASES[name]
+    valid = list(KL_KINDS) + list(STRAIGHT_THROUGH_KL_KINDS) + [
+        f"{a} (= {c})" for a, c in {**KL_ALIASES, **STRAIGHT_THROUGH_KL_ALIASES}.items()
+    ]
     raise ValueError(f"unknown KL kind {name!r} (kl_penalty / kl_loss_type); valid kinds: {valid}")
 
 
@@ -61,15 +78,23 @@ def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: str) -> t
         mse (k2):        0.5 * d^2
         low_var_kl (k3): clamp(exp(x) - x - 1, -10, 10),  x = clamp(ref_logp - logp, -20, 20)
 
+        kl+ (k1+):           k2 - sg(k2) + sg(k1)      value of k1, gradient of k2 = d * grad(d)
+        low_var_kl+ (k3+):   k2 - sg(k2) + sg(k3)      value of k3, gradient of k2
+
     (k3 is ``pi_ref/pi - log(pi_ref/pi) - 1``, DeepSeekMath's unbiased estimator; the clamps follow
-    verl and keep it finite for extreme log-ratios.) Shapes: [B, T], [B, T] -> [B, T]; gradients
-    flow through both inputs. ``kind="full"`` raises ``ValueError``: use :func:`kl_full` with logits.
+    verl and keep it finite for extreme log-ratios; ``sg`` = stop-gradient.) Shapes: [B, T], [B, T]
+    -> [B, T]; gradients flow through both inputs. ``kind="full"`` raises ``ValueError``: use
+    :func:`kl_full` with logits.
     """
     kind = canonical_kl_kind(kind)
     if logp_BT.shape != ref_logp_BT.shape:
         raise ValueError(
             f"ref_logp_BT shape {tuple(ref_logp_BT.shape)} must equal logp_BT shape {tuple(logp_BT.shape)}"
         )
+    if kind.endswith("+"):
+        value_BT = kl_penalty(logp_BT, ref_logp_BT, kind[:-1])
+        k2_BT = 0.5 * (logp_BT - ref_logp_BT).square()
+        return k2_BT - k2_BT.detach() + value_BT.detach()
     if kind == "kl":
         return logp_BT - ref_logp_BT
     if kind == "abs":

@@ -20,6 +20,8 @@ import torch
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "UNNORMALISED_LOSS_AGG_MODES",
+    "ALL_LOSS_AGG_MODES",
     "AggSpec",
     "agg_loss",
     "global_counts",
@@ -35,6 +37,11 @@ LOSS_AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
+"""The aggregation modes that normalise (by a token or sequence count, or a constant)."""
+UNNORMALISED_LOSS_AGG_MODES: tuple[str, ...] = ("token-sum",)
+"""Modes without a normaliser: the loss grows with the number of tokens in the mini-batch."""
+ALL_LOSS_AGG_MODES: tuple[str, ...] = LOSS_AGG_MODES + UNNORMALISED_LOSS_AGG_MODES
+"""Every value of ``actor.loss_agg_mode``."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,7 @@ class AggSpec:
     """How :func:`agg_loss` reduces a [B, T] loss to a scalar (``actor.loss_agg_mode``).
 
     Attributes:
-        mode: one of :data:`LOSS_AGG_MODES`.
+        mode: one of :data:`ALL_LOSS_AGG_MODES`.
         global_tokens: number of mask tokens (sum of the mask) in the whole mini-batch over all
             micro-batches and data-parallel ranks; ``None``: the count of the rows passed to this call.
         global_seqs: number of sequences with at least one mask token in the whole mini-batch;
@@ -57,10 +64,10 @@ class AggSpec:
     norm_constant: float | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in LOSS_AGG_MODES:
+        if self.mode not in ALL_LOSS_AGG_MODES:
             raise ValueError(
                 f"unknown loss aggregation mode {self.mode!r} (actor.loss_agg_mode); "
-                f"valid modes: {list(LOSS_AGG_MODES)}"
+                f"valid modes: {list(ALL_LOSS_AGG_MODES)}"
             )
         for name in ("global_tokens", "global_seqs"):
             value = getattr(self, name)
@@ -116,6 +123,7 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, spec: AggSpec) -> tor
     ``N_seq = spec.global_seqs`` (sequences with ``len_i > 0``) and ``C = spec.norm_constant``::
 
         token-mean              = sum_{i,t} l / N_tok
+        token-sum               = sum_{i,t} l                                (no normaliser)
         seq-mean-token-sum      = sum_i (sum_t l_i) / N_seq
         seq-mean-token-mean     = sum_i (sum_t l_i / max(len_i, 1)) / N_seq
         seq-mean-token-sum-norm = sum_i (sum_t l_i) / (C * N_seq)            (Dr. GRPO)
@@ -137,6 +145,8 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, spec: AggSpec) -> tor
     if spec.mode == "token-mean":
         tokens = spec.global_tokens if spec.global_tokens is not None else m_BT.sum()
         return _safe_div(l_BT.sum(), tokens)
+    if spec.mode == "token-sum":
+        return l_BT.sum()
 
     len_B = m_BT.sum(-1)
     seqs = spec.global_seqs if spec.global_seqs is not None else (len_B > 0).to(loss_BT.dtype).sum()
@@ -161,6 +171,7 @@ def ppo_clip_policy_loss(
     clip_ratio_high: float,
     clip_ratio_c: float,
     agg: AggSpec,
+    rollout_is_weights_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with asymmetric clip ("clip-higher") and dual clip (verl's ``vanilla``).
 
@@ -172,7 +183,11 @@ def ppo_clip_policy_loss(
         clipped = max(pg1, pg2)
         pg3 = -A * clip_ratio_c                          # dual clip, bounds the loss when A < 0
         per_token = where(A < 0, min(clipped, pg3), clipped)
+        per_token = per_token * w                        # only with rollout_is_weights_BT (detached)
         loss = agg_loss(per_token, mask, agg)
+
+    ``rollout_is_weights_BT`` [B, T] (optional): per-token rollout importance weights
+    (:mod:`grpo_dist.core.rollout_correction`), treated as constants.
 
     Metrics (0-dim detached tensors, masked means over the rows of this call; the caller reduces
     them across micro-batches and ranks):
@@ -207,6 +222,9 @@ def ppo_clip_policy_loss(
     dual_BT = torch.minimum(pg3_BT, clipped_BT)
     negative_BT = advantages_BT < 0
     per_token_BT = torch.where(negative_BT, dual_BT, clipped_BT)
+    if rollout_is_weights_BT is not None:
+        _check_same_shape("rollout_is_weights_BT", rollout_is_weights_BT, "logp_BT", logp_BT)
+        per_token_BT = per_token_BT * rollout_is_weights_BT.detach().to(per_token_BT.dtype)
     loss = agg_loss(per_token_BT, mask_BT, agg)
 
     with torch.no_grad():

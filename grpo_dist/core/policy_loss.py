@@ -24,6 +24,17 @@ What a loss function receives
   micro-batch size or the number of ranks).
 - ``params``: a :class:`PolicyLossParams`, the numbers the losses use (clip ranges, ...).
 
+Optional keyword inputs (passed only when there is something to pass, so a mode that does not
+declare them keeps working):
+
+- ``rollout_is_weights_BT`` [B, T]: per-token rollout importance weights (detached, 0 outside the
+  response; :mod:`grpo_dist.core.rollout_correction`). The actor passes them when the batch carries
+  ``rollout_is_weights`` (``algorithm.rollout_correction.rollout_is``); a mode that uses them
+  multiplies its per-token loss by them before aggregating. A mode that takes them declares the
+  keyword and says so when it registers (``register_policy_loss(name, rollout_is_weights=True)``,
+  :attr:`PolicyLossSpec.accepts_rollout_is_weights`); configuration refuses importance weights with
+  a mode that does not.
+
 It returns ``(loss, metrics)``: ``loss`` a 0-dim tensor (this micro-batch's piece of the mini-batch
 loss, to be summed over micro-batches and ranks), ``metrics`` a ``dict[str, 0-dim tensor]``.
 
@@ -39,12 +50,18 @@ return the same metric names on every call, and none of the names the actor repo
 """
 
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
 import torch
 
-from grpo_dist.core.losses import AggSpec, ppo_clip_policy_loss
+from grpo_dist.core.losses import AggSpec, agg_loss, masked_mean, ppo_clip_policy_loss
+from grpo_dist.core.rollout_correction import (
+    RolloutCorrectionParams,
+    importance_weights,
+    mismatch_metrics,
+    rejection_mask,
+)
 
 __all__ = [
     "PolicyLossParams",
@@ -55,6 +72,13 @@ __all__ = [
     "get_policy_loss",
     "list_policy_losses",
     "vanilla_policy_loss",
+    "gspo_policy_loss",
+    "gpg_policy_loss",
+    "cispo_policy_loss",
+    "clip_cov_policy_loss",
+    "kl_cov_policy_loss",
+    "geo_mean_policy_loss",
+    "bypass_mode_policy_loss",
 ]
 
 RESERVED_METRIC_NAMES: frozenset[str] = frozenset(
@@ -71,13 +95,36 @@ class PolicyLossParams:
         clip_ratio_low: lower clip range: the ratio is clipped below at ``1 - clip_ratio_low``.
         clip_ratio_high: upper clip range ("clip-higher"): clipped above at ``1 + clip_ratio_high``.
         clip_ratio_c: dual-clip constant (> 1) bounding the loss of negative-advantage tokens.
+        clip_cov_ratio: ``clip_cov``: the fraction of response tokens whose gradient may be cut.
+        clip_cov_lb, clip_cov_ub: ``clip_cov``: the covariance band of the tokens that may be cut.
+        kl_cov_ratio: ``kl_cov``: the fraction of response tokens (largest covariance) that get the
+            KL penalty.
+        ppo_kl_coef: ``kl_cov``: the coefficient of that penalty.
+        rollout_correction: the rollout-correction settings (``bypass_mode`` reads them); None when
+            none are configured.
+
+    Defaults are verl's (``actor_rollout_ref.actor.policy_loss.*``).
     """
 
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    rollout_correction: RolloutCorrectionParams | None = None
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.clip_cov_ratio <= 1.0:
+            raise ValueError(f"clip_cov_ratio must be in (0, 1], got {self.clip_cov_ratio}")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got {self.clip_cov_lb} and {self.clip_cov_ub}")
+        if not 0.0 < self.kl_cov_ratio <= 1.0:
+            raise ValueError(f"kl_cov_ratio must be in (0, 1], got {self.kl_cov_ratio}")
+        if not self.ppo_kl_coef >= 0.0:
+            raise ValueError(f"ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}")
         if not 0.0 <= self.clip_ratio_low <= 1.0:
             raise ValueError(f"clip_ratio_low must be in [0, 1], got {self.clip_ratio_low}")
         if not self.clip_ratio_high >= 0.0:
@@ -108,17 +155,20 @@ class PolicyLossSpec:
     Attributes:
         name: the registry name (``actor_rollout_ref.actor.policy_loss.loss_mode``).
         fn: the loss, called as described in the module docstring.
+        accepts_rollout_is_weights: ``fn`` takes the optional ``rollout_is_weights_BT`` keyword.
     """
 
     name: str
     fn: PolicyLossFn
+    accepts_rollout_is_weights: bool = False
 
 
 _REGISTRY: dict[str, PolicyLossSpec] = {}
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register ``fn`` as the policy-loss mode called ``name``.
+def register_policy_loss(name: str, *, rollout_is_weights: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register ``fn`` as the policy-loss mode called ``name``; ``rollout_is_weights``:
+    ``fn`` takes the optional ``rollout_is_weights_BT`` keyword (see the module docstring).
 
     Registering the same function again under its name is a no-op (a module imported twice);
     registering a different function under a name already taken raises ``ValueError``.
@@ -135,7 +185,7 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
             raise ValueError(
                 f"policy loss {name!r} is already registered (to {old.fn.__qualname__}); choose another name"
             )
-        _REGISTRY[name] = PolicyLossSpec(name=name, fn=fn)
+        _REGISTRY[name] = PolicyLossSpec(name=name, fn=fn, accepts_rollout_is_weights=rollout_is_weights)
         return fn
 
     return decorator
@@ -162,7 +212,7 @@ def list_policy_losses() -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", rollout_is_weights=True)
 def vanilla_policy_loss(
     logp_BT: torch.Tensor,
     old_logp_BT: torch.Tensor,
@@ -171,11 +221,13 @@ def vanilla_policy_loss(
     *,
     agg: AggSpec,
     params: PolicyLossParams,
+    rollout_is_weights_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """verl's ``vanilla``: the PPO clipped surrogate with clip-higher and dual clip.
 
     Exactly :func:`~grpo_dist.core.losses.ppo_clip_policy_loss` (formula there) with the clip ranges
-    of ``params``. Metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``.
+    of ``params`` (and the per-token rollout importance weights, when given, multiplying the
+    per-token loss). Metrics: ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``.
     Shapes: [B, T] each -> (0-dim loss, dict of 0-dim tensors).
     """
     return ppo_clip_policy_loss(
@@ -187,7 +239,372 @@ def vanilla_policy_loss(
         clip_ratio_high=params.clip_ratio_high,
         clip_ratio_c=params.clip_ratio_c,
         agg=agg,
+        rollout_is_weights_BT=rollout_is_weights_BT,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers of the modes below
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_inputs(logp_BT: torch.Tensor, *others: tuple[str, torch.Tensor | None]) -> None:
+    if logp_BT.dim() != 2:
+        raise ValueError(f"logp_BT must be 2-D [B, T], got shape {tuple(logp_BT.shape)}")
+    for name, t in others:
+        if t is not None and t.shape != logp_BT.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} must equal logp_BT shape {tuple(logp_BT.shape)}")
+
+
+def _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT=None):
+    _check_inputs(logp_BT, ("old_logp_BT", old_logp_BT), ("advantages_BT", advantages_BT), ("mask_BT", mask_BT),
+                  ("rollout_is_weights_BT", rollout_is_weights_BT))
+    w_BT = None if rollout_is_weights_BT is None else rollout_is_weights_BT.detach().to(logp_BT.dtype)
+    return old_logp_BT.detach(), advantages_BT.detach(), w_BT
+
+
+def _weighted(loss_BT: torch.Tensor, w_BT: torch.Tensor | None) -> torch.Tensor:
+    return loss_BT if w_BT is None else loss_BT * w_BT
+
+
+def _bool_mask(mask_BT: torch.Tensor) -> torch.Tensor:
+    return mask_BT != 0
+
+
+def _masked_covariance(advantages_BT: torch.Tensor, logp_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """``(A - mean(A)) * (logp - mean(logp))`` per token, the means over the response tokens of the
+    call (detached). Shapes: [B, T] x 3 -> [B, T]."""
+    lp_BT = logp_BT.detach()
+    return (advantages_BT - masked_mean(advantages_BT, mask_BT)) * (lp_BT - masked_mean(lp_BT, mask_BT))
+
+
+# --------------------------------------------------------------------------------------------------
+# more modes (verl's names)
+# --------------------------------------------------------------------------------------------------
+
+
+@register_policy_loss("gspo", rollout_is_weights=True)
+def gspo_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    agg: AggSpec,
+    params: PolicyLossParams,
+    rollout_is_weights_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071): one
+    importance ratio per sequence, the length-normalised sequence likelihood ratio::
+
+        d        = logp - old_logp
+        s_i      = sum_t d_it * mask_it / max(len_i, 1)             (log of the sequence ratio)
+        log_r_it = min(logp_it - sg(logp_it) + sg(s_i), 10)         (value s_i; gradient of logp_it)
+        r_it     = exp(log_r_it)
+        pg1 = -A * r;   pg2 = -A * clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)
+        per_token = max(pg1, pg2) [* w]
+        loss = agg_loss(per_token, mask, agg with mode "seq-mean-token-mean")
+
+    Always aggregated per sequence (seq-mean-token-mean over the mini-batch's sequences), whatever
+    ``agg.mode`` says, as verl does; the paper's clip ranges are tiny (3e-4 / 4e-4). No dual clip.
+    Micro-batch and rank invariant (every quantity is per sequence; the normaliser is global).
+    Metrics: ``pg_clipfrac`` (tokens with pg2 > pg1), ``pg_clipfrac_lower`` (always 0),
+    ``ppo_kl`` (mean of -d). Shapes: [B, T] each -> (0-dim loss, dict).
+    """
+    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    m_BT = mask_BT.to(logp_BT.dtype)
+    d_BT = logp_BT - old_logp_BT
+    len_B = m_BT.sum(-1).clamp_min(1.0)
+    seq_B = torch.where(m_BT != 0, d_BT, torch.zeros_like(d_BT)).mul(m_BT).sum(-1) / len_B
+    log_r_BT = torch.clamp(logp_BT - logp_BT.detach() + seq_B.detach().unsqueeze(-1), max=10.0)
+    r_BT = torch.exp(log_r_BT)
+    pg1_BT = -advantages_BT * r_BT
+    pg2_BT = -advantages_BT * torch.clamp(r_BT, 1.0 - params.clip_ratio_low, 1.0 + params.clip_ratio_high)
+    per_token_BT = _weighted(torch.maximum(pg1_BT, pg2_BT), w_BT)
+    loss = agg_loss(per_token_BT, mask_BT, replace(agg, mode="seq-mean-token-mean"))
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((pg2_BT > pg1_BT).to(logp_BT.dtype), mask_BT),
+            "pg_clipfrac_lower": torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device),
+            "ppo_kl": masked_mean(-d_BT.detach(), mask_BT),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("gpg", rollout_is_weights=True)
+def gpg_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    agg: AggSpec,
+    params: PolicyLossParams,
+    rollout_is_weights_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no
+    ratio, no clipping, no old policy::
+
+        loss = agg_loss(-A * logp [* w], mask, agg)
+
+    Pair it with ``algorithm.adv_estimator=gpg``. Invariant under any aggregation mode.
+    Metrics: none (as verl). Shapes: [B, T] each -> (0-dim loss, {}).
+    """
+    _, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    return agg_loss(_weighted(-advantages_BT * logp_BT, w_BT), mask_BT, agg), {}
+
+
+@register_policy_loss("cispo", rollout_is_weights=True)
+def cispo_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    agg: AggSpec,
+    params: PolicyLossParams,
+    rollout_is_weights_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585): clip the
+    importance weight, not the update; every token keeps a gradient::
+
+        d = clamp(logp - old_logp, -20, 20);   r = exp(d)
+        c = sg(clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high))
+        loss = agg_loss(-c * A * logp [* w], mask, agg)
+
+    (verl's form, with both clip ranges; the paper clips mainly above.) Invariant under any
+    aggregation mode. Metrics: ``pg_clipfrac`` (tokens whose weight was clipped),
+    ``pg_clipfrac_lower`` (always 0), ``ppo_kl`` (mean of -d). Shapes: [B, T] each -> (loss, dict).
+    """
+    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
+    r_BT = torch.exp(d_BT)
+    c_BT = torch.clamp(r_BT, 1.0 - params.clip_ratio_low, 1.0 + params.clip_ratio_high).detach()
+    loss = agg_loss(_weighted(-c_BT * advantages_BT * logp_BT, w_BT), mask_BT, agg)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((r_BT != c_BT).to(logp_BT.dtype), mask_BT),
+            "pg_clipfrac_lower": torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device),
+            "ppo_kl": masked_mean(-d_BT.detach(), mask_BT),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("clip_cov", rollout_is_weights=True)
+def clip_cov_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    agg: AggSpec,
+    params: PolicyLossParams,
+    rollout_is_weights_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
+    arXiv:2505.22617): the PPO clip, plus the gradient of a few high-covariance tokens cut::
+
+        d = clamp(logp - old_logp, -20, 20);  r = exp(d)
+        pg1 = -A * r;  pg2 = -A * clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)
+        cov = (A - mean(A)) * (logp - mean(logp))             (means over the call's response tokens)
+        candidates: response tokens with pg2 <= pg1 (not already clipped) and
+                    clip_cov_lb < cov < clip_cov_ub
+        cut: min(max(int(clip_cov_ratio * #response tokens), 1), #candidates) candidates drawn
+             uniformly at random (torch.randperm on torch's global generator, over the candidates
+             in row-major order)
+        per_token = max(pg1, pg2) * (0 on cut tokens, else 1) [* w]
+        loss = agg_loss(per_token, mask, agg)
+
+    No dual clip (as verl). NOT micro-batch or rank invariant: the covariance means, the number cut
+    and the draw are over the rows of the call. (verl does not clamp d; for |d| <= 20 the same.)
+    Metrics: ``pg_clipfrac`` (tokens cut), ``ppo_kl`` (mean of -d). Shapes: [B, T] -> (loss, dict).
+    """
+    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
+    r_BT = torch.exp(d_BT)
+    pg1_BT = -advantages_BT * r_BT
+    pg2_BT = -advantages_BT * torch.clamp(r_BT, 1.0 - params.clip_ratio_low, 1.0 + params.clip_ratio_high)
+    with torch.no_grad():
+        resp_BT = _bool_mask(mask_BT)
+        cov_BT = _masked_covariance(advantages_BT, logp_BT, mask_BT)
+        cand_BT = resp_BT & ~(pg2_BT > pg1_BT) & (cov_BT > params.clip_cov_lb) & (cov_BT < params.clip_cov_ub)
+        cand_N2 = torch.nonzero(cand_BT)
+        keep_BT = torch.ones_like(logp_BT)
+        if len(cand_N2) > 0:
+            n_cut = max(int(params.clip_cov_ratio * int(resp_BT.sum())), 1)
+            cut_N2 = cand_N2[torch.randperm(len(cand_N2))[: min(n_cut, len(cand_N2))].to(cand_N2.device)]
+            keep_BT[cut_N2[:, 0], cut_N2[:, 1]] = 0.0
+    per_token_BT = _weighted(torch.maximum(pg1_BT, pg2_BT) * keep_BT, w_BT)
+    loss = agg_loss(per_token_BT, mask_BT, agg)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean((keep_BT == 0).to(logp_BT.dtype), mask_BT),
+            "ppo_kl": masked_mean(-d_BT.detach(), mask_BT),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("kl_cov", rollout_is_weights=True)
+def kl_cov_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    agg: AggSpec,
+    params: PolicyLossParams,
+    rollout_is_weights_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clipping; a KL penalty on the few tokens with
+    the largest covariance between advantage and log-prob::
+
+        d = clamp(logp - old_logp, -20, 20);  r = exp(d)
+        cov = (A - mean(A)) * (logp - mean(logp))             (means over the call's response tokens)
+        top: the max(int(kl_cov_ratio * #response tokens), 1) response tokens with the largest cov
+        per_token = -A * r + ppo_kl_coef * |d| * [token in top]   [* w]
+        loss = agg_loss(per_token, mask, agg)
+
+    NOT micro-batch or rank invariant (the covariance and the top-k are over the rows of the call).
+    (verl does not clamp d; for |d| <= 20 the same.) Metrics: ``ppo_kl``, here the mean of |d| as
+    in verl. Shapes: [B, T] each -> (0-dim loss, dict).
+    """
+    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
+    per_token_BT = -advantages_BT * torch.exp(d_BT)
+    with torch.no_grad():
+        resp_BT = _bool_mask(mask_BT)
+        n_resp = int(resp_BT.sum())
+        top_BT = torch.zeros_like(resp_BT)
+        if n_resp > 0:
+            cov_N = _masked_covariance(advantages_BT, logp_BT, mask_BT)[resp_BT]
+            top_N = torch.topk(cov_N, max(int(n_resp * params.kl_cov_ratio), 1), largest=True).indices
+            flat_N = torch.nonzero(resp_BT.reshape(-1), as_tuple=True)[0][top_N]
+            top_BT.view(-1)[flat_N] = True
+    per_token_BT = torch.where(top_BT, per_token_BT + params.ppo_kl_coef * d_BT.abs(), per_token_BT)
+    loss = agg_loss(_weighted(per_token_BT, w_BT), mask_BT, agg)
+    with torch.no_grad():
+        metrics = {"ppo_kl": masked_mean(d_BT.detach().abs(), mask_BT)}
+    return loss, metrics
+
+
+@register_policy_loss("geo_mean", rollout_is_weights=True)
+def geo_mean_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    agg: AggSpec,
+    params: PolicyLossParams,
+    rollout_is_weights_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673): the geometric
+    mean of the token ratios, clipped per token in log space::
+
+        d  = logp - old_logp;   s = sign(A)
+        dc = clamp(d, -clip_ratio_low, clip_ratio_high)
+        e  = s * min(s * d, s * dc)                           (the pessimistic of clipped / unclipped)
+        ratio_i = exp(sum_t e_it m_it / (len_i + 1e-8));   adv_i = sum_t A_it m_it / (len_i + 1e-8)
+        [w_i = exp(sum_t log(w_it + 1e-10) m_it / (len_i + 1e-8))]       (geometric mean of the weights)
+        loss = sum_{i: len_i > 0} -adv_i * ratio_i [* w_i]  /  N_seq
+
+    ``N_seq`` is ``agg.global_seqs`` (the mini-batch's non-empty sequences), so the loss is
+    micro-batch and rank invariant whatever ``agg.mode`` says. verl instead takes the plain mean over
+    the rows of the micro-batch (empty rows included); the two agree for one micro-batch without
+    empty rows. Meant for sequence-level advantages (GRPO's). Metrics: ``pg_clipfrac`` (tokens with
+    d != dc and A > 0), ``pg_clipfrac_lower`` (d != dc and A < 0), ``ppo_kl`` (mean of -d).
+    Shapes: [B, T] each -> (0-dim loss, dict).
+    """
+    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    m_BT = mask_BT.to(logp_BT.dtype)
+    zero_BT = torch.zeros_like(logp_BT)
+    d_BT = logp_BT - old_logp_BT
+    s_BT = torch.sign(advantages_BT)
+    dc_BT = torch.clamp(d_BT, -params.clip_ratio_low, params.clip_ratio_high)
+    e_BT = s_BT * torch.minimum(s_BT * d_BT, s_BT * dc_BT)
+    len_B = m_BT.sum(-1)
+    ratio_B = torch.exp(torch.where(m_BT != 0, e_BT, zero_BT).mul(m_BT).sum(-1) / (len_B + 1e-8))
+    adv_B = torch.where(m_BT != 0, advantages_BT, zero_BT).mul(m_BT).sum(-1) / (len_B + 1e-8)
+    pg_B = -adv_B * ratio_B
+    if w_BT is not None:
+        log_w_BT = torch.where(m_BT != 0, torch.log(w_BT + 1e-10), zero_BT)
+        pg_B = pg_B * torch.exp(log_w_BT.mul(m_BT).sum(-1) / (len_B + 1e-8))
+    rows_B = len_B > 0
+    seqs = agg.global_seqs if agg.global_seqs is not None else float(rows_B.sum())
+    total = torch.where(rows_B, pg_B, torch.zeros_like(pg_B)).sum()
+    loss = total / seqs if seqs > 0 else total * 0.0
+    with torch.no_grad():
+        clipped_BT = d_BT != dc_BT
+        metrics = {
+            "pg_clipfrac": masked_mean((clipped_BT & (advantages_BT > 0)).to(logp_BT.dtype), mask_BT),
+            "pg_clipfrac_lower": masked_mean((clipped_BT & (advantages_BT < 0)).to(logp_BT.dtype), mask_BT),
+            "ppo_kl": masked_mean(-d_BT.detach(), mask_BT),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("bypass_mode")
+def bypass_mode_policy_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    agg: AggSpec,
+    params: PolicyLossParams,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Rollout correction in bypass mode (verl's ``bypass_mode``; set by
+    ``algorithm.rollout_correction.bypass_mode=true``, not chosen directly).
+
+    ``old_logp_BT`` holds the ROLLOUT engine's log-probs (no old-log-prob forward ran). With
+    ``r = sg(logp) - old_logp`` (the policy being trained against the rollout policy), the weights
+    ``w`` and the rejected tokens come from :mod:`grpo_dist.core.rollout_correction` with
+    ``params.rollout_correction``'s settings, over the rows of this call; ``mask'`` is the mask
+    without the rejected tokens. Then, by ``loss_type``::
+
+        ppo_clip:   the vanilla PPO clip of logp against old_logp (= the rollout policy) on mask';
+                    no weights (the ratio already corrects for the rollout policy)
+        reinforce:  agg_loss(-sg(w) * A * logp, mask', agg)       (w = 1 without rollout_is)
+
+    The aggregation's normalisers are the mini-batch's counts before rejection (as verl). With
+    ``rollout_is_batch_normalize`` the weights are normalised over the rows of the call, so that
+    part is not micro-batch invariant (the rest is). Metrics: the loss's own (ppo_clip:
+    ``pg_clipfrac``, ``pg_clipfrac_lower``, ``ppo_kl``; reinforce: ``ppo_kl``, the mean of
+    ``old_logp - logp``) and the token means of the correction: ``rollout_corr/kl``, ``k3_kl``,
+    ``chi2_token``, with weights ``rollout_corr/rollout_is_mean``, ``_ratio_fraction_high``,
+    ``_ratio_fraction_low``, ``_masked_fraction``, with rejection
+    ``rollout_corr/rollout_rs_masked_fraction`` (and per criterion).
+    """
+    rc = params.rollout_correction
+    if rc is None or not rc.bypass:
+        raise ValueError("the 'bypass_mode' policy loss needs rollout-correction settings with bypass on "
+                         "(algorithm.rollout_correction.bypass_mode=true sets it up)")
+    rollout_logp_BT, advantages_BT, _ = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT)
+    log_ratio_BT = logp_BT.detach() - rollout_logp_BT
+    corr: dict[str, torch.Tensor] = {}
+    w_BT = None
+    if rc.is_level is not None:
+        w_BT, m = importance_weights(log_ratio_BT, mask_BT, level=rc.is_level, lower=rc.is_lower, upper=rc.is_upper,
+                                     band=rc.is_band, batch_normalize=rc.is_batch_normalize)
+        corr.update({k: m[k] for k in ("rollout_is_mean", "rollout_is_ratio_fraction_high",
+                                       "rollout_is_ratio_fraction_low", "rollout_is_masked_fraction")})
+    kept_BT = mask_BT
+    if rc.rejection:
+        kept_BT, m = rejection_mask(log_ratio_BT, mask_BT, rc.rejection)
+        corr.update({k: v for k, v in m.items() if k.endswith("masked_fraction") and "seq_masked" not in k})
+    mm = mismatch_metrics(logp_BT.detach(), rollout_logp_BT, mask_BT)
+    for k in ("kl", "k3_kl", "chi2_token"):
+        corr[k] = mm[k] if k in mm else torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
+    if rc.loss_type == "ppo_clip":
+        loss, metrics = ppo_clip_policy_loss(
+            logp_BT, rollout_logp_BT, advantages_BT, kept_BT, clip_ratio_low=params.clip_ratio_low,
+            clip_ratio_high=params.clip_ratio_high, clip_ratio_c=params.clip_ratio_c, agg=agg)
+    else:
+        loss = agg_loss(_weighted(-advantages_BT * logp_BT, w_BT.to(logp_BT.dtype) if w_BT is not None else None),
+                        kept_BT, agg)
+        metrics = {"ppo_kl": masked_mean(rollout_logp_BT - logp_BT.detach(), kept_BT)}
+    metrics.update({f"rollout_corr/{k}": v.to(logp_BT.dtype) for k, v in corr.items()})
+    return loss, metrics
 
 
 # The modes this package registers itself; registrations by user modules (or tests) come later and are

@@ -7,8 +7,17 @@ from dataclasses import dataclass
 import torch
 
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import critic_enabled, critic_fsdp, critic_grad_clip, data_parallel_size
+from grpo_dist.config.validate import (  # noqa: F401
+    critic_enabled,
+    critic_fsdp,
+    critic_grad_clip,
+    data_parallel_size,
+    overlong_buffer,
+    rollout_correction_params,
+)
+from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rollout.base import SamplingSettings
+from grpo_dist.trainer.dynamic_sampling import DynamicSampling, SingleBatch
 from grpo_dist.training.settings import ActorSettings, CriticSettings
 
 
@@ -84,6 +93,8 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
     clip_low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
     clip_high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
     mini_per_gpu = a.ppo_mini_batch_size * shape.n // shape.world_size
+    rc = rollout_correction(cfg)
+    pl = a.policy_loss
     return ActorSettings(
         ppo_mini_batch_size_per_gpu=mini_per_gpu,
         ppo_micro_batch_size_per_gpu=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
@@ -92,10 +103,16 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         ppo_epochs=a.ppo_epochs,
         shuffle=a.shuffle,
         seed=cfg.trainer.seed,
-        loss_mode=a.policy_loss.loss_mode,
+        loss_mode="bypass_mode" if rc.bypass else pl.loss_mode,
         clip_ratio_low=clip_low,
         clip_ratio_high=clip_high,
         clip_ratio_c=a.clip_ratio_c,
+        clip_cov_ratio=pl.clip_cov_ratio,
+        clip_cov_lb=pl.clip_cov_lb,
+        clip_cov_ub=pl.clip_cov_ub,
+        kl_cov_ratio=pl.kl_cov_ratio,
+        ppo_kl_coef=pl.ppo_kl_coef,
+        rollout_correction=rc if rc.bypass else None,
         loss_agg_mode=a.loss_agg_mode,
         norm_constant=float(cfg.actor_rollout_ref.rollout.response_length),
         entropy_coeff=a.entropy_coeff,
@@ -215,12 +232,45 @@ def forward_batching(section) -> tuple[int | None, int | None]:
     return section.log_prob_micro_batch_size_per_gpu, None
 
 
+def rollout_correction(cfg: GRPOConfig) -> RolloutCorrectionParams:
+    """``algorithm.rollout_correction.*``, parsed."""
+    return rollout_correction_params(cfg)
+
+
+def rollout_log_probs(cfg: GRPOConfig) -> bool:
+    """Whether the rollout returns its log-probs: ``rollout.calculate_log_probs``, or on by itself
+    when the rollout correction needs them (weights, rejection or bypass mode)."""
+    return cfg.actor_rollout_ref.rollout.calculate_log_probs or rollout_correction(cfg).changes_training
+
+
 def train_sampling(cfg: GRPOConfig, seed: int | None = None) -> SamplingSettings:
     r = cfg.actor_rollout_ref.rollout
     return SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.response_length,
-        do_sample=r.do_sample, seed=seed, logprobs=r.calculate_log_probs,
+        do_sample=r.do_sample, seed=seed, logprobs=rollout_log_probs(cfg),
     )
+
+
+def baseline_sampling(cfg: GRPOConfig) -> SamplingSettings:
+    """One greedy response per prompt: the baseline rollout of estimators that need one (ReMax)."""
+    return SamplingSettings.greedy(cfg.actor_rollout_ref.rollout.response_length)
+
+
+def prompts_per_draw(cfg: GRPOConfig) -> int:
+    """Prompts drawn from the data at a time: ``data.gen_batch_size`` (default train_batch_size) with
+    dynamic sampling, else ``data.train_batch_size``."""
+    d = cfg.data
+    return (d.gen_batch_size or d.train_batch_size) if cfg.algorithm.filter_groups.enable else d.train_batch_size
+
+
+def step_sampling(cfg: GRPOConfig) -> DynamicSampling | SingleBatch:
+    """How a step gets its responses: DAPO's refill loop (``algorithm.filter_groups``) or one batch."""
+    fg = cfg.algorithm.filter_groups
+    if not fg.enable:
+        return SingleBatch()
+    return DynamicSampling(train_batch_size=cfg.data.train_batch_size, metric=fg.metric,
+                           max_num_gen_batches=fg.max_num_gen_batches, on_exhausted=fg.on_exhausted,
+                           mini_batch_prompts=cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
 
 
 def val_sampling(cfg: GRPOConfig) -> SamplingSettings:

@@ -31,6 +31,7 @@ from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.distributed.worker_group import WorkerGroup, cluster_cpus
+from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer import build, checkpoint
@@ -44,6 +45,7 @@ from grpo_dist.trainer.metrics import (
     token_count,
 )
 from grpo_dist.trainer.roles import RoleContext, Workers
+from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.micro_batches import rank_shard_indices
@@ -75,7 +77,7 @@ class GRPOTrainer:
         self.train_data, self.val_data = train_data, val_data
         self.shape = build.step_shape(cfg)
         self.pad_id = train_data.pad_id
-        self.sampler = EpochSampler(len(train_data), cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.sampler = EpochSampler(len(train_data), build.prompts_per_draw(cfg), seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         t = cfg.trainer
         self.total_steps = t.total_training_steps or t.total_epochs * self.sampler.steps_per_epoch
         self.global_step = 0
@@ -87,10 +89,12 @@ class GRPOTrainer:
         self.workers: Workers | None = None
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite_streak = 0
-        # One optimizer step per training step on freshly sampled data: the sampling policy is the
-        # current one, so the old-log-prob forward is skipped (the update uses ratio 1 exactly).
+        self.rc, self.sampling, self.overlong = build.rollout_correction(cfg), build.step_sampling(cfg), build.overlong_buffer(cfg)
+        # One optimizer step on freshly sampled data is on-policy (ratio 1 exactly): the old-log-prob forward is skipped,
+        # unless the rollout's log-probs are there to compare with it (and do not stand in for it: bypass mode).
         self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
-                          and not cfg.algorithm.use_kl_in_reward)
+                          and not cfg.algorithm.use_kl_in_reward and not self.rc.bypass)
+        self.old_logp_forward = not self.rc.bypass and (not self.on_policy or build.rollout_log_probs(cfg))
 
     # ================================================================ set-up / tear-down
     def start_workers(self) -> None:
@@ -139,9 +143,31 @@ class GRPOTrainer:
                                   list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards)[0]
         if token_level:
             batch["token_level_scores"] = result.token_level_scores_BR
+        if token_level and self.overlong is not None:  # DAPO's overlong shaping (training rewards only)
+            batch["token_level_scores"], shaping = apply_overlong_penalty(batch["token_level_scores"], batch["response_mask"], self.overlong)
+            result.stats.update(shaping)
         if step_rewards:
             batch["step_end_mask"] = result.step_end_mask_BR
         return result.scores_B, {k: float(v) for k, v in result.stats.items()}
+
+    def scored_rollout(self, items: list[dict], k: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """Generation batch ``k`` of the step, scored (``scores``: the reward function's; ``reward_baselines``:
+        the greedy response's reward, for estimators that need one); and the reward stats."""
+        tag = f"s{self.global_step}" + (f"g{k}" if k else "")
+        with timer("gen"):
+            batch, busy_s = self.generate(items, tag, build.train_sampling(self.cfg, seed=self.step_seed() + k * 1_000_003))
+        timer.add("gen/worker", busy_s)
+        if self.estimator.needs_baseline_rollout:
+            with timer("gen_max"):
+                baseline, _ = self.generate(items, tag + "b", build.baseline_sampling(self.cfg))
+                self.score(baseline)
+                batch["reward_baselines"] = baseline["token_level_scores"].sum(-1).repeat_interleave(self.shape.n)
+        with timer("reward"):
+            batch["scores"], stats = self.score(batch)
+        return batch, stats
+
+    def next_items(self) -> list[dict]:
+        return [self.train_data[i] for i in next(self.sampler)]
 
     def forward(self, group: WorkerGroup, method: str, batch: Batch, *args: Any) -> tuple[list, float]:
         """``method`` on equal, consecutive shares of the batch's rows, one per rank: the per-rank
@@ -175,6 +201,7 @@ class GRPOTrainer:
             index_B=list(batch["uid"]), gamma=alg.gamma, lam=alg.lam, norm_adv_by_std=alg.norm_adv_by_std_in_grpo,
             values_BT=batch["values"] if "values" in batch else None,
             step_end_mask_BT=batch["step_end_mask"] if "step_end_mask" in batch else None,
+            **({"reward_baselines_B": batch["reward_baselines"]} if self.estimator.needs_baseline_rollout else {}),
         )
 
     def update_critic(self, batch: Batch) -> tuple[dict[str, float], float]:
@@ -193,8 +220,8 @@ class GRPOTrainer:
         """One policy update on the actor ranks: its metrics, and the slowest actor rank's busy seconds.
         Rank r gets its share of every mini-batch (see :func:`rank_shard_indices`)."""
         keys = list(UPDATE_KEYS) + (["ref_log_prob"] if self.cfg.actor_rollout_ref.actor.use_kl_loss else [])
-        sel = batch.select(*keys, *([] if self.on_policy else ["old_log_probs"]))
-        W, M = self.shape.world_size, self.shape.num_mini_batches
+        sel = batch.select(*keys, *([] if self.on_policy else ["old_log_probs"]), *(k for k in ["rollout_is_weights"] if k in batch))
+        W, M = self.shape.world_size, len(batch) // (self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.shape.n)
         per_rank = [(sel.reorder(rank_shard_indices(len(sel), num_mini_batches=M, rank=r, world_size=W)).tensor_dict(),)
                     for r in range(W)]
         metrics, busy_s = unwrap_timed(self.actor.call("update_policy", per_rank=per_rank))
@@ -211,14 +238,12 @@ class GRPOTrainer:
         cfg, timer, m = self.cfg, Timer(), {}
         t0 = time.perf_counter()
         with timer("step"):
-            with timer("gen"):
-                batch, busy_s = self.generate(items, f"s{self.global_step}", build.train_sampling(cfg, seed=self.step_seed()))
-            timer.add("gen/worker", busy_s)
+            batch, reward_stats = self.sampling.collect(items, self.next_items, lambda it, k: self.scored_rollout(it, k, timer))
             if cfg.actor_rollout_ref.rollout.free_cache_engine:
                 self.rollout.call("sleep")  # colocated: the engine gives its device memory back while the actor trains
-            with timer("reward"):
-                _, reward_stats = self.score(batch)
-            if not self.on_policy:
+            if self.rc.bypass:
+                batch["old_log_probs"] = batch["rollout_log_probs"]
+            elif self.old_logp_forward:
                 with timer("old_log_prob"):
                     batch["old_log_probs"], busy_s = self.old_log_probs(batch)
                 timer.add("old_log_prob/worker", busy_s)
@@ -239,6 +264,9 @@ class GRPOTrainer:
                     m.update({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
                     # the controller advances by the step's responses (verl: the batch size, as in TRL)
                     self.kl_ctrl.update(kl, n_steps=len(batch))
+                if "rollout_log_probs" in batch and not self.rc.bypass:  # the trainer's log-probs vs the engine's
+                    m.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]))
+                    m.update(apply_rollout_correction(batch, self.rc))  # rollout_corr/*; weights and rejection if set
                 self.advantages(batch)
             if self.critic is not None:
                 with timer("update_critic"):
@@ -264,8 +292,6 @@ class GRPOTrainer:
         self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
         if "values" in batch:
             m.update(critic_data_metrics(batch))
-        if "rollout_log_probs" in batch and "old_log_probs" in batch:
-            m.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]))
         m.update(reward_stats)
         m.update(timer.metrics())
         m.update(throughput_metrics(ntok, step_s, self.shape.world_size))
@@ -348,7 +374,7 @@ class GRPOTrainer:
             last_val: dict[str, float] = {}
             while self.global_step < self.total_steps:
                 epoch = self.sampler.epoch
-                metrics = self.train_step([self.train_data[i] for i in next(self.sampler)])
+                metrics = self.train_step(self.next_items())
                 self.global_step += 1
                 metrics["training/global_step"], metrics["training/epoch"] = self.global_step, epoch
                 is_last = self.global_step >= self.total_steps

@@ -195,12 +195,17 @@ class FSDPActor:
 
         ``data``: this rank's rows, laid out as described in the module docstring (keys
         input_ids, attention_mask, position_ids, responses, response_mask, old_log_probs, advantages,
-        and ref_log_prob when ``use_kl_loss``). Returns verl-named metrics, identical on all ranks.
+        ref_log_prob when ``use_kl_loss``, rollout_is_weights when the step has rollout importance
+        weights). Returns verl-named metrics, identical on all ranks.
         """
         s = self.settings
         keys = UPDATE_KEYS + (("ref_log_prob",) if s.use_kl_loss else ())
         require_keys(data, keys, "update_policy")
         keys += ("old_log_probs",) if "old_log_probs" in data else ()
+        keys += ("rollout_is_weights",) if "rollout_is_weights" in data else ()
+        if "rollout_is_weights" in data and not self.policy_loss.accepts_rollout_is_weights:
+            raise ValueError(f"the batch has rollout importance weights but policy loss {self.policy_loss.name!r} does not "
+                             "take them (register it with rollout_is_weights=True and a rollout_is_weights_BT keyword)")
         if "old_log_probs" not in data:
             # On-policy (one mini-batch, one epoch): every micro-batch runs before the only optimizer
             # step, so the policy that sampled is the current one and the ratio is exactly 1; the

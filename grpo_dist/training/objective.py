@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from grpo_dist.core.kl import canonical_kl_kind, kl_penalty
-from grpo_dist.core.losses import LOSS_AGG_MODES, AggSpec, agg_loss
+from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, AggSpec, agg_loss
 from grpo_dist.core.policy_loss import RESERVED_METRIC_NAMES, PolicyLossParams, PolicyLossSpec, get_policy_loss
 from grpo_dist.training.policy import forward_logprobs
 from grpo_dist.training.settings import ActorSettings
@@ -46,7 +46,7 @@ class PolicyObjective:
     Attributes:
         policy_loss: the registered mode (:func:`~grpo_dist.core.policy_loss.get_policy_loss`).
         params: what the mode reads (clip ranges, ...).
-        loss_agg_mode: one of :data:`~grpo_dist.core.losses.LOSS_AGG_MODES`, for the policy term
+        loss_agg_mode: one of :data:`~grpo_dist.core.losses.ALL_LOSS_AGG_MODES`, for the policy term
             and the entropy.
         norm_constant: divisor of ``seq-mean-token-sum-norm`` (the max response length); None: T.
         entropy_coeff: weight of the entropy bonus (0: the entropy is computed for the metric only,
@@ -76,8 +76,8 @@ class PolicyObjective:
             mode = getattr(self, name)
             if mode is None and name == "kl_loss_agg_mode":
                 continue
-            if mode not in LOSS_AGG_MODES:
-                raise ValueError(f"{name} {mode!r} is not a loss aggregation mode; valid: {list(LOSS_AGG_MODES)}")
+            if mode not in ALL_LOSS_AGG_MODES:
+                raise ValueError(f"{name} {mode!r} is not a loss aggregation mode; valid: {list(ALL_LOSS_AGG_MODES)}")
         if canonical_kl_kind(self.kl_loss_type) == "full":
             raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl (k1), abs or mse (k2)")
         if not self.temperature > 0:
@@ -139,6 +139,7 @@ def micro_batch_loss(
 
     ``mb`` (on the model's device): input_ids, attention_mask, position_ids [B, P+R]; response_mask,
     advantages [B, R]; old_log_probs [B, R] (absent: on-policy, ``logp.detach()`` stands in);
+    rollout_is_weights [B, R] when the step has rollout importance weights;
     ref_log_prob [B, R] when ``objective.use_kl_loss``. ``model`` is called the way
     :func:`~grpo_dist.training.policy.forward_logprobs` calls a Hugging Face causal LM. ``agg`` holds the
     counts of the whole mini-batch. The caller back-propagates ``loss`` (scaled as its gradient
@@ -157,6 +158,8 @@ def micro_batch_loss(
         entropy_requires_grad=o.entropy_coeff != 0,
         remove_padding=o.remove_padding,
     )
+    # optional inputs are passed only when present (a mode need not declare them)
+    extra = {"rollout_is_weights_BT": mb["rollout_is_weights"].float()} if "rollout_is_weights" in mb else {}
     pg_loss, pg_metrics = o.policy_loss.fn(
         logp,
         mb["old_log_probs"].float() if "old_log_probs" in mb else logp.detach(),
@@ -164,6 +167,7 @@ def micro_batch_loss(
         mask,
         agg=agg,
         params=o.params,
+        **extra,
     )
     assert entropy is not None
     entropy_agg = agg_loss(entropy, mask, agg)

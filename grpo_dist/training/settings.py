@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpo_dist.core.kl import canonical_kl_kind
-from grpo_dist.core.losses import LOSS_AGG_MODES
+from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
+from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
@@ -36,8 +37,9 @@ UPDATE_KEYS: tuple[str, ...] = (
     "advantages",
 )
 """Batch keys ``FSDPActor.update_policy`` always reads. It also reads ``old_log_probs`` (which may be
-left out only when the update makes a single optimizer step: on-policy) and ``ref_log_prob`` when
-``ActorSettings.use_kl_loss``."""
+left out only when the update makes a single optimizer step: on-policy), ``ref_log_prob`` when
+``ActorSettings.use_kl_loss``, and ``rollout_is_weights`` (rollout importance weights, [B, R]) when
+present, which it hands to the policy loss as ``rollout_is_weights_BT``."""
 
 CRITIC_UPDATE_KEYS: tuple[str, ...] = (
     "input_ids",
@@ -81,6 +83,14 @@ class ActorSettings:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+    """``clip_cov`` / ``kl_cov`` numbers (``actor.policy_loss.*``; see :class:`PolicyLossParams`)."""
+    rollout_correction: RolloutCorrectionParams | None = None
+    """Rollout-correction settings the ``bypass_mode`` loss reads; None: none configured."""
     loss_agg_mode: str = "token-mean"
     norm_constant: float | None = None
     """Divisor of ``seq-mean-token-sum-norm`` (Dr. GRPO): the max response length; None: padded width."""
@@ -143,8 +153,8 @@ class ActorSettings:
                 f"ActorSettings.loss_mode {self.loss_mode!r} is not a registered policy loss; "
                 f"valid: {list_policy_losses()}"
             )
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
+        if self.loss_agg_mode not in ALL_LOSS_AGG_MODES:
+            raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(ALL_LOSS_AGG_MODES)}")
         kind = canonical_kl_kind(self.kl_loss_type)
         if kind == "full":
             raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl, abs or mse")
@@ -172,6 +182,12 @@ class ActorSettings:
             clip_ratio_low=self.clip_ratio_low,
             clip_ratio_high=self.clip_ratio_high,
             clip_ratio_c=self.clip_ratio_c,
+            clip_cov_ratio=self.clip_cov_ratio,
+            clip_cov_lb=self.clip_cov_lb,
+            clip_cov_ub=self.clip_cov_ub,
+            kl_cov_ratio=self.kl_cov_ratio,
+            ppo_kl_coef=self.ppo_kl_coef,
+            rollout_correction=self.rollout_correction,
         )
 
 

@@ -200,12 +200,27 @@ def test_micro_batch_size_does_not_change_the_update():
 # ---------------------------------------------------------------------------------------------
 # any registered loss mode and advantage estimator, by name
 # ---------------------------------------------------------------------------------------------
-USABLE_ESTIMATORS = [n for n in list_adv_estimators()
-                     if not (get_adv_estimator(n).needs_values or get_adv_estimator(n).needs_step_rewards)]
+def test_trainer_only_modes_and_estimators_are_refused_by_name():
+    from grpo_dist import GRPO
+    from grpo_dist.api import api_estimators, api_loss_modes
+
+    assert "bypass_mode" not in api_loss_modes() and "vanilla" in api_loss_modes()
+    assert "gae" not in api_estimators() and "grpo" in api_estimators()
+    with pytest.raises(ValueError, match="loss_mode 'bypass_mode' needs the rollout engine's log-probs"):
+        GRPO(TinyLM(hidden=16), reward_fn=target_fraction, loss_mode="bypass_mode", progress=False)
+    for name in set(list_adv_estimators()) - set(api_estimators()):
+        with pytest.raises(ValueError, match=f"adv_estimator {name!r} needs"):
+            GRPO(TinyLM(hidden=16), reward_fn=target_fraction, adv_estimator=name, progress=False)
 
 
-@pytest.mark.parametrize("loss_mode", list_policy_losses())
-@pytest.mark.parametrize("adv_estimator", USABLE_ESTIMATORS)
+def _api_modes():
+    from grpo_dist.api import api_estimators, api_loss_modes
+
+    return api_loss_modes(), api_estimators()
+
+
+@pytest.mark.parametrize("loss_mode", _api_modes()[0])
+@pytest.mark.parametrize("adv_estimator", _api_modes()[1])
 def test_every_registered_loss_mode_and_estimator_trains(loss_mode, adv_estimator):
     from grpo_dist import GRPO
 
