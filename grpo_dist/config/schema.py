@@ -436,6 +436,11 @@ class TrainerConfig:
         "train only the critic until this step: the actor updates from step critic_warmup on (steps counted from 1, "
         "as verl does; 0 and 1: from the first step)",
     )
+    balance_batch: bool = F(
+        True,
+        "reorder rows inside each mini-batch so that every data-parallel rank gets a similar token count "
+        "(the update is unchanged: rows never move across mini-batches); logs global_seqlen/*",
+    )
     max_consecutive_nonfinite_steps: int = F(
         3, "stop (after saving a checkpoint) when this many steps in a row had a non-finite loss or gradient norm; 0 = never"
     )

@@ -47,8 +47,8 @@ from grpo_dist.trainer.metrics import (
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
+from grpo_dist.trainer.updates import sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
-from grpo_dist.training.micro_batches import rank_shard_indices
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, UPDATE_KEYS
 from grpo_dist.workers.common import unwrap_timed
 
@@ -205,29 +205,23 @@ class GRPOTrainer:
         )
 
     def update_critic(self, batch: Batch) -> tuple[dict[str, float], float]:
-        """One value-loss update on the critic ranks: its metrics, and the slowest critic rank's busy
-        seconds. Rank r gets its share of every critic mini-batch (see :func:`rank_shard_indices`)."""
-        sel = batch.select(*CRITIC_UPDATE_KEYS)
-        W, M = self.shape.world_size, self.cfg.data.train_batch_size // self.cfg.critic.ppo_mini_batch_size
-        per_rank = [(sel.reorder(rank_shard_indices(len(sel), num_mini_batches=M, rank=r, world_size=W)).tensor_dict(),)
-                    for r in range(W)]
-        metrics, busy_s = unwrap_timed(self.critic.call("update_critic", per_rank=per_rank))
-        out = dict(metrics[0])
-        out["perf/max_memory_gb/critic"] = max(m.get("perf/max_memory_gb/critic", 0.0) for m in metrics)
-        return out, busy_s
+        """One value-loss update on the critic ranks: its metrics and the slowest rank's busy seconds."""
+        M = self.cfg.data.train_batch_size // self.cfg.critic.ppo_mini_batch_size
+        metrics, _, busy_s = sharded_update(self.critic, "update_critic", batch, CRITIC_UPDATE_KEYS, num_mini_batches=M,
+                                            world_size=self.shape.world_size, balance=self.cfg.trainer.balance_batch,
+                                            role="critic")
+        return metrics, busy_s
 
     def update_actor(self, batch: Batch) -> tuple[dict[str, float], float]:
-        """One policy update on the actor ranks: its metrics, and the slowest actor rank's busy seconds.
-        Rank r gets its share of every mini-batch (see :func:`rank_shard_indices`)."""
-        keys = list(UPDATE_KEYS) + (["ref_log_prob"] if self.cfg.actor_rollout_ref.actor.use_kl_loss else [])
-        sel = batch.select(*keys, *([] if self.on_policy else ["old_log_probs"]), *(k for k in ["rollout_is_weights"] if k in batch))
-        W, M = self.shape.world_size, len(batch) // (self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.shape.n)
-        per_rank = [(sel.reorder(rank_shard_indices(len(sel), num_mini_batches=M, rank=r, world_size=W)).tensor_dict(),)
-                    for r in range(W)]
-        metrics, busy_s = unwrap_timed(self.actor.call("update_policy", per_rank=per_rank))
-        out = dict(metrics[0])
-        out["perf/max_memory_gb/actor"] = max(m.get("perf/max_memory_gb/actor", 0.0) for m in metrics)
-        return out, busy_s
+        """One policy update on the actor ranks: its metrics (with ``global_seqlen/*``) and the slowest
+        rank's busy seconds."""
+        keys = [*UPDATE_KEYS, *(["ref_log_prob"] if self.cfg.actor_rollout_ref.actor.use_kl_loss else []),
+                *([] if self.on_policy else ["old_log_probs"]), *(k for k in ["rollout_is_weights"] if k in batch)]
+        M = len(batch) // (self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.shape.n)
+        metrics, balance, busy_s = sharded_update(self.actor, "update_policy", batch, keys, num_mini_batches=M,
+                                                  world_size=self.shape.world_size,
+                                                  balance=self.cfg.trainer.balance_batch, role="actor")
+        return metrics | balance, busy_s
 
     def step_seed(self) -> int:
         """Sampling seed of this step: a disjoint range of per-response seeds for every step."""

@@ -88,6 +88,14 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
         actor = make(cross_rank_config(mode, world_size))
         metrics = actor.update_policy(sharded_rows(data, num_mini_batches=2, rank=rank, world_size=world_size))
         out["cross"][mode] = {"metrics": metrics, "params": actor.state_dict_for_sync()}
+    # the same update with trainer.balance_batch's reordering (rows move only inside their mini-batch)
+    from grpo_dist.training.micro_batches import balanced_shard_order
+
+    order = balanced_shard_order(data["attention_mask"].sum(-1).tolist(), num_mini_batches=2, world_size=world_size)
+    out["balanced_order"] = order
+    actor = make(cross_rank_config(MODES_ABC[0], world_size))
+    metrics = actor.update_policy(sharded_rows(rows(data, order), num_mini_batches=2, rank=rank, world_size=world_size))
+    out["cross_balanced"] = {"metrics": metrics, "params": actor.state_dict_for_sync()}
 
     # (c) compute_log_prob / compute_ref_log_prob vs a plain HF forward; rank 0 gets long rows and
     # rank 1 short ones, so a token budget gives them different micro-batch counts (must be aligned)
@@ -388,6 +396,18 @@ def test_two_ranks_equal_one_rank(one_rank, two_rank, initial_weights, mode):
     assert single["metrics"]["actor/pg_clipfrac"] > 0, "the data should clip some ratios"
     assert max_param_diff(r0["params"], single["params"]) < 1e-6
     assert max_param_diff(r0["params"], initial_weights) > 5e-6
+
+
+def test_balanced_rank_shards_give_the_same_update(one_rank, two_rank):
+    """trainer.balance_batch reorders rows inside each mini-batch: 2 ranks with balanced shards make the
+    same update as 1 rank with the rows in their original order."""
+    r0 = two_rank["ranks"][0]
+    assert r0["balanced_order"] != list(range(len(r0["balanced_order"]))), "the batch should need balancing"
+    single = one_rank["cross"][MODES_ABC[0]]
+    got = r0["cross_balanced"]
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        assert got["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5, abs=1e-7), key
+    assert max_param_diff(got["params"], single["params"]) < 1e-6
 
 
 def test_compute_log_prob_matches_plain_hf_forward(two_rank):

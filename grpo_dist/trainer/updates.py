@@ -1,0 +1,53 @@
+"""A sharded update on one worker group (the actor's policy update, the critic's value update).
+
+The step's rows are laid out for :func:`~grpo_dist.training.micro_batches.rank_shard_indices`: cut
+into ``num_mini_batches`` global mini-batches, each cut into one consecutive share per rank. With
+``trainer.balance_batch`` the rows are first reordered inside each mini-batch so that every rank gets
+about the same number of tokens (:func:`~grpo_dist.training.micro_batches.balanced_shard_order`); the
+update sums all ranks' pieces of a mini-batch with global normalisers, so this changes its speed only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from grpo_dist.batch import Batch
+from grpo_dist.distributed.worker_group import WorkerGroup
+from grpo_dist.training.micro_batches import balanced_shard_order, rank_shard_indices, seqlen_balance_metrics
+from grpo_dist.workers.common import unwrap_timed
+
+__all__ = ["sharded_update"]
+
+
+def sharded_update(
+    group: WorkerGroup,
+    method: str,
+    batch: Batch,
+    keys: Sequence[str],
+    *,
+    num_mini_batches: int,
+    world_size: int,
+    balance: bool,
+    role: str,
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """``group.<method>(rows)`` on every rank with its share of every mini-batch of ``batch[keys]``.
+
+    Returns rank 0's metrics (identical on all ranks) with ``perf/max_memory_gb/<role>`` the maximum
+    over ranks; the ``global_seqlen/*`` balance metrics (empty without ``balance``); and the slowest
+    rank's busy seconds.
+    """
+    sel = batch.select(*keys)
+    W, M = world_size, num_mini_batches
+    balance_metrics: dict[str, float] = {}
+    if balance:
+        lengths = sel["attention_mask"].sum(-1).tolist()
+        order = balanced_shard_order(lengths, num_mini_batches=M, world_size=W)
+        balance_metrics = seqlen_balance_metrics(lengths, order, num_mini_batches=M, world_size=W)
+        sel = sel.reorder(order)
+    per_rank = [(sel.reorder(rank_shard_indices(len(sel), num_mini_batches=M, rank=r, world_size=W)).tensor_dict(),)
+                for r in range(W)]
+    metrics, busy_s = unwrap_timed(group.call(method, per_rank=per_rank))
+    out = dict(metrics[0])
+    memory_key = f"perf/max_memory_gb/{role}"
+    out[memory_key] = max(m.get(memory_key, 0.0) for m in metrics)
+    return out, balance_metrics, busy_s
