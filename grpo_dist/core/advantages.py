@@ -596,7 +596,8 @@ def compute_grpo_passk_advantage(
         best = int(torch.argmax(vals))  # the first maximum
         second = torch.topk(vals, 2).values[1]
         margin = vals[best] - second
-        adv_B[rows[best]] = margin / (std_G[g] + epsilon) if norm_adv_by_std else margin
+        if margin != 0:  # a tie at the top (or a constant group, std 0) leaves the whole group at 0
+            adv_B[rows[best]] = margin / (std_G[g] + epsilon) if norm_adv_by_std else margin
     advantages_BT = _outcome_advantage(adv_B, token_level_rewards_BT, response_mask_BT)
     return advantages_BT, advantages_BT
 
