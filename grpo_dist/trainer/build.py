@@ -340,3 +340,13 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
                 f"the tokenizer has {len(tokenizer)} tokens but the value model's vocab_size is {vocab}: the critic reads "
                 f"the actor's token ids, so critic.model.path = {cfg.critic.model.path!r} must share the actor's vocabulary"
             )
+
+
+def startup_lines(cfg: GRPOConfig, device: str, world: int, placement: dict, transport: str) -> list[str]:
+    """What the run says once its workers are up: ranks, nodes, device, compute dtype, weight-sync
+    transport, and a warning when half precision on this CPU would be slow."""
+    dtype = compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, device)
+    lines = [f"{world} rank(s) on {len(set(placement['actor_rank_nodes']))} node(s), device {device}, "
+             f"{dtype} compute, weight sync {transport}"]
+    slow = cpu_half_precision_warning(cfg, device)
+    return lines + ([f"warning: {slow}"] if slow else [])

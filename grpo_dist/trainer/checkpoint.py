@@ -80,3 +80,16 @@ def clean_stale_tmp(root: str | os.PathLike) -> None:
     if root.is_dir():
         for p in root.glob(".global_step_*.tmp"):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def resume_target(trainer_cfg: Any) -> Path | None:
+    """The checkpoint a run resumes from (``trainer.resume_mode``: auto = the newest complete one in
+    ``default_local_dir``, resume_path = ``resume_from_path``, disable = none), after removing the
+    temporary folders of saves that never finished."""
+    root = Path(trainer_cfg.default_local_dir)
+    clean_stale_tmp(root)
+    if trainer_cfg.resume_mode == "disable":
+        return None
+    if trainer_cfg.resume_mode == "resume_path":
+        return Path(trainer_cfg.resume_from_path)
+    return latest_checkpoint(root)

@@ -15,9 +15,7 @@ object of its own (:mod:`grpo_dist.trainer.weight_sync`), and the batch is assem
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +28,13 @@ from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
-from grpo_dist.distributed.worker_group import WorkerGroup, cluster_cpus
+from grpo_dist.distributed.worker_group import cluster_cpus
 from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import (
+    NonfiniteGuard,
     ResponseClipWarning,
     Timer,
     critic_data_metrics,
@@ -47,26 +46,11 @@ from grpo_dist.trainer.metrics import (
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
-from grpo_dist.trainer.updates import sharded_update
+from grpo_dist.trainer.summary import RunSummary, TrainingError
+from grpo_dist.trainer.updates import sharded_forward, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
-from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, UPDATE_KEYS
+from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, UPDATE_KEYS
 from grpo_dist.workers.common import unwrap_timed
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. repeated non-finite updates); the message says why and what was saved."""
-
-
-@dataclass
-class RunSummary:
-    steps: int = 0
-    first_step: int = 0
-    wall_s: float = 0.0
-    tokens: int = 0
-    val_before: dict[str, float] = field(default_factory=dict)
-    val_after: dict[str, float] = field(default_factory=dict)
-    last_checkpoint: str | None = None
-    out_dir: str = ""
 
 
 class GRPOTrainer:
@@ -88,10 +72,9 @@ class GRPOTrainer:
         self.clip_warning = ResponseClipWarning(cfg.actor_rollout_ref.rollout.response_length)
         self.workers: Workers | None = None
         self.summary = RunSummary(out_dir=str(self.out_dir))
-        self.nonfinite_streak = 0
+        self.nonfinite = NonfiniteGuard(cfg.trainer.max_consecutive_nonfinite_steps)
         self.rc, self.sampling, self.overlong = build.rollout_correction(cfg), build.step_sampling(cfg), build.overlong_buffer(cfg)
-        # One optimizer step on freshly sampled data is on-policy (ratio 1 exactly): the old-log-prob forward is skipped,
-        # unless the rollout's log-probs are there to compare with it (and do not stand in for it: bypass mode).
+        # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
         self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
                           and not cfg.algorithm.use_kl_in_reward and not self.rc.bypass)
         self.old_logp_forward = not self.rc.bypass and (not self.on_policy or build.rollout_log_probs(cfg))
@@ -111,17 +94,13 @@ class GRPOTrainer:
                                dtype=build.compute_dtype(r.dtype, dev),
                                bucket_bytes=int(r.update_weights_bucket_megabytes) * 2**20)
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
-        dtype = build.compute_dtype(self.cfg.actor_rollout_ref.actor.fsdp_config.dtype, dev)
-        print(f"grpo_dist: {world} rank(s) on {len(set(placement['actor_rank_nodes']))} node(s), device {dev}, "
-              f"{dtype} compute, weight sync {self.sync.transport}", flush=True)
-        slow = build.cpu_half_precision_warning(self.cfg, dev)
-        if slow:
-            print(f"grpo_dist: warning: {slow}", flush=True)
+        for line in build.startup_lines(self.cfg, dev, world, placement, self.sync.transport):
+            print(f"grpo_dist: {line}", flush=True)
 
     def close(self) -> None:
-        if self.workers is not None:
-            self.workers.close()
-            self.workers = None
+        self.workers, workers = None, self.workers
+        if workers is not None:
+            workers.close()
 
     # ================================================================ stages
     def generate(self, items: list[dict], uid_prefix: str, sampling: SamplingSettings) -> tuple[Batch, float]:
@@ -169,29 +148,22 @@ class GRPOTrainer:
     def next_items(self) -> list[dict]:
         return [self.train_data[i] for i in next(self.sampler)]
 
-    def forward(self, group: WorkerGroup, method: str, batch: Batch, *args: Any) -> tuple[list, float]:
-        """``method`` on equal, consecutive shares of the batch's rows, one per rank: the per-rank
-        results and the slowest rank's busy seconds."""
-        shares = batch.select(*FORWARD_KEYS).chunk(self.shape.world_size)
-        return unwrap_timed(group.call(method, per_rank=[(s.tensor_dict(), *args) for s in shares]))
-
     def old_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Log-probs [B, R] under the current policy, and the slowest actor rank's busy seconds."""
-        outs, busy_s = self.forward(self.actor, "compute_log_prob", batch, *build.forward_batching(self.cfg.actor_rollout_ref.rollout))
+        outs, busy_s = sharded_forward(self.actor, "compute_log_prob", batch, self.shape.world_size,
+                                       *build.forward_batching(self.cfg.actor_rollout_ref.rollout))
         return torch.cat([logp for logp, _ in outs], dim=0), busy_s
 
     def ref_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Log-probs [B, R] under the reference policy, and the slowest reference rank's busy seconds."""
-        temperature = self.cfg.actor_rollout_ref.rollout.temperature or 1.0
-        outs, busy_s = self.forward(self.ref, "compute_ref_log_prob", batch,
-                                    *build.forward_batching(self.cfg.actor_rollout_ref.ref), temperature)
+        outs, busy_s = sharded_forward(self.ref, "compute_ref_log_prob", batch, self.shape.world_size,
+                                       *build.forward_batching(self.cfg.actor_rollout_ref.ref),
+                                       self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
         return torch.cat(outs, dim=0), busy_s
 
     def values(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """The critic's values [B, R] of the response tokens (0 outside the response), and the slowest
-        critic rank's busy seconds."""
-        shares = batch.select(*FORWARD_KEYS, "response_mask").chunk(self.shape.world_size)
-        outs, busy_s = unwrap_timed(self.critic.call("compute_values", per_rank=[(s.tensor_dict(),) for s in shares]))
+        """The critic's values [B, R] (0 outside the response), and the slowest critic rank's busy seconds."""
+        outs, busy_s = sharded_forward(self.critic, "compute_values", batch, self.shape.world_size, extra_keys=["response_mask"])
         return torch.cat(outs, dim=0), busy_s
 
     def advantages(self, batch: Batch) -> None:
@@ -296,8 +268,7 @@ class GRPOTrainer:
         if self.val_data is None:
             return {}
         bs = self.cfg.data.val_batch_size or len(self.val_data)
-        sources: list[str] = []
-        scores: list[float] = []
+        sources, scores = [], []
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
             batch, _ = self.generate(items, f"v{start}", self.val_sampling)
@@ -319,12 +290,7 @@ class GRPOTrainer:
         return str(final)
 
     def maybe_resume(self) -> None:
-        t = self.cfg.trainer
-        root = Path(t.default_local_dir)
-        checkpoint.clean_stale_tmp(root)
-        if t.resume_mode == "disable":
-            return
-        ckpt = Path(t.resume_from_path) if t.resume_mode == "resume_path" else checkpoint.latest_checkpoint(root)
+        ckpt = checkpoint.resume_target(self.cfg.trainer)
         if ckpt is None:
             return
         state = checkpoint.read_state(ckpt)
@@ -336,20 +302,10 @@ class GRPOTrainer:
         print(f"grpo_dist: resumed from {ckpt} (step {self.global_step})", flush=True)
 
     def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
-        """Count steps whose update was skipped for a non-finite loss/gradient; stop after too many in a row."""
-        bad = (metrics.get("actor/grad_norm_nonfinite_count", 0.0) > 0 or not math.isfinite(metrics.get("actor/pg_loss", 0.0))
-               or metrics.get("critic/grad_norm_nonfinite_count", 0.0) > 0)
-        self.nonfinite_streak = self.nonfinite_streak + 1 if bad else 0
-        metrics["training/nonfinite_streak"] = self.nonfinite_streak
-        limit = self.cfg.trainer.max_consecutive_nonfinite_steps
-        if limit and self.nonfinite_streak >= limit:
+        """Stop (after logging this step and saving) when too many updates in a row were skipped."""
+        if self.nonfinite.observe(metrics):
             tracker.log(metrics, step=self.global_step)
-            saved = self.save()
-            raise TrainingError(
-                f"{self.nonfinite_streak} steps in a row (up to step {self.global_step}) had a non-finite loss or "
-                f"gradient norm, so their optimizer steps were skipped; stopped after saving {saved}. Lower "
-                "actor_rollout_ref.actor.optim.lr (and critic.optim.lr with a critic), check the rewards, or raise trainer.max_consecutive_nonfinite_steps."
-            )
+            raise TrainingError(self.nonfinite.message(self.global_step, saved=self.save()))
 
     # ================================================================ the loop
     def fit(self) -> RunSummary:

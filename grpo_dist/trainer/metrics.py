@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -129,3 +131,25 @@ class ResponseClipWarning:
                "answers in the prompt). Shown once per run; response_length/clip_ratio tracks it each step.")
         self.emit(msg)
         return msg
+
+
+class NonfiniteGuard:
+    """Counts steps in a row whose update was skipped for a non-finite loss or gradient norm (actor or
+    critic) and says when to stop: ``trainer.max_consecutive_nonfinite_steps`` of them (0: never).
+    Adds ``training/nonfinite_streak`` to each step's metrics."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.streak = limit, 0
+
+    def observe(self, metrics: dict[str, float]) -> bool:
+        bad = (metrics.get("actor/grad_norm_nonfinite_count", 0.0) > 0
+               or not math.isfinite(metrics.get("actor/pg_loss", 0.0))
+               or metrics.get("critic/grad_norm_nonfinite_count", 0.0) > 0)
+        self.streak = self.streak + 1 if bad else 0
+        metrics["training/nonfinite_streak"] = self.streak
+        return bool(self.limit) and self.streak >= self.limit
+
+    def message(self, step: int, *, saved: str) -> str:
+        return (f"{self.streak} steps in a row (up to step {step}) had a non-finite loss or gradient norm, so their "
+                f"optimizer steps were skipped; stopped after saving {saved}. Lower actor_rollout_ref.actor.optim.lr "
+                "(and critic.optim.lr with a critic), check the rewards, or raise trainer.max_consecutive_nonfinite_steps.")

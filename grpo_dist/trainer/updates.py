@@ -1,4 +1,6 @@
-"""A sharded update on one worker group (the actor's policy update, the critic's value update).
+"""Calls on one worker group with a share of the step's rows per rank: a no-grad forward (log-probs,
+values) on equal consecutive shares, and an update (the actor's policy update, the critic's value
+update) on each rank's share of every mini-batch.
 
 The step's rows are laid out for :func:`~grpo_dist.training.micro_batches.rank_shard_indices`: cut
 into ``num_mini_batches`` global mini-batches, each cut into one consecutive share per rank. With
@@ -14,9 +16,18 @@ from collections.abc import Sequence
 from grpo_dist.batch import Batch
 from grpo_dist.distributed.worker_group import WorkerGroup
 from grpo_dist.training.micro_batches import balanced_shard_order, rank_shard_indices, seqlen_balance_metrics
+from grpo_dist.training.settings import FORWARD_KEYS
 from grpo_dist.workers.common import unwrap_timed
 
-__all__ = ["sharded_update"]
+__all__ = ["sharded_forward", "sharded_update"]
+
+
+def sharded_forward(group: WorkerGroup, method: str, batch: Batch, world_size: int, *args: object,
+                    extra_keys: Sequence[str] = ()) -> tuple[list, float]:
+    """``group.<method>(rows, *args)`` on equal, consecutive shares of the batch's forward keys (and
+    ``extra_keys``), one per rank: the per-rank results in rank order and the slowest rank's busy seconds."""
+    shares = batch.select(*FORWARD_KEYS, *extra_keys).chunk(world_size)
+    return unwrap_timed(group.call(method, per_rank=[(s.tensor_dict(), *args) for s in shares]))
 
 
 def sharded_update(
