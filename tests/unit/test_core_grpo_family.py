@@ -106,3 +106,56 @@ def test_gspo_uses_one_length_normalised_ratio_per_sequence():
         terms = [max(-A[i, t].item() * r, -A[i, t].item() * min(max(r, 0.95), 1.05)) for t in range(n)]
         per_seq.append(sum(terms) / n)
     assert loss.item() == pytest.approx(sum(per_seq) / len(per_seq), rel=1e-5)  # seq-mean-token-mean always
+
+
+def test_straight_through_kl_has_k1_or_k3_value_and_k2_gradient():
+    from grpo_dist.core.kl import kl_penalty
+
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0]])
+    d = (logp.detach() - ref)
+    for kind, value in (("k1+", d), ("k3+", (-d).exp() - 1 + d)):
+        logp.grad = None
+        kl = kl_penalty(logp, ref, kind)
+        assert torch.allclose(kl.detach(), value, atol=1e-6), kind
+        kl.sum().backward()
+        assert torch.allclose(logp.grad, d, atol=1e-6), kind  # d/dlogp of k2 = (logp - ref)^2 / 2
+
+
+def test_group_filter_keeps_groups_with_spread_and_single_rows():
+    from grpo_dist.core.group_filter import groups_with_spread
+
+    keep, groups, kept = groups_with_spread(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5]), ["a", "a", "b", "b", "c"])
+    assert keep.tolist() == [False, False, True, True, True] and (groups, kept) == (3, 2)
+
+
+def test_overlong_penalty_is_linear_inside_the_buffer():
+    from grpo_dist.rewards.shaping import overlong_penalty
+
+    got = overlong_penalty(torch.tensor([4, 6, 7, 8]), max_resp_len=8, buffer_len=4, penalty_factor=1.0)
+    assert got.tolist() == pytest.approx([0.0, -0.5, -0.75, -1.0])
+
+
+def test_truncated_and_band_importance_weights():
+    from grpo_dist.core.rollout_correction import importance_weights
+
+    r = torch.log(torch.tensor([[0.5, 1.0, 4.0], [2.0, 1.0, 1.0]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    w, _ = importance_weights(r, mask, level="token", lower=0.5, upper=2.0, band=False)
+    assert torch.allclose(w, torch.tensor([[0.5, 1.0, 2.0], [2.0, 1.0, 0.0]]))  # truncated at the upper bound
+    w, _ = importance_weights(r, mask, level="token", lower=0.75, upper=3.0, band=True)
+    assert torch.allclose(w, torch.tensor([[0.0, 1.0, 0.0], [2.0, 1.0, 0.0]]))  # outside the band: 0
+    w, _ = importance_weights(r, mask, level="sequence", lower=0.1, upper=10.0, band=False)
+    assert torch.allclose(w, torch.tensor([[2.0, 2.0, 2.0], [2.0, 2.0, 0.0]]))  # 0.5 * 1 * 4 and 2 * 1
+
+
+def test_geo_mean_loss_by_hand():
+    logp = torch.tensor([[-1.0, -1.2, 0.0]], requires_grad=True)
+    old = torch.tensor([[-1.1, -1.0, 0.0]])
+    A = torch.tensor([[1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    p = PolicyLossParams(clip_ratio_low=0.05, clip_ratio_high=0.05)
+    loss, _ = get_policy_loss("geo_mean").fn(logp, old, A, mask, agg=AggSpec(mode="token-mean", global_seqs=1.0), params=p)
+    # d = [0.1, -0.2]; clipped [0.05, -0.05]; A > 0 takes min(d, dc) = [0.05, -0.2]
+    ratio = math.exp((0.05 - 0.2) / 2)
+    assert loss.item() == pytest.approx(-1.0 * ratio, rel=1e-5)
