@@ -350,3 +350,23 @@ def startup_lines(cfg: GRPOConfig, device: str, world: int, placement: dict, tra
              f"{dtype} compute, weight sync {transport}"]
     slow = cpu_half_precision_warning(cfg, device)
     return lines + ([f"warning: {slow}"] if slow else [])
+
+
+def check_cpu_ranks(cfg: GRPOConfig, cores: int | None) -> None:
+    """A single-machine CPU run starts one training process per rank, each computing with its own
+    threads: more ranks than the machine has cores only oversubscribe them and multiply the memory
+    (64 ranks on 2 cores ran the machine out of memory in minutes). ``ValueError`` naming the keys and
+    the largest setting that fits. Runs on a Ray cluster (``ray_kwargs.ray_init.address``), on GPUs, or
+    with an unknown core count are not checked here."""
+    t = cfg.trainer
+    on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
+    if not on_cpu or cfg.ray_kwargs.ray_init.address or not cores:
+        return
+    ranks = data_parallel_size(cfg)
+    if ranks > cores:
+        raise ValueError(
+            f"trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node} = {ranks} CPU ranks, but this "
+            f"machine has {cores} cores: every rank is a training process with its own threads and memory; use at "
+            f"most trainer.n_gpus_per_node={max(1, cores // max(t.nnodes, 1))} here (the batch sizes must stay "
+            "divisible by it), or run on a Ray cluster (ray_kwargs.ray_init.address)"
+        )
