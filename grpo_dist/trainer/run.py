@@ -37,6 +37,10 @@ def run(cfg: GRPOConfig) -> int:
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
         build.check_model_fits(cfg, model_path, tokenizer)
         build.check_cpu_ranks(cfg, os.cpu_count())
+        if cfg.custom_reward_function.path:  # a wrong path or name is found here, not after the workers start
+            from grpo_dist.rewards.custom import load_custom_reward_fn
+
+            load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
         d = cfg.data
         common = dict(prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
                       filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,

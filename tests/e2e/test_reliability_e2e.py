@@ -122,6 +122,16 @@ def test_output_directory_of_a_running_run_is_refused(tiny_model_dir, reverse_da
         holder.kill()
 
 
+def test_wrong_reward_function_name_is_named_before_workers_start(tiny_model_dir, reverse_data, tmp_path):
+    args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + LIGHT + [
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=no_such_function"]
+    t0 = time.time()
+    proc = run_main(args)
+    assert_one_message(proc, "no_such_function", "always_raises", code=2)  # the functions the file has
+    assert "rerun" not in proc.stderr, "a rerun cannot fix a wrong name"
+    assert time.time() - t0 < 60 and not (tmp_path / "o" / "placement.json").exists(), "no worker was started"
+
+
 def test_unwritable_output_directory_is_named(tiny_model_dir, reverse_data, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
