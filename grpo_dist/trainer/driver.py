@@ -46,6 +46,7 @@ from grpo_dist.trainer.metrics import (
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
+from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
 from grpo_dist.trainer.updates import sharded_forward, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
@@ -58,21 +59,20 @@ class GRPOTrainer:
                  train_data: PromptDataset, val_data: PromptDataset | None, device: str, out_dir: str) -> None:
         self.cfg, self.device, self.out_dir = cfg, device, Path(out_dir)
         self.model_path, self.tokenizer, self.tokenizer_path = model_path, tokenizer, tokenizer_path
-        self.train_data, self.val_data = train_data, val_data
+        self.train_data, self.val_data, self.pad_id = train_data, val_data, train_data.pad_id
         self.shape = build.step_shape(cfg)
-        self.pad_id = train_data.pad_id
         self.sampler = EpochSampler(len(train_data), build.prompts_per_draw(cfg), seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         t = cfg.trainer
         self.total_steps = t.total_training_steps or t.total_epochs * self.sampler.steps_per_epoch
-        self.global_step = 0
         self.estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.val_sampling = build.val_sampling(cfg)
         self.clip_warning = ResponseClipWarning(cfg.actor_rollout_ref.rollout.response_length)
         self.workers: Workers | None = None
+        self.global_step = 0
         self.summary = RunSummary(out_dir=str(self.out_dir))
-        self.nonfinite = NonfiniteGuard(cfg.trainer.max_consecutive_nonfinite_steps)
+        self.nonfinite, self.stop = NonfiniteGuard(cfg.trainer.max_consecutive_nonfinite_steps), StopSignal()
         self.rc, self.sampling, self.overlong = build.rollout_correction(cfg), build.step_sampling(cfg), build.overlong_buffer(cfg)
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
         self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
@@ -334,14 +334,14 @@ class GRPOTrainer:
                     with timer("testing"):
                         last_val = self.validate()
                     metrics.update(last_val)
-                if (t.save_freq > 0 and self.global_step % t.save_freq == 0) or is_last:
+                if (t.save_freq > 0 and self.global_step % t.save_freq == 0) or is_last or self.stop.requested:
                     with timer("save_checkpoint"):
                         self.save()
                 metrics.update(timer.metrics())
                 tracker.log(metrics, step=self.global_step)
                 progress.update(metrics, last_val)
-            self.summary.val_after = last_val
-            self.summary.steps = self.global_step
+                self.stop.raise_if_requested(self.global_step, self.summary.last_checkpoint)
+            self.summary.val_after, self.summary.steps = last_val, self.global_step
             self.summary.wall_s = time.perf_counter() - t_start
         finally:
             progress.close()

@@ -76,6 +76,7 @@ def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_pa
     from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
     from grpo_dist.trainer import build
     from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
+    from grpo_dist.trainer.stop import StopRequested
 
     ri = cfg.ray_kwargs.ray_init
     started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
@@ -85,11 +86,14 @@ def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_pa
         device = build.choose_device(cfg.trainer.device, cluster_gpus())
         trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
                               train_data=train, val_data=val, device=device, out_dir=str(out_dir))
+        trainer.stop.install()
         try:
             trainer.start_workers()
         except WorkerError as exc:
             return _fail(f"could not start the workers: {exc}")
         summary = trainer.fit()
+    except StopRequested as exc:
+        return _fail(str(exc), 143)
     except TrainingError as exc:
         return _fail(str(exc))
     except WorkerError as exc:

@@ -207,6 +207,31 @@ def test_dead_worker_stops_the_run_and_rerun_resumes(tiny_model_dir, reverse_dat
     assert f"global_step_{last}" in proc2.stdout and "resumed from" in proc2.stdout
 
 
+def test_sigterm_saves_at_the_step_boundary_and_exits(tiny_model_dir, reverse_data, tmp_path):
+    """What Slurm and Kubernetes send before killing a job: the run finishes its step, saves, and exits
+    with one message and code 143; the checkpoint is the step it names."""
+    out = tmp_path / "o"
+    args = base_args(tiny_model_dir, reverse_data, out, 40) + LIGHT + ["trainer.save_freq=-1"]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and read_metrics(out).get(1)):
+            time.sleep(0.3)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    tail = assert_one_message(subprocess.CompletedProcess(args, proc.returncode, "", err), "stopped on SIGTERM after step")
+    step = int(tail.split("after step ")[1].split(";")[0])
+    assert (out / f"global_step_{step}").is_dir() and max(read_metrics(out)) == step
+    assert "rerun the same command to resume" in tail
+
+
 def test_no_secret_reaches_logs_configs_or_checkpoints(full_run):
     out, proc = full_run
     secret = os.environ["WANDB_API_KEY"]
