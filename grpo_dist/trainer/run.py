@@ -97,7 +97,7 @@ def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_pa
     except TrainingError as exc:
         return _fail(str(exc))
     except WorkerError as exc:
-        return _fail(f"{exc}\n  the newest checkpoint in {out_dir} (if any) is intact; rerun the same command to resume")
+        return _fail(f"{exc}\n  rerun the same command to resume from the newest checkpoint in {out_dir} that verifies")
     except (ValueError, FileNotFoundError) as exc:
         if os.environ.get("GRPO_DIST_DEBUG"):
             raise
