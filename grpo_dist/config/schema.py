@@ -436,6 +436,12 @@ class TrainerConfig:
         "train only the critic until this step: the actor updates from step critic_warmup on (steps counted from 1, "
         "as verl does; 0 and 1: from the first step)",
     )
+    worker_call_timeout_s: float = F(
+        1800.0,
+        "a worker call that takes longer than max(this, worker_call_timeout_factor x the slowest such call so far) "
+        "stops the run naming the worker (a frozen or deadlocked process); 0 = no deadline",
+    )
+    worker_call_timeout_factor: float = F(10.0, "see worker_call_timeout_s")
     balance_batch: bool = F(
         True,
         "reorder rows inside each mini-batch so that every data-parallel rank gets a similar token count "

@@ -237,6 +237,9 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, rollout, optim = arr.actor, arr.rollout, arr.actor.optim
 
+    _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
+    _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
+
     # --- choices -----------------------------------------------------------------------------
     if alg.adv_estimator not in list_adv_estimators():
         raise _bad("algorithm.adv_estimator", alg.adv_estimator, "expected one of " + ", ".join(list_adv_estimators()))

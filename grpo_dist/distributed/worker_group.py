@@ -86,6 +86,29 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
+class CallDeadlines:
+    """How long a worker call may take: ``max(floor_s, factor x the slowest finished call of the same
+    method so far)``. A worker that is alive but does not answer (frozen, stopped, deadlocked) is
+    named instead of blocking the driver forever. ``floor_s <= 0`` disables the deadlines."""
+
+    def __init__(self, floor_s: float, factor: float) -> None:
+        self.floor_s, self.factor = float(floor_s), float(factor)
+        self.slowest: dict[str, float] = {}
+
+    def limit(self, method: str) -> float | None:
+        if self.floor_s <= 0:
+            return None
+        return max(self.floor_s, self.factor * self.slowest.get(method, 0.0))
+
+    def record(self, method: str, seconds: float) -> None:
+        self.slowest[method] = max(seconds, self.slowest.get(method, 0.0))
+
+    def explain(self, method: str) -> str:
+        return (f"the deadline is max(trainer.worker_call_timeout_s={self.floor_s:.0f}, "
+                f"trainer.worker_call_timeout_factor={self.factor:g} x the slowest {method} so far, "
+                f"{self.slowest.get(method, 0.0):.1f}s)")
+
+
 class WorkerGroup:
     """Ray actors of one role: one per rank in the given placement groups, or a single one."""
 
@@ -101,9 +124,12 @@ class WorkerGroup:
         num_gpus: float = 0.0,
         env: dict[str, str] | None = None,
         ranks: Sequence[int] | None = None,
+        deadlines: CallDeadlines | None = None,
     ) -> None:
-        """``plan`` and ``pgs`` None: one worker (rank 0) placed anywhere by Ray (e.g. the reward scorer)."""
+        """``plan`` and ``pgs`` None: one worker (rank 0) placed anywhere by Ray (e.g. the reward scorer).
+        ``deadlines``: how long a call may take before the group gives up on it (None: no limit)."""
         self.role = role
+        self.deadlines = deadlines
         self.single = plan is None
         if plan is None:
             self.ranks = [0]
@@ -153,7 +179,9 @@ class WorkerGroup:
             if deadline is not None and time.monotonic() > deadline and pending:
                 stuck = sorted(self.ranks[i] for i in pending.values())
                 who = f"{self.role} worker" if self.single else f"{self.role} worker rank(s) {stuck}"
-                raise WorkerError(f"{who} did not finish {what} within {timeout_s:.0f}s")
+                hint = f" ({self.deadlines.explain(what)})" if self.deadlines is not None else ""
+                raise WorkerError(f"{who} did not finish {what} within {timeout_s:.0f}s{hint}: frozen, "
+                                  "or slower than allowed")
         return results
 
     def _who(self, index: int) -> str:
@@ -161,7 +189,15 @@ class WorkerGroup:
 
     def call(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None,
              timeout_s: float | None = None, **kwargs: Any) -> list:
-        return self.collect(self.submit(method, *args, per_rank=per_rank, **kwargs), method, timeout_s)
+        """``method`` on every rank, waiting at most ``timeout_s`` (default: the group's deadline for
+        ``method``); ``WorkerError`` naming the ranks that did not answer."""
+        if timeout_s is None and self.deadlines is not None:
+            timeout_s = self.deadlines.limit(method)
+        t0 = time.monotonic()
+        out = self.collect(self.submit(method, *args, per_rank=per_rank, **kwargs), method, timeout_s)
+        if self.deadlines is not None:
+            self.deadlines.record(method, time.monotonic() - t0)
+        return out
 
     def kill(self) -> None:
         for w in self.workers:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.distributed.worker_group import (
+    CallDeadlines,
     ResourcePlan,
     WorkerGroup,
     create_placement_groups,
@@ -174,6 +175,11 @@ class Workers:
         self.groups: dict[str, WorkerGroup] = {}
         self.pgs: list = []
 
+    def _deadlines(self) -> CallDeadlines:
+        """Each group's own call deadlines (``trainer.worker_call_timeout_s`` / ``_factor``)."""
+        t = self.ctx.cfg.trainer
+        return CallDeadlines(t.worker_call_timeout_s, t.worker_call_timeout_factor)
+
     def __getitem__(self, name: str) -> WorkerGroup:
         return self.groups[name]
 
@@ -198,10 +204,11 @@ class Workers:
             if role.per_rank:
                 self.groups[role.name] = WorkerGroup(
                     role.name, role.worker(), plan, self.pgs, init_kwargs=lambda r, role=role: role.init_kwargs(ctx, r),
-                    num_cpus=share, num_gpus=0.0 if cpu else share, env=env)
+                    num_cpus=share, num_gpus=0.0 if cpu else share, env=env, deadlines=self._deadlines())
             else:
                 self.groups[role.name] = WorkerGroup(role.name, role.worker(), None, None,
-                                                     init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0)
+                                                     init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0,
+                                                     deadlines=self._deadlines())
         backend = "gloo" if cpu else "nccl"
         loading = []
         for role in self.roles:

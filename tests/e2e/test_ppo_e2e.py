@@ -39,6 +39,13 @@ CRITIC_METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "
                   "timing_s/update_critic", "timing_s/values/worker", "timing_s/update_critic/worker"]
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:  # exited meanwhile
+        return []
+
+
 def ppo_args(model: Path, data: dict, out: Path, steps: int = STEPS) -> list[str]:
     """PPO on the embedded task: 32 prompts x 8 responses per step, 2 mini-batches, one rank. The
     critic's lr is raised from verl's 1e-5 as the actor's is for the tiny model."""
@@ -160,8 +167,8 @@ def killed_and_resumed(ppo_run, embedded_model, reverse_data, tmp_path_factory):
         while time.time() < deadline and not (out / "global_step_2").exists():
             time.sleep(0.2)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-        victims = [p for p in psutil.process_iter(["cmdline"])
-                   if any("ray::CriticWorker" in c for c in (p.info["cmdline"] or []))]
+        victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
+                   if any("ray::CriticWorker" in c for c in _cmdline(p))]
         assert victims, "no critic worker process found"
         victims[0].send_signal(signal.SIGKILL)
         t_kill = time.time()

@@ -24,6 +24,13 @@ LIGHT = ["trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.name=hf", "acto
          "trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:  # exited meanwhile
+        return []
+
+
 def assert_one_message(proc: subprocess.CompletedProcess, *needles: str, code: int | None = None) -> str:
     err = proc.stderr
     assert proc.returncode != 0 and (code is None or proc.returncode == code), (proc.returncode, err[-3000:])
@@ -187,8 +194,8 @@ def test_dead_worker_stops_the_run_and_rerun_resumes(tiny_model_dir, reverse_dat
         while time.time() < deadline and not (out / "global_step_2").exists():
             time.sleep(0.5)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-        victims = [p for p in psutil.process_iter(["cmdline"])
-                   if any("ray::ActorWorker" in c for c in (p.info["cmdline"] or []))]
+        victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
+                   if any("ray::ActorWorker" in c for c in _cmdline(p))]
         assert victims, "no actor worker process found"
         victims[0].send_signal(signal.SIGKILL)
         t_kill = time.time()
@@ -230,6 +237,42 @@ def test_sigterm_saves_at_the_step_boundary_and_exits(tiny_model_dir, reverse_da
     step = int(tail.split("after step ")[1].split(";")[0])
     assert (out / f"global_step_{step}").is_dir() and max(read_metrics(out)) == step
     assert "rerun the same command to resume" in tail
+
+
+def test_frozen_worker_is_named_within_its_deadline(tiny_model_dir, reverse_data, tmp_path):
+    """A worker that is alive but does not answer (SIGSTOP) stops the run with its role, rank and call
+    once the call's deadline passes, instead of blocking the driver forever."""
+    out = tmp_path / "o"
+    args = base_args(tiny_model_dir, reverse_data, out, 40) + LIGHT + [
+        "trainer.save_freq=-1", "trainer.worker_call_timeout_s=30", "trainer.worker_call_timeout_factor=3"]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    victim = None
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and read_metrics(out).get(1)):
+            time.sleep(0.3)
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+        victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
+                   if any("ray::ActorWorker" in c for c in _cmdline(p))]
+        assert victims, "no actor worker process found"
+        victim = victims[0]
+        victim.send_signal(signal.SIGSTOP)
+        t_stop = time.time()
+        _, err = proc.communicate(timeout=300)
+        waited = time.time() - t_stop
+    finally:
+        if victim is not None and victim.is_running():
+            victim.send_signal(signal.SIGCONT)
+            victim.kill()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    tail = assert_one_message(subprocess.CompletedProcess(args, 1, "", err), "actor worker rank(s) [0] did not finish",
+                              "trainer.worker_call_timeout_s=30")
+    assert "frozen" in tail
+    assert waited < 240, waited
 
 
 def test_no_secret_reaches_logs_configs_or_checkpoints(full_run):

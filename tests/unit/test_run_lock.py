@@ -51,3 +51,16 @@ def test_lock_is_released_on_an_exception(tmp_path):
     with pytest.raises(KeyError), RunLock(tmp_path):
         raise KeyError("boom")
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_call_deadlines_follow_the_slowest_call_with_a_floor():
+    from grpo_dist.distributed.worker_group import CallDeadlines
+
+    d = CallDeadlines(30.0, 10.0)
+    assert d.limit("generate") == 30.0
+    d.record("generate", 2.0)
+    d.record("generate", 5.0)
+    d.record("generate", 1.0)
+    assert d.limit("generate") == 50.0 and d.limit("update_policy") == 30.0
+    assert "slowest generate so far, 5.0s" in d.explain("generate")
+    assert CallDeadlines(0.0, 10.0).limit("generate") is None
