@@ -99,6 +99,9 @@ class ActorSettings:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     """kl (k1) | abs | mse (k2) | low_var_kl (k3); ``full`` needs logits of both models: not supported."""
+    kl_loss_agg_mode: str | None = None
+    """Aggregation of the KL loss (over the whole mini-batch, like the policy term); None: ``loss_agg_mode``
+    (verl). ``token-mean`` under a ``seq-mean-token-sum`` policy term is the in-process API's default."""
     temperature: float = 1.0
     """Rollout sampling temperature: logits are divided by it in every forward of the update."""
 
@@ -155,6 +158,9 @@ class ActorSettings:
             )
         if self.loss_agg_mode not in ALL_LOSS_AGG_MODES:
             raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(ALL_LOSS_AGG_MODES)}")
+        if self.kl_loss_agg_mode is not None and self.kl_loss_agg_mode not in ALL_LOSS_AGG_MODES:
+            raise ValueError(f"ActorSettings.kl_loss_agg_mode {self.kl_loss_agg_mode!r} unknown; "
+                             f"valid: None (= loss_agg_mode) or one of {list(ALL_LOSS_AGG_MODES)}")
         kind = canonical_kl_kind(self.kl_loss_type)
         if kind == "full":
             raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl, abs or mse")

@@ -197,6 +197,28 @@ def test_micro_batch_size_does_not_change_the_update():
     assert m_whole["actor/ppo_kl"] != 0.0, "the second pass is off-policy: the ratio is no longer 1"
 
 
+def test_micro_batches_keep_the_defaults_kl_aggregation_over_the_whole_mini_batch():
+    """The defaults aggregate the KL term by a token mean and the policy term by sequence sums: both
+    must use the mini-batch's counts, not a micro-batch's, or micro-batching changes the update."""
+    from grpo_dist import GRPO
+
+    torch.manual_seed(4)
+    base = TinyLM(hidden=32)
+    common = dict(reward_fn=target_fraction, eos_token_id=1, learning_rate=1e-5, progress=False)
+    whole = GRPO(copy.deepcopy(base), **common)
+    assert whole.objective.kl_loss_agg_mode != whole.objective.loss_agg_mode, "the test needs two aggregations"
+    micro = GRPO(copy.deepcopy(base), micro_batch_size=3, **common)
+    rollout = whole.generate(torch.randint(2, V, (4, 3)))
+    lengths = rollout.response_mask.sum(-1)
+    assert lengths.min() < lengths.max(), "the test needs completions of different lengths"
+    rewards = torch.rand(len(rollout), generator=torch.Generator().manual_seed(1))
+    m_whole, m_micro = whole.update(rollout, rewards), micro.update(rollout, rewards)
+    assert max_diff(params(whole.model), params(micro.model)) < 1e-6
+    assert max_diff(params(whole.model), params(base)) > 5e-6, "the update should move the weights"
+    for key in ("loss", "pg_loss", "kl", "grad_norm"):
+        assert m_micro[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-7), key
+
+
 # ---------------------------------------------------------------------------------------------
 # any registered loss mode and advantage estimator, by name
 # ---------------------------------------------------------------------------------------------

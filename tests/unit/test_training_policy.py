@@ -88,6 +88,7 @@ def test_lr_schedule_follows_verl():
     "kwargs",
     [
         dict(loss_agg_mode="mean"),
+        dict(kl_loss_agg_mode="mean"),
         dict(kl_loss_type="k9"),
         dict(kl_loss_type="full"),
         dict(clip_ratio_c=1.0),
