@@ -2,9 +2,9 @@
 
 One objective, two callers: :class:`~grpo_dist.training.actor.FSDPActor` (every rank, every
 micro-batch of its share of a mini-batch) and the in-process API (:mod:`grpo_dist.api`, one process,
-no FSDP). Both cut a mini-batch into micro-batches, build one :class:`~grpo_dist.core.losses.AggSpec`
-from the token and sequence counts of the WHOLE mini-batch, and call :func:`micro_batch_loss` on
-each micro-batch::
+no FSDP), both through :func:`grpo_dist.training.update.policy_mini_batch_step`. That step cuts a
+mini-batch into micro-batches, builds one :class:`~grpo_dist.core.losses.AggSpec` from the token and
+sequence counts of the WHOLE mini-batch, and calls :func:`micro_batch_loss` on each micro-batch::
 
     loss = pg_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg_kl(kl_penalty(logp, ref_logp))
 
