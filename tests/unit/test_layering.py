@@ -25,7 +25,9 @@ package's ``__init__`` closes a cycle.
 Only ``rollout/`` imports vLLM. Only ``distributed/`` and ``workers/`` import Ray at module level, and
 the trainer never imports it (it reaches Ray through ``distributed/``).
 
-Each check is a function of a package folder, so the tests at the end plant violations in a small
+``trainer/driver.py`` stays under 350 lines, so that it reads top to bottom as the step recipe.
+
+Each check is a function of a package folder (or file), so the tests at the end plant violations in a small
 synthetic package and watch the check fail.
 """
 
@@ -323,3 +325,35 @@ def test_ray_outside_distributed_and_workers_is_found(tmp_path, rel, src, bad):
         assert found == []
     else:
         assert len(found) == 1 and found[0].startswith(bad), found
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver reads as the step recipe
+# ---------------------------------------------------------------------------------------------
+DRIVER_MAX_LINES = 350
+WHERE_TO_MOVE = (
+    "keep it the step recipe and move the rest out: a protocol with several steps becomes its own object "
+    "(like trainer/weight_sync.py, trainer/dynamic_sampling.py), settings and values derived from the config go "
+    "to trainer/build.py, role wiring to trainer/roles.py, sharded worker calls to trainer/updates.py, rollout "
+    "output -> batch to rollout/assemble.py, metrics to trainer/metrics.py"
+)
+
+
+def driver_too_long(path: Path, limit: int = DRIVER_MAX_LINES) -> str | None:
+    lines = len(path.read_text().splitlines())
+    if lines < limit:
+        return None
+    return f"{path.name} has {lines} lines (must stay under {limit}): {WHERE_TO_MOVE}"
+
+
+def test_the_driver_stays_under_350_lines():
+    problem = driver_too_long(PKG / "trainer" / "driver.py")
+    assert problem is None, problem
+
+
+def test_the_driver_length_check_fails_on_a_long_file(tmp_path):
+    f = tmp_path / "driver.py"
+    f.write_text("x = 1\n" * (DRIVER_MAX_LINES - 1))
+    assert driver_too_long(f) is None
+    f.write_text("x = 1\n" * DRIVER_MAX_LINES)
+    assert driver_too_long(f) == f"driver.py has {DRIVER_MAX_LINES} lines (must stay under {DRIVER_MAX_LINES}): {WHERE_TO_MOVE}"
