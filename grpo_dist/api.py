@@ -167,7 +167,9 @@ class GRPO:
             completion. ``completions[i]`` and ``prompts[i]`` (its prompt, one entry per completion)
             are 1-D token-id tensors without padding (a completion keeps its EOS), or strings when a
             tokenizer is given.
-        group_size: completions per prompt (G).
+        group_size: completions per prompt (G): at least 2 for a group-based estimator (``grpo``,
+            ``rloo``, ...: it compares a prompt's completions with each other); 1 is accepted for an
+            estimator that is not group-based (``reinforce_plus_plus``).
         kl_coef: weight of the KL loss against ``ref_model``.
         learning_rate: Adam's learning rate.
         max_new_tokens: longest completion.
@@ -260,7 +262,7 @@ class GRPO:
                     if self.estimator.needs_step_rewards else "a greedy baseline rollout")
             raise ValueError(f"GRPO adv_estimator {adv_estimator!r} needs {need}, which this API does not produce; "
                              f"valid: {usable}")
-        self.group_size = _check_int("group_size", group_size, 2 if self.estimator.group_based else 1)
+        self.group_size = self._check_group_size(group_size, adv_estimator)
         self.kl_coef = _check_float("kl_coef", kl_coef, minimum=0.0)
         self.learning_rate = _check_float("learning_rate", learning_rate, minimum=0.0, strict=True)
         self.max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
@@ -336,6 +338,16 @@ class GRPO:
     # ------------------------------------------------------------------------------------------
     # set-up helpers
     # ------------------------------------------------------------------------------------------
+    def _check_group_size(self, group_size: Any, adv_estimator: str) -> int:
+        if not self.estimator.group_based:
+            return _check_int("group_size", group_size, 1)
+        try:
+            return _check_int("group_size", group_size, 2)
+        except ValueError as e:
+            singles = [n for n in api_estimators() if not get_adv_estimator(n).group_based]
+            raise ValueError(f"{e}: adv_estimator {adv_estimator!r} compares the completions of a prompt with each "
+                             f"other; group_size=1 needs an estimator that is not group-based: {singles}") from None
+
     def _config_id(self, name: str) -> Any:
         """``name`` from the model's generation config, then its config (Hugging Face models only)."""
         for cfg in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None)):

@@ -359,6 +359,29 @@ def test_bad_arguments_are_refused_at_construction(kwargs, message):
     assert message in str(e.value)
 
 
+def test_group_size_one_is_refused_for_group_estimators_and_trains_without_groups():
+    from grpo_dist import GRPO
+    from grpo_dist.api import api_estimators
+
+    group_based = [n for n in api_estimators() if get_adv_estimator(n).group_based]
+    single = [n for n in api_estimators() if not get_adv_estimator(n).group_based]
+    assert "grpo" in group_based and "reinforce_plus_plus" in single
+    for name in group_based:
+        with pytest.raises(ValueError) as e:
+            GRPO(TinyLM(hidden=16), reward_fn=target_fraction, group_size=1, adv_estimator=name, progress=False)
+        assert f"adv_estimator {name!r} compares the completions of a prompt" in str(e.value)
+        assert "group_size must be an integer >= 2, got 1" in str(e.value) and "'reinforce_plus_plus'" in str(e.value)
+    torch.manual_seed(5)
+    model = TinyLM(hidden=16)
+    before = params(model)
+    trainer = GRPO(model, reward_fn=target_fraction, group_size=1, adv_estimator="reinforce_plus_plus",
+                   learning_rate=1e-3, progress=False)
+    metrics = trainer.step(torch.randint(0, V, (4, 3)))
+    assert len(trainer.generate(torch.randint(0, V, (4, 3)))) == 4  # one completion per prompt
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert max_diff(params(model), before) > 0
+
+
 def test_the_reference_may_not_be_the_policy():
     from grpo_dist import GRPO
 
