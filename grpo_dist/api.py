@@ -11,9 +11,10 @@
 One step, for a batch of ``N`` prompts: sample ``G = group_size`` completions of each (``B = N * G``
 rows), score them with ``reward_fn``, compute advantages with the registered estimator
 (:mod:`grpo_dist.core.advantages`, group z-scores by default), reference log-probs under the frozen
-``ref_model``, then update the policy with the same per-micro-batch objective as the distributed
-actor (:func:`grpo_dist.training.objective.micro_batch_loss`: the registered policy loss, entropy
-bonus and KL loss, aggregated over the mini-batch) and Adam with gradient clipping.
+``ref_model``, then update the policy with the distributed actor's update step
+(:func:`grpo_dist.training.update.policy_mini_batch_step` around
+:func:`grpo_dist.training.objective.micro_batch_loss`: the registered policy loss, entropy bonus and
+KL loss, aggregated over the mini-batch; gradient clipping) and Adam.
 
 With the defaults (one optimizer step per batch, so the ratio to the sampling policy is 1; the
 ``seq-mean-token-sum`` aggregation; the k1 KL estimator averaged over tokens) the gradient is that of
@@ -44,11 +45,12 @@ from torch import nn
 
 from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
 from grpo_dist.core.kl import canonical_kl_kind
-from grpo_dist.core.losses import LOSS_AGG_MODES, AggSpec, agg_loss, global_counts
+from grpo_dist.core.losses import LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss, list_policy_losses
 from grpo_dist.training.micro_batches import split_by_count, take_rows
-from grpo_dist.training.objective import PolicyObjective, TermSums, micro_batch_loss
+from grpo_dist.training.objective import PolicyObjective
 from grpo_dist.training.policy import forward_logprobs
+from grpo_dist.training.update import policy_mini_batch_step, run_mini_batches
 
 __all__ = ["GRPO", "Rollout", "api_loss_modes", "api_estimators"]
 
@@ -165,7 +167,9 @@ class GRPO:
             completion. ``completions[i]`` and ``prompts[i]`` (its prompt, one entry per completion)
             are 1-D token-id tensors without padding (a completion keeps its EOS), or strings when a
             tokenizer is given.
-        group_size: completions per prompt (G).
+        group_size: completions per prompt (G): at least 2 for a group-based estimator (``grpo``,
+            ``rloo``, ...: it compares a prompt's completions with each other); 1 is accepted for an
+            estimator that is not group-based (``reinforce_plus_plus``).
         kl_coef: weight of the KL loss against ``ref_model``.
         learning_rate: Adam's learning rate.
         max_new_tokens: longest completion.
@@ -258,7 +262,7 @@ class GRPO:
                     if self.estimator.needs_step_rewards else "a greedy baseline rollout")
             raise ValueError(f"GRPO adv_estimator {adv_estimator!r} needs {need}, which this API does not produce; "
                              f"valid: {usable}")
-        self.group_size = _check_int("group_size", group_size, 2 if self.estimator.group_based else 1)
+        self.group_size = self._check_group_size(group_size, adv_estimator)
         self.kl_coef = _check_float("kl_coef", kl_coef, minimum=0.0)
         self.learning_rate = _check_float("learning_rate", learning_rate, minimum=0.0, strict=True)
         self.max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
@@ -334,6 +338,16 @@ class GRPO:
     # ------------------------------------------------------------------------------------------
     # set-up helpers
     # ------------------------------------------------------------------------------------------
+    def _check_group_size(self, group_size: Any, adv_estimator: str) -> int:
+        if not self.estimator.group_based:
+            return _check_int("group_size", group_size, 1)
+        try:
+            return _check_int("group_size", group_size, 2)
+        except ValueError as e:
+            singles = [n for n in api_estimators() if not get_adv_estimator(n).group_based]
+            raise ValueError(f"{e}: adv_estimator {adv_estimator!r} compares the completions of a prompt with each "
+                             f"other; group_size=1 needs an estimator that is not group-based: {singles}") from None
+
     def _config_id(self, name: str) -> Any:
         """``name`` from the model's generation config, then its config (Hugging Face models only)."""
         for cfg in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None)):
@@ -565,18 +579,11 @@ class GRPO:
             data["ref_log_prob"] = self._log_probs(ref, data)
             if self.ppo_epochs > 1 or len(minis) > 1:
                 data["old_log_probs"] = self._log_probs(policy, data)
-            history: dict[str, list[float]] = {}
-            nonfinite = 0
-            for _ in range(self.ppo_epochs):
-                for rows in minis:
-                    metrics = self._mini_batch_step(policy, take_rows(data, rows), R)
-                    nonfinite += 0 if math.isfinite(metrics["grad_norm"]) else 1
-                    for name, value in metrics.items():
-                        history.setdefault(name, []).append(value)
+            out, nonfinite = run_mini_batches(lambda rows: self._mini_batch_step(policy, take_rows(data, rows)), minis,
+                                              epochs=self.ppo_epochs)
         finally:
             self.model.train(was_training)
             self.ref_model.train(ref_was_training)
-        out = {name: sum(v) / len(v) for name, v in history.items()}
         out["grad_norm_nonfinite_count"] = float(nonfinite)
         out["mean_reward"] = float(rewards_B.mean())
         out["response_length"] = float(mask_BR.sum(-1).mean())
@@ -594,39 +601,24 @@ class GRPO:
             pieces.append(logp)
         return torch.cat(pieces, dim=0)
 
-    def _mini_batch_step(self, policy: nn.Module, mb_data: dict[str, torch.Tensor], R: int) -> dict[str, float]:
-        """Forward/backward over the micro-batches of one mini-batch, then clip and take an Adam step."""
-        tokens, seqs = global_counts(mb_data["response_mask"])
-        spec = self.objective.agg_spec(tokens, seqs)
-        sums = TermSums(self.objective, self.device)
-        # the entropy metric is a token mean whatever the loss aggregation (comparable with log V)
-        token_mean = AggSpec(mode="token-mean", global_tokens=tokens)
-        entropy = 0.0
-        for rows in split_by_count(mb_data["responses"].shape[0], self.micro_batch_size or len(mb_data["responses"])):
-            mb = take_rows(mb_data, rows)
-            out = micro_batch_loss(policy, mb, objective=self.objective, agg=spec, response_length=R)
-            sums.add(out)
-            out.loss.backward()
-            entropy += float(agg_loss(out.entropy_BR, mb["response_mask"], token_mean))
-        totals = sums.totals(sums.local(), tokens)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.max_grad_norm > 0:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm=self.max_grad_norm))
-        else:
-            grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params])) if params else 0.0
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        o = self.objective
+    def _mini_batch_step(self, policy: nn.Module, mb_data: dict[str, torch.Tensor]) -> tuple[dict[str, float], bool]:
+        """One optimizer step over one mini-batch (:func:`grpo_dist.training.update.policy_mini_batch_step`,
+        the distributed actor's step in one process), named for this API."""
+        n = mb_data["responses"].shape[0]
+        step = policy_mini_batch_step(policy, mb_data, split_by_count(n, self.micro_batch_size or n),
+                                      objective=self.objective, optimizer=self.optimizer,
+                                      grad_clip=self.max_grad_norm, device=self.device)
+        t, o = step.totals, self.objective
         metrics = {
-            "loss": totals["pg_loss"] - o.entropy_coeff * totals["entropy"] + o.kl_loss_coef * totals["kl_loss"],
-            "pg_loss": totals["pg_loss"],
-            "kl": totals["kl_loss"],
-            "entropy": entropy,
-            "grad_norm": grad_norm,
+            "loss": t["pg_loss"] - o.entropy_coeff * t["entropy"] + o.kl_loss_coef * t["kl_loss"],
+            "pg_loss": t["pg_loss"],
+            "kl": t["kl_loss"],
+            # a token mean whatever the loss aggregation (comparable with log V)
+            "entropy": float(step.entropy_token_sum) / step.global_tokens if step.global_tokens > 0 else 0.0,
+            "grad_norm": step.grad_norm,
         }
-        metrics.update({f"actor/{name}": totals[name] for name in sums.metric_names or ()})
-        return metrics
+        metrics.update({f"actor/{name}": t[name] for name in step.metric_names})
+        return metrics, step.finite
 
     def step(self, prompts: Any) -> dict[str, float]:
         """One GRPO step on a batch of prompts: generate, score, update. Appends to :attr:`history`."""

@@ -21,8 +21,11 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II
 
 from grpo_dist.core.advantages import list_adv_estimators
+from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
+from grpo_dist.data import TRUNCATION_MODES
+from grpo_dist.rollout import ENGINES
 
 
 class ConfigError(ValueError):
@@ -67,7 +70,7 @@ class DataConfig:
     shuffle: bool = F(True, "shuffle the training prompts every epoch (seeded by data.seed)")
     seed: int = F(42, "seed of the prompt shuffling")
     filter_overlong_prompts: bool = F(False, "drop prompts longer than max_prompt_length instead of applying truncation")
-    truncation: str = F("error", "prompt longer than max_prompt_length: error | left | right | middle")
+    truncation: str = F("error", "prompt longer than max_prompt_length: " + " | ".join(TRUNCATION_MODES))
     skip_bad_rows: bool = F(False, "skip malformed data rows (and count them) instead of stopping with an error")
     return_raw_chat: bool = F(False, "keep the raw chat messages in the batch (verl compatibility; unused here)")
 
@@ -145,12 +148,18 @@ class ActorConfig:
     clip_ratio_high: Optional[float] = F(None, "upper clip range (clip-higher); null = clip_ratio")
     clip_ratio_c: float = F(3.0, "dual-clip constant bounding the loss of negative-advantage tokens; must be > 1")
     loss_agg_mode: str = F(
-        "token-mean", "loss aggregation: token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm (Dr. GRPO)"
+        "token-mean", "loss aggregation: " + " | ".join(ALL_LOSS_AGG_MODES) + " (seq-mean-token-sum-norm: Dr. GRPO)"
     )
     entropy_coeff: float = F(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = F(True, "add beta x KL(policy || reference) to the loss (GRPO); needs the reference model")
     kl_loss_coef: float = F(0.001, "beta, the coefficient of the KL loss")
     kl_loss_type: str = F("low_var_kl", "KL estimator: kl (k1) | abs | mse (k2) | low_var_kl (k3) | k1+ | k3+ (value of k1/k3, gradient of k2)")
+    kl_loss_agg_mode: Optional[str] = F(
+        None,
+        "aggregation of the KL loss over the mini-batch: " + " | ".join(ALL_LOSS_AGG_MODES)
+        + "; null = loss_agg_mode (as verl does). Not a verl key: token-mean under a seq-mean-token-sum policy "
+        "term is the GRPO paper's loss (the in-process API's default)",
+    )
     grad_clip: float = F(1.0, "clip the global gradient norm to this value")
     policy_loss: PolicyLossConfig = S(PolicyLossConfig, "the policy-loss function")
     optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
@@ -183,7 +192,7 @@ class ValKwargsConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = F("vllm", "rollout engine: vllm | hf (Hugging Face generate)")
+    name: str = F("vllm", "rollout engine: " + " | ".join(ENGINES) + " (" + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()) + ")")
     mode: str = F("sync", "rollout mode (sync only)")
     n: int = F(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = F(1.0, "sampling temperature")
@@ -308,7 +317,7 @@ class CriticConfig:
     cliprange_value: float = F(0.5, "value clip range c: a prediction is also scored at clip(v, v_old - c, v_old + c)")
     loss_agg_mode: str = F(
         II("actor_rollout_ref.actor.loss_agg_mode"),
-        "value-loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm; default: the actor's",
+        "value-loss aggregation: " + " | ".join(LOSS_AGG_MODES) + "; default: the actor's",
     )
     grad_clip: float = F(1.0, "clip the critic's global gradient norm (verl's early-2026 key; critic.optim.clip_grad is the current one: set either)")
     model: CriticModelConfig = S(CriticModelConfig, "the value model")

@@ -244,6 +244,8 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     if alg.adv_estimator not in list_adv_estimators():
         raise _bad("algorithm.adv_estimator", alg.adv_estimator, "expected one of " + ", ".join(list_adv_estimators()))
     _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, ALL_LOSS_AGG_MODES)
+    if actor.kl_loss_agg_mode is not None:
+        _choice("actor_rollout_ref.actor.kl_loss_agg_mode", actor.kl_loss_agg_mode, ALL_LOSS_AGG_MODES)
     _choice("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, list_policy_losses())
     for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", alg.kl_penalty)):
         try:

@@ -12,10 +12,22 @@ scheduler step ``s`` is the multiplier used by the ``s``-th update (counting fro
 import math
 from dataclasses import dataclass
 
-__all__ = ["LR_SCHEDULER_TYPES", "resolve_warmup_steps", "lr_lambda", "LRMultiplier"]
+__all__ = ["LR_SCHEDULER_TYPES", "check_schedule", "resolve_warmup_steps", "lr_lambda", "LRMultiplier"]
 
 LR_SCHEDULER_TYPES: tuple[str, ...] = ("constant", "cosine")
 """Names of the schedules after warm-up (``actor_rollout_ref.actor.optim.lr_scheduler_type``)."""
+
+
+def check_schedule(kind: str, *, total_steps: int, min_lr_ratio: float) -> None:
+    """``ValueError`` unless ``kind`` is one of :data:`LR_SCHEDULER_TYPES`, ``min_lr_ratio`` is in
+    [0, 1], and a ``cosine`` schedule has a length (``total_steps > 0``). The one check of a schedule's
+    numbers: the actor's and the critic's settings and :class:`LRMultiplier` call it."""
+    if kind not in LR_SCHEDULER_TYPES:
+        raise ValueError(f"lr_scheduler_type {kind!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+    if kind == "cosine" and total_steps <= 0:
+        raise ValueError("lr_scheduler_type='cosine' needs total_training_steps > 0")
 
 
 def resolve_warmup_steps(lr_warmup_steps: int | None, ratio: float, total_training_steps: int) -> int:
@@ -44,7 +56,7 @@ def lr_lambda(step: int, *, kind: str, warmup_steps: int, total_steps: int, min_
     ``max(min_lr_ratio, c * cos(pi * progress) + i)`` with ``c = (1 - min_lr_ratio) / 2``,
     ``i = (1 + min_lr_ratio) / 2``, ``progress = (step - warmup) / max(1, total - warmup)``.
 
-    ``kind`` must be one of :data:`LR_SCHEDULER_TYPES` (checked by the caller's settings).
+    ``kind`` must be one of :data:`LR_SCHEDULER_TYPES` (:func:`check_schedule`).
     """
     if kind == "constant":
         return float(step) / float(max(1, warmup_steps)) if step < warmup_steps else 1.0
@@ -70,8 +82,7 @@ class LRMultiplier:
     min_lr_ratio: float
 
     def __post_init__(self) -> None:
-        if self.kind not in LR_SCHEDULER_TYPES:
-            raise ValueError(f"lr_scheduler_type {self.kind!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
+        check_schedule(self.kind, total_steps=self.total_steps, min_lr_ratio=self.min_lr_ratio)
 
     def __call__(self, step: int) -> float:
         return lr_lambda(

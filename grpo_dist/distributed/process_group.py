@@ -24,6 +24,8 @@ __all__ = [
     "destroy",
     "free_port",
     "is_initialized",
+    "comm_device",
+    "all_reduce_sum",
 ]
 
 BACKENDS: tuple[str, ...] = ("auto", "gloo", "nccl")
@@ -92,6 +94,20 @@ def make_device_mesh(world_size: int, device_type: str) -> DeviceMesh:
     if world_size != dist.get_world_size():
         raise ValueError(f"mesh size {world_size} != process group world size {dist.get_world_size()}")
     return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
+
+
+def comm_device(device: torch.device) -> torch.device:
+    """Where the tensors of a collective on the default group live: the rank's compute ``device``
+    under nccl, the CPU under gloo."""
+    return device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Collective: ``values`` summed over all ranks (one float64 all-reduce on
+    ``comm_device(device)``); every rank gets the sums."""
+    t = torch.tensor(values, dtype=torch.float64, device=comm_device(device))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
 
 
 def is_initialized() -> bool:

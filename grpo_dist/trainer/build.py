@@ -119,6 +119,7 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef,
         kl_loss_type=a.kl_loss_type,
+        kl_loss_agg_mode=a.kl_loss_agg_mode,
         temperature=cfg.actor_rollout_ref.rollout.temperature or 1.0,
         grad_clip=a.grad_clip,
         lr=a.optim.lr,

@@ -50,7 +50,7 @@ from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
 from grpo_dist.trainer.updates import sharded_forward, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
-from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, UPDATE_KEYS
+from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, update_keys
 from grpo_dist.workers.common import unwrap_timed
 
 
@@ -187,8 +187,8 @@ class GRPOTrainer:
     def update_actor(self, batch: Batch) -> tuple[dict[str, float], float]:
         """One policy update on the actor ranks: its metrics (with ``global_seqlen/*``) and the slowest
         rank's busy seconds."""
-        keys = [*UPDATE_KEYS, *(["ref_log_prob"] if self.cfg.actor_rollout_ref.actor.use_kl_loss else []),
-                *([] if self.on_policy else ["old_log_probs"]), *(k for k in ["rollout_is_weights"] if k in batch)]
+        keys = update_keys(use_kl_loss=self.cfg.actor_rollout_ref.actor.use_kl_loss, old_log_probs=not self.on_policy,
+                           rollout_is_weights="rollout_is_weights" in batch)
         M = len(batch) // (self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.shape.n)
         metrics, balance, busy_s = sharded_update(self.actor, "update_policy", batch, keys, num_mini_batches=M,
                                                   world_size=self.shape.world_size,

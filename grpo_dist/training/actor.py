@@ -22,7 +22,8 @@ its piece of the global aggregated loss::
 
 where ``pg_loss`` is the registered policy-loss mode ``settings.loss_mode``
 (:mod:`grpo_dist.core.policy_loss`) called on the micro-batch with the mini-batch's ``AggSpec``
-(:func:`grpo_dist.training.objective.micro_batch_loss`, shared with the in-process API);
+(:func:`grpo_dist.training.objective.micro_batch_loss`; the mini-batch step and the passes over
+mini-batches are :mod:`grpo_dist.training.update`, shared with the in-process API);
 it back-propagates ``loss * W`` (FSDP2 averages gradients over the ``W`` ranks), so the accumulated
 gradient is that of the whole mini-batch's loss: the update does not depend on the micro-batch size,
 the token budget, or the number of ranks (up to float rounding).
@@ -37,29 +38,26 @@ token count, and reported as ``actor/<name>``; all are averaged over the step's 
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.optim.lr_scheduler import LambdaLR
 from transformers import AutoConfig
 
-from grpo_dist.core.losses import global_counts
-from grpo_dist.core.schedules import LRMultiplier, resolve_warmup_steps
-from grpo_dist.distributed.process_group import make_device_mesh
+from grpo_dist.distributed.process_group import all_reduce_sum, comm_device, make_device_mesh
 from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
 from grpo_dist.training import checkpoint_io, fsdp
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
-from grpo_dist.training.objective import PolicyObjective, TermSums, micro_batch_loss
+from grpo_dist.training.objective import PolicyObjective
+from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
 from grpo_dist.training.policy import batched_logprobs, require_keys
-from grpo_dist.training.settings import UPDATE_KEYS, ActorSettings
+from grpo_dist.training.settings import ActorSettings, update_keys
+from grpo_dist.training.update import policy_mini_batch_step, run_mini_batches
 
 __all__ = ["FSDPActor"]
 
@@ -115,19 +113,11 @@ class FSDPActor:
         )
         # the model's own config (dropout as shipped) is what export_hf writes
         self.config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
-        # foreach: one multi-tensor op per update step instead of a Python loop of DTensor ops per
-        # parameter (torch picks the loop for CPU tensors; measured ~3 % of a small model's update)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
-            lr=settings.lr,
-            betas=settings.betas,
-            weight_decay=settings.weight_decay,
-            foreach=True,
-        )
-        warmup = resolve_warmup_steps(settings.lr_warmup_steps, settings.lr_warmup_steps_ratio, settings.total_training_steps)
-        self.lr_scheduler = LambdaLR(
-            self.optimizer,
-            LRMultiplier(settings.lr_scheduler_type, warmup, settings.total_training_steps, settings.min_lr_ratio),
+        self.optimizer = make_adamw(self.model, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+        self.lr_scheduler = make_lr_scheduler(
+            self.optimizer, kind=settings.lr_scheduler_type, warmup_steps=settings.lr_warmup_steps,
+            warmup_ratio=settings.lr_warmup_steps_ratio, total_steps=settings.total_training_steps,
+            min_lr_ratio=settings.min_lr_ratio,
         )
         self.update_count = 0
         """update_policy calls so far (= scheduler steps); seeds the within-mini-batch shuffle."""
@@ -145,20 +135,9 @@ class FSDPActor:
     def _offload_optimizer(self) -> bool:
         return self.settings.optimizer_offload and not self.settings.param_offload and self.device.type != "cpu"
 
-    def _move_optimizer_state(self, device: torch.device | str) -> None:
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(device, non_blocking=True)
-
-    def _all_reduce_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.tolist()
-
     @property
     def _comm_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        return comm_device(self.device)
 
     # ------------------------------------------------------------------------------------------
     def compute_log_prob(
@@ -199,10 +178,10 @@ class FSDPActor:
         weights). Returns verl-named metrics, identical on all ranks.
         """
         s = self.settings
-        keys = UPDATE_KEYS + (("ref_log_prob",) if s.use_kl_loss else ())
-        require_keys(data, keys, "update_policy")
-        keys += ("old_log_probs",) if "old_log_probs" in data else ()
-        keys += ("rollout_is_weights",) if "rollout_is_weights" in data else ()
+        require_keys(data, update_keys(use_kl_loss=s.use_kl_loss, old_log_probs=False, rollout_is_weights=False),
+                     "update_policy")
+        keys = update_keys(use_kl_loss=s.use_kl_loss, old_log_probs="old_log_probs" in data,
+                           rollout_is_weights="rollout_is_weights" in data)
         if "rollout_is_weights" in data and not self.policy_loss.accepts_rollout_is_weights:
             raise ValueError(f"the batch has rollout importance weights but policy loss {self.policy_loss.name!r} does not "
                              "take them (register it with rollout_is_weights=True and a rollout_is_weights_BT keyword)")
@@ -228,7 +207,6 @@ class FSDPActor:
                 f"update_policy got {n} rows on rank {self.rank}: must be a positive multiple of "
                 f"ppo_mini_batch_size_per_gpu={mini} (ppo_mini_batch_size * rollout.n / world_size)"
             )
-        num_mini = n // mini
         cpu_data = {k: data[k] for k in keys}
         gen = torch.Generator().manual_seed(s.seed * 1_000_003 + self.update_count)
         micro_kwargs = (
@@ -237,23 +215,31 @@ class FSDPActor:
             else {"micro_batch_size": s.ppo_micro_batch_size_per_gpu or mini}
         )
 
+        def step(rows: torch.Tensor) -> tuple[dict[str, float], bool]:
+            mb_data = take_rows(cpu_data, rows)
+            result = policy_mini_batch_step(
+                self.model,
+                mb_data,
+                plan_micro_batches(mb_data["attention_mask"], **micro_kwargs),
+                objective=self.objective,
+                optimizer=self.optimizer,
+                grad_clip=s.grad_clip,
+                device=self.device,
+                all_reduce_sum=lambda values: all_reduce_sum(values, self.device),
+                loss_scale=float(self.world_size),  # FSDP2 averages gradients over the ranks
+                on_micro_batch=self._gradient_sync if self.defer_grad_sync else None,
+                grad_norm=clip_grad_norm,
+            )
+            return result.actor_metrics(), result.finite
+
         if self._offload_optimizer:
-            self._move_optimizer_state(self.device)
+            move_optimizer_state(self.optimizer, self.device)
         # train mode (Hugging Face gradient checkpointing only runs in it); dropout was zeroed at load,
         # so the update's log-probs are the ones compute_log_prob gives
         self.model.train()
         lr = self.lr_scheduler.get_last_lr()[0]
-        history: dict[str, list[float]] = {}
-        nonfinite = 0
-        for _epoch in range(s.ppo_epochs):
-            for k in range(num_mini):
-                rows = torch.arange(k * mini, (k + 1) * mini)
-                if s.shuffle:
-                    rows = rows[torch.randperm(mini, generator=gen)]
-                metrics, finite = self._mini_batch_step(take_rows(cpu_data, rows), micro_kwargs)
-                nonfinite += 0 if finite else 1
-                for name, value in metrics.items():
-                    history.setdefault(name, []).append(value)
+        out, nonfinite = run_mini_batches(step, [torch.arange(k * mini, (k + 1) * mini) for k in range(n // mini)],
+                                          epochs=s.ppo_epochs, shuffle=gen if s.shuffle else None)
         with warnings.catch_warnings():
             # torch warns when the schedule steps although every optimizer step was skipped
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
@@ -262,58 +248,18 @@ class FSDPActor:
         self.update_count += 1
         self.nonfinite_grad_norm_total += nonfinite
         if self._offload_optimizer:
-            self._move_optimizer_state("cpu")
+            move_optimizer_state(self.optimizer, "cpu")
 
-        out = {name: float(np.mean(values)) for name, values in history.items()}
         out["actor/lr"] = float(lr)
         out["actor/grad_norm_nonfinite_count"] = float(nonfinite)
         if s.use_kl_loss:
             out["actor/kl_coef"] = float(s.kl_loss_coef)
         return out
 
-    def _mini_batch_step(
-        self, mb_data: dict[str, torch.Tensor], micro_kwargs: dict[str, int]
-    ) -> tuple[dict[str, float], bool]:
-        """Forward/backward over the micro-batches of one mini-batch, then clip and step."""
-        tokens, seqs = global_counts(mb_data["response_mask"])
-        g_tokens, g_seqs = self._all_reduce_sum([tokens, seqs])
-        spec = self.objective.agg_spec(g_tokens, g_seqs)
-        R = mb_data["responses"].shape[1]
-        # local sums (0-dim tensors on the device, read once per mini-batch: no sync per micro-batch)
-        sums = TermSums(self.objective, self.device)
-        micro = plan_micro_batches(mb_data["attention_mask"], **micro_kwargs)
-        for i, idx in enumerate(micro):
-            if self.defer_grad_sync:
-                self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
-            out = micro_batch_loss(self.model, mb, objective=self.objective, agg=spec, response_length=R)
-            sums.add(out)
-            (out.loss * self.world_size).backward()
-
-        totals = sums.totals(self._all_reduce_sum(sums.local()), g_tokens)
-        grad_norm = self._clip_grad_norm()
-        finite = math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-        metrics = {f"actor/{name}": value for name, value in totals.items()}
-        metrics["actor/grad_norm"] = grad_norm
-        return metrics, finite
-
-    def _clip_grad_norm(self) -> float:
-        """Global L2 norm of the (sharded, DTensor) gradients; clip to ``grad_clip`` when it is > 0."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if not params:
-            return 0.0
-        clip = self.settings.grad_clip
-        if clip is not None and clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm=clip)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return float(norm)
+    def _gradient_sync(self, i: int, count: int) -> None:
+        """FSDP2's gradient reduce-scatter only after the last of ``count`` micro-batches
+        (:attr:`defer_grad_sync`)."""
+        self.model.set_requires_gradient_sync(i == count - 1)
 
     # ------------------------------------------------------------------------------------------
     def state_dict_for_sync(self, dtype: str | torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -370,7 +316,7 @@ class FSDPActor:
         self.update_count = int(extra["update_count"])
         self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
         if self._offload_optimizer:
-            self._move_optimizer_state("cpu")
+            move_optimizer_state(self.optimizer, "cpu")
 
     def export_hf(
         self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, dtype: str | None = None

@@ -34,12 +34,10 @@ steps skipped because the gradient norm was not finite).
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -47,13 +45,14 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 
 from grpo_dist.core.losses import AggSpec, global_counts
 from grpo_dist.core.value import value_loss
-from grpo_dist.distributed.process_group import make_device_mesh
+from grpo_dist.distributed.process_group import all_reduce_sum, comm_device, make_device_mesh
 from grpo_dist.training import checkpoint_io
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
 from grpo_dist.training.policy import require_keys, trim_padding_columns
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, CriticSettings
+from grpo_dist.training.update import clip_and_step, run_mini_batches
 
 __all__ = ["FSDPCritic", "forward_values", "VALUE_HEAD_CONFIG"]
 
@@ -175,12 +174,10 @@ class FSDPCritic:
 
     @property
     def _comm_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        return comm_device(self.device)
 
     def _all_reduce_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.tolist()
+        return all_reduce_sum(values, self.device)
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -239,17 +236,12 @@ class FSDPCritic:
             move_optimizer_state(self.optimizer, self.device)
         self.model.train()
         lr = self.lr_scheduler.get_last_lr()[0]
-        history: dict[str, list[float]] = {}
-        nonfinite = 0
-        for _epoch in range(s.ppo_epochs):
-            for k in range(n // mini):
-                rows = torch.arange(k * mini, (k + 1) * mini)
-                if s.shuffle:
-                    rows = rows[torch.randperm(mini, generator=gen)]
-                metrics, finite = self._mini_batch_step(take_rows(cpu_data, rows), micro_kwargs)
-                nonfinite += 0 if finite else 1
-                for name, value in metrics.items():
-                    history.setdefault(name, []).append(value)
+        out, nonfinite = run_mini_batches(
+            lambda rows: self._mini_batch_step(take_rows(cpu_data, rows), micro_kwargs),
+            [torch.arange(k * mini, (k + 1) * mini) for k in range(n // mini)],
+            epochs=s.ppo_epochs,
+            shuffle=gen if s.shuffle else None,
+        )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
             self.lr_scheduler.step()
@@ -258,7 +250,6 @@ class FSDPCritic:
         self.nonfinite_grad_norm_total += nonfinite
         if self._offload_optimizer:
             move_optimizer_state(self.optimizer, "cpu")
-        out = {name: float(np.mean(values)) for name, values in history.items()}
         out["critic/lr"] = float(lr)
         out["critic/grad_norm_nonfinite_count"] = float(nonfinite)
         return out
@@ -291,11 +282,7 @@ class FSDPCritic:
         totals = dict(zip(names, self._all_reduce_sum(torch.stack([sums[k] for k in names]).tolist()), strict=True))
         for name in ("vf_clipfrac", "vpred_mean"):
             totals[name] = totals[name] / g_tokens if g_tokens > 0 else 0.0
-        grad_norm = clip_grad_norm(self.model, s.grad_clip)
-        finite = math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, finite = clip_and_step(self.model, self.optimizer, s.grad_clip, clip_grad_norm)
         metrics = {f"critic/{name}": value for name, value in totals.items()}
         metrics["critic/grad_norm"] = grad_norm
         return metrics, finite

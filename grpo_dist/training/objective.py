@@ -2,15 +2,16 @@
 
 One objective, two callers: :class:`~grpo_dist.training.actor.FSDPActor` (every rank, every
 micro-batch of its share of a mini-batch) and the in-process API (:mod:`grpo_dist.api`, one process,
-no FSDP). Both cut a mini-batch into micro-batches, build one :class:`~grpo_dist.core.losses.AggSpec`
-from the token and sequence counts of the WHOLE mini-batch, and call :func:`micro_batch_loss` on
-each micro-batch::
+no FSDP), both through :func:`grpo_dist.training.update.policy_mini_batch_step`. That step cuts a
+mini-batch into micro-batches, builds one :class:`~grpo_dist.core.losses.AggSpec` from the token and
+sequence counts of the WHOLE mini-batch, and calls :func:`micro_batch_loss` on each micro-batch::
 
     loss = pg_loss - entropy_coeff * agg(entropy) + kl_loss_coef * agg_kl(kl_penalty(logp, ref_logp))
 
 ``pg_loss`` is the registered policy-loss mode (:mod:`grpo_dist.core.policy_loss`); ``agg`` is
-:func:`~grpo_dist.core.losses.agg_loss` with the mini-batch's spec; ``agg_kl`` the same with
-``kl_loss_agg_mode`` when one is set (the API's default, the pseudocode of DeepSeekMath's GRPO,
+:func:`~grpo_dist.core.losses.agg_loss` with the mini-batch's spec; ``agg_kl`` the same spec (the same
+counts) with the mode ``kl_loss_agg_mode`` when one is set (the actor's
+``actor_rollout_ref.actor.kl_loss_agg_mode``; the API's default, the pseudocode of DeepSeekMath's GRPO,
 aggregates the policy term by sequence sums and the KL term by a token mean). Summing the
 micro-batches' losses (and their gradients) over micro-batches and ranks gives the loss of the whole
 mini-batch. Nothing here uses ``torch.distributed``: reducing across ranks is the caller's job
@@ -85,7 +86,8 @@ class PolicyObjective:
 
     @classmethod
     def from_settings(cls, s: ActorSettings) -> PolicyObjective:
-        """The actor's objective (the KL term aggregated like the policy term, as in verl)."""
+        """The actor's objective (``settings.kl_loss_agg_mode`` None: the KL term aggregated like the
+        policy term, as in verl)."""
         return cls(
             policy_loss=get_policy_loss(s.loss_mode),
             params=s.policy_loss_params(),
@@ -95,7 +97,7 @@ class PolicyObjective:
             use_kl_loss=s.use_kl_loss,
             kl_loss_coef=s.kl_loss_coef,
             kl_loss_type=s.kl_loss_type,
-            kl_loss_agg_mode=None,
+            kl_loss_agg_mode=s.kl_loss_agg_mode,
             temperature=s.temperature,
             remove_padding=s.use_remove_padding,
         )

@@ -1,7 +1,7 @@
 """The optimizer, its learning-rate schedule and gradient clipping of an FSDP2-trained model.
 
-Functions rather than a base class: a trained role (the critic; the actor builds the same pieces
-itself) calls them with the numbers from its settings.
+Functions rather than a base class: a trained role (the actor, the critic) calls them with the
+numbers from its settings.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from grpo_dist.core.schedules import LRMultiplier, resolve_warmup_steps
+from grpo_dist.training.update import grad_norm_tensor
 
 __all__ = ["make_adamw", "make_lr_scheduler", "clip_grad_norm", "move_optimizer_state"]
 
@@ -34,13 +35,9 @@ def make_lr_scheduler(optimizer: torch.optim.Optimizer, *, kind: str, warmup_ste
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
     """Collective: the global L2 norm of the (sharded, DTensor) gradients, clipped to ``max_norm``
     when it is > 0 (None or <= 0: only measured). 0.0 when no parameter has a gradient."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
+    norm = grad_norm_tensor(model, max_norm)
+    if norm is None:
         return 0.0
-    if max_norm is not None and max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)

@@ -13,10 +13,10 @@ from grpo_dist.core.kl import canonical_kl_kind
 from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
-from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, resolve_warmup_steps
+from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
-__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "CRITIC_UPDATE_KEYS", "ActorSettings", "ReferenceSettings", "CriticSettings"]
+__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "update_keys", "CRITIC_UPDATE_KEYS", "ActorSettings", "ReferenceSettings", "CriticSettings"]
 
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "eager", "flash_attention_2")
 """Values of ``actor_rollout_ref.model.attn_implementation`` (auto: flash_attention_2 on CUDA when
@@ -39,7 +39,18 @@ UPDATE_KEYS: tuple[str, ...] = (
 """Batch keys ``FSDPActor.update_policy`` always reads. It also reads ``old_log_probs`` (which may be
 left out only when the update makes a single optimizer step: on-policy), ``ref_log_prob`` when
 ``ActorSettings.use_kl_loss``, and ``rollout_is_weights`` (rollout importance weights, [B, R]) when
-present, which it hands to the policy loss as ``rollout_is_weights_BT``."""
+present, which it hands to the policy loss as ``rollout_is_weights_BT`` (:func:`update_keys`)."""
+
+
+def update_keys(*, use_kl_loss: bool, old_log_probs: bool, rollout_is_weights: bool) -> tuple[str, ...]:
+    """The batch keys one actor update reads (``FSDPActor.update_policy``), in this order:
+    :data:`UPDATE_KEYS`; ``ref_log_prob`` with the KL loss (``use_kl_loss``); ``old_log_probs`` unless
+    the update is on-policy (a single optimizer step, where the current log-probs stand in for them);
+    ``rollout_is_weights`` when the step has rollout importance weights. The driver sends these keys
+    and the actor takes these keys."""
+    return (UPDATE_KEYS + (("ref_log_prob",) if use_kl_loss else ()) + (("old_log_probs",) if old_log_probs else ())
+            + (("rollout_is_weights",) if rollout_is_weights else ()))
+
 
 CRITIC_UPDATE_KEYS: tuple[str, ...] = (
     "input_ids",
@@ -99,6 +110,9 @@ class ActorSettings:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     """kl (k1) | abs | mse (k2) | low_var_kl (k3); ``full`` needs logits of both models: not supported."""
+    kl_loss_agg_mode: str | None = None
+    """Aggregation of the KL loss (over the whole mini-batch, like the policy term); None: ``loss_agg_mode``
+    (verl). ``token-mean`` under a ``seq-mean-token-sum`` policy term is the in-process API's default."""
     temperature: float = 1.0
     """Rollout sampling temperature: logits are divided by it in every forward of the update."""
 
@@ -155,6 +169,9 @@ class ActorSettings:
             )
         if self.loss_agg_mode not in ALL_LOSS_AGG_MODES:
             raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(ALL_LOSS_AGG_MODES)}")
+        if self.kl_loss_agg_mode is not None and self.kl_loss_agg_mode not in ALL_LOSS_AGG_MODES:
+            raise ValueError(f"ActorSettings.kl_loss_agg_mode {self.kl_loss_agg_mode!r} unknown; "
+                             f"valid: None (= loss_agg_mode) or one of {list(ALL_LOSS_AGG_MODES)}")
         kind = canonical_kl_kind(self.kl_loss_type)
         if kind == "full":
             raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl, abs or mse")
@@ -163,12 +180,7 @@ class ActorSettings:
         self.policy_loss_params()  # the clip ranges' own checks
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.lr_scheduler_type not in LR_SCHEDULER_TYPES:
-            raise ValueError(f"lr_scheduler_type {self.lr_scheduler_type!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if self.lr_scheduler_type == "cosine" and self.total_training_steps <= 0:
-            raise ValueError("lr_scheduler_type='cosine' needs total_training_steps > 0")
+        check_schedule(self.lr_scheduler_type, total_steps=self.total_training_steps, min_lr_ratio=self.min_lr_ratio)
         if len(tuple(self.betas)) != 2:
             raise ValueError(f"betas must be two floats, got {self.betas!r}")
         self.betas = (float(self.betas[0]), float(self.betas[1]))
@@ -288,10 +300,7 @@ class CriticSettings:
             raise ValueError(f"CriticSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
         if not self.cliprange_value >= 0:
             raise ValueError(f"CriticSettings.cliprange_value must be >= 0, got {self.cliprange_value}")
-        if self.lr_scheduler_type not in LR_SCHEDULER_TYPES:
-            raise ValueError(f"lr_scheduler_type {self.lr_scheduler_type!r} unknown; valid: {list(LR_SCHEDULER_TYPES)}")
-        if self.lr_scheduler_type == "cosine" and self.total_training_steps <= 0:
-            raise ValueError("lr_scheduler_type='cosine' needs total_training_steps > 0")
+        check_schedule(self.lr_scheduler_type, total_steps=self.total_training_steps, min_lr_ratio=self.min_lr_ratio)
         if len(tuple(self.betas)) != 2:
             raise ValueError(f"betas must be two floats, got {self.betas!r}")
         self.betas = (float(self.betas[0]), float(self.betas[1]))

@@ -2,13 +2,16 @@
 
 Same starting weights (the tiny model directory), prompts, sampled completions (the API's rollout)
 and rewards; the actor gets the batch the driver would build (advantages from the same estimator,
-reference and old log-probs from its own forward). Two settings: the API's defaults (one on-policy
-step, sequence-sum aggregation, the k1 KL), with the KL term aggregated like the policy term as the
-actor does; and verl's choices (token-mean, low_var_kl, two PPO epochs over two mini-batches,
-micro-batches, entropy bonus, clip-higher, a temperature). One spawned job runs both actors.
+reference and old log-probs from its own forward). Three settings: the API's defaults as they are
+(one on-policy step, sequence-sum aggregation of the policy term, the k1 KL aggregated by a token
+mean: the actor's ``kl_loss_agg_mode``); the same with the KL term aggregated like the policy term
+(verl's rule); and verl's choices (token-mean, low_var_kl, two PPO epochs over two mini-batches,
+micro-batches, entropy bonus, clip-higher, a temperature). One spawned job runs all the actors.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ LR = 1e-5  # Adam turns float rounding of a near-zero gradient into a step of up
 G = 4
 COMMON = dict(group_size=G, kl_coef=0.1, learning_rate=LR, max_new_tokens=8, max_grad_norm=1.0)
 CONFIGS = {
+    "defaults": dict(),
     "document": dict(kl_loss_agg_mode=None),
     "verl": dict(
         kl_loss_agg_mode=None,
@@ -35,25 +39,31 @@ CONFIGS = {
 
 
 def actor_settings(api: dict):
-    """The ActorSettings that express the same update as ``GRPO(**COMMON, **api)``."""
+    """The ActorSettings that express the same update as ``GRPO(**COMMON, **api)`` (what is not given
+    is read from GRPO's own defaults)."""
+    from grpo_dist import GRPO
     from grpo_dist.training.settings import ActorSettings
 
-    kw = COMMON | api
+    defaults = {n: p.default for n, p in inspect.signature(GRPO).parameters.items() if p.default is not p.empty}
+    kw = defaults | COMMON | api
     return ActorSettings(
         lr=kw["learning_rate"],
         weight_decay=0.0,  # the API's Adam
         grad_clip=kw["max_grad_norm"],
-        temperature=kw.get("temperature", 1.0),
-        loss_agg_mode=kw.get("loss_agg_mode", "seq-mean-token-sum"),
+        temperature=kw["temperature"],
+        loss_agg_mode=kw["loss_agg_mode"],
         norm_constant=float(kw["max_new_tokens"]),
-        entropy_coeff=kw.get("entropy_coeff", 0.0),
+        entropy_coeff=kw["entropy_coeff"],
         use_kl_loss=True,
         kl_loss_coef=kw["kl_coef"],
-        kl_loss_type=kw.get("kl_loss_type", "kl"),
-        clip_ratio_high=kw.get("clip_ratio_high", 0.2),
-        ppo_epochs=kw.get("ppo_epochs", 1),
-        ppo_mini_batch_size_per_gpu=kw["mini_batch_size"] * G if "mini_batch_size" in kw else None,
-        ppo_micro_batch_size_per_gpu=kw.get("micro_batch_size"),
+        kl_loss_type=kw["kl_loss_type"],
+        kl_loss_agg_mode=kw["kl_loss_agg_mode"],
+        clip_ratio_low=kw["clip_ratio_low"],
+        clip_ratio_high=kw["clip_ratio_high"],
+        clip_ratio_c=kw["clip_ratio_c"],
+        ppo_epochs=kw["ppo_epochs"],
+        ppo_mini_batch_size_per_gpu=None if kw["mini_batch_size"] is None else kw["mini_batch_size"] * G,
+        ppo_micro_batch_size_per_gpu=kw["micro_batch_size"],
     )
 
 

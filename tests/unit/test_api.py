@@ -197,6 +197,28 @@ def test_micro_batch_size_does_not_change_the_update():
     assert m_whole["actor/ppo_kl"] != 0.0, "the second pass is off-policy: the ratio is no longer 1"
 
 
+def test_micro_batches_keep_the_defaults_kl_aggregation_over_the_whole_mini_batch():
+    """The defaults aggregate the KL term by a token mean and the policy term by sequence sums: both
+    must use the mini-batch's counts, not a micro-batch's, or micro-batching changes the update."""
+    from grpo_dist import GRPO
+
+    torch.manual_seed(4)
+    base = TinyLM(hidden=32)
+    common = dict(reward_fn=target_fraction, eos_token_id=1, learning_rate=1e-5, progress=False)
+    whole = GRPO(copy.deepcopy(base), **common)
+    assert whole.objective.kl_loss_agg_mode != whole.objective.loss_agg_mode, "the test needs two aggregations"
+    micro = GRPO(copy.deepcopy(base), micro_batch_size=3, **common)
+    rollout = whole.generate(torch.randint(2, V, (4, 3)))
+    lengths = rollout.response_mask.sum(-1)
+    assert lengths.min() < lengths.max(), "the test needs completions of different lengths"
+    rewards = torch.rand(len(rollout), generator=torch.Generator().manual_seed(1))
+    m_whole, m_micro = whole.update(rollout, rewards), micro.update(rollout, rewards)
+    assert max_diff(params(whole.model), params(micro.model)) < 1e-6
+    assert max_diff(params(whole.model), params(base)) > 5e-6, "the update should move the weights"
+    for key in ("loss", "pg_loss", "kl", "grad_norm"):
+        assert m_micro[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-7), key
+
+
 # ---------------------------------------------------------------------------------------------
 # any registered loss mode and advantage estimator, by name
 # ---------------------------------------------------------------------------------------------
@@ -335,6 +357,29 @@ def test_bad_arguments_are_refused_at_construction(kwargs, message):
     with pytest.raises(ValueError) as e:
         GRPO(**args)
     assert message in str(e.value)
+
+
+def test_group_size_one_is_refused_for_group_estimators_and_trains_without_groups():
+    from grpo_dist import GRPO
+    from grpo_dist.api import api_estimators
+
+    group_based = [n for n in api_estimators() if get_adv_estimator(n).group_based]
+    single = [n for n in api_estimators() if not get_adv_estimator(n).group_based]
+    assert "grpo" in group_based and "reinforce_plus_plus" in single
+    for name in group_based:
+        with pytest.raises(ValueError) as e:
+            GRPO(TinyLM(hidden=16), reward_fn=target_fraction, group_size=1, adv_estimator=name, progress=False)
+        assert f"adv_estimator {name!r} compares the completions of a prompt" in str(e.value)
+        assert "group_size must be an integer >= 2, got 1" in str(e.value) and "'reinforce_plus_plus'" in str(e.value)
+    torch.manual_seed(5)
+    model = TinyLM(hidden=16)
+    before = params(model)
+    trainer = GRPO(model, reward_fn=target_fraction, group_size=1, adv_estimator="reinforce_plus_plus",
+                   learning_rate=1e-3, progress=False)
+    metrics = trainer.step(torch.randint(0, V, (4, 3)))
+    assert len(trainer.generate(torch.randint(0, V, (4, 3)))) == 4  # one completion per prompt
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
+    assert max_diff(params(model), before) > 0
 
 
 def test_the_reference_may_not_be_the_policy():

@@ -60,6 +60,18 @@ def test_overrides_reach_typed_config():
     assert list(cfg.trainer.logger) == ["console"]
 
 
+def test_kl_loss_agg_mode_reaches_the_actor_objective():
+    from grpo_dist.trainer.build import actor_settings
+    from grpo_dist.training.objective import PolicyObjective
+
+    default = actor_settings(load(), "cpu", total_training_steps=10)
+    assert default.kl_loss_agg_mode is None  # verl: the KL term is aggregated like the policy term
+    assert PolicyObjective.from_settings(default).kl_loss_agg_mode is None
+    cfg = load("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum", "actor_rollout_ref.actor.kl_loss_agg_mode=token-mean")
+    objective = PolicyObjective.from_settings(actor_settings(cfg, "cpu", total_training_steps=10))
+    assert (objective.loss_agg_mode, objective.kl_loss_agg_mode) == ("seq-mean-token-sum", "token-mean")
+
+
 def test_generated_yaml_and_docs_are_in_step():
     assert docgen.main(["--check"]) == 0, "run `python -m grpo_dist.config.docgen`"
 
@@ -118,6 +130,7 @@ FAILURES = [
     (["algorithm.adv_estimator=ppo"], ["algorithm.adv_estimator", "'ppo'", "grpo", "rloo"]),
     (["actor_rollout_ref.actor.loss_agg_mode=mean"], ["loss_agg_mode", "'mean'", "token-mean", "seq-mean-token-sum-norm"]),
     (["actor_rollout_ref.actor.kl_loss_type=k9"], ["kl_loss_type", "'k9'", "low_var_kl"]),
+    (["actor_rollout_ref.actor.kl_loss_agg_mode=mean"], ["kl_loss_agg_mode", "'mean'", "token-mean", "seq-mean-token-sum"]),
     (["algorithm.adv_estimator=grpo_process", "algorithm.use_kl_in_reward=true"], ["use_kl_in_reward", "step ends"]),
     (["actor_rollout_ref.actor.kl_loss_type=full"], ["kl_loss_type", "'full'", "low_var_kl"]),
     (["actor_rollout_ref.rollout.name=sglang"], ["rollout.name", "'sglang'", "vllm", "hf"]),

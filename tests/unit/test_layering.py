@@ -1,4 +1,5 @@
-"""The package's layering: no module imports one above it, and there are no import cycles.
+"""The package's layering: no module imports one above it, there are no import cycles, and the heavy
+third-party stacks are imported only where docs/architecture.md says.
 
 Layers, bottom to top (docs/architecture.md explains each):
 
@@ -11,16 +12,35 @@ Layers, bottom to top (docs/architecture.md explains each):
     trainer, api                           the driver and the in-process API
     main                                   the command line
 
+The package root (``grpo_dist/__init__.py``) only exposes the API (lazily): it sits in the API's
+layer, so nothing below may import it.
+
 A module may import modules of its own layer or below, never above. Imports inside functions count
-too: a lazy import still ties the lower module to the upper one.
+too: a lazy import still ties the lower module to the upper one. ``from pkg import name`` depends on
+``pkg/__init__.py`` when ``name`` is defined there, and only on the submodule when ``name`` is one
+(Python imports a submodule it is asked for even from a package still being initialised), so a
+package's ``__init__`` may re-export its submodules while a submodule that reads a name from its own
+package's ``__init__`` closes a cycle.
+
+Only ``rollout/`` imports vLLM. Only ``distributed/`` and ``workers/`` import Ray at module level, and
+the trainer never imports it (it reaches Ray through ``distributed/``).
+
+``trainer/driver.py`` stays under 350 lines, so that it reads top to bottom as the step recipe.
+
+Each check is a function of a package folder (or file), so the tests at the end plant violations in a small
+synthetic package and watch the check fail.
 """
 
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[2] / "grpo_dist"
+ROOT = "grpo_dist"
 
 LAYERS = [
     {"core"},
@@ -33,12 +53,19 @@ LAYERS = [
     {"main"},
 ]
 LAYER_OF = {part: i for i, layer in enumerate(LAYERS) for part in layer}
+ROOT_LAYER = LAYER_OF["api"]  # the root package re-exports the API and nothing else
+
+VLLM_ALLOWED = ("rollout",)
+RAY_MODULE_LEVEL_ALLOWED = ("distributed", "workers")
+RAY_FORBIDDEN = ("trainer",)  # not even lazily: the trainer reaches Ray through distributed/
 
 
-def modules() -> dict[str, Path]:
+def modules(pkg: Path = PKG) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package in ``pkg`` (a package's
+    ``__init__.py`` is named by the package)."""
     out = {}
-    for path in PKG.rglob("*.py"):
-        rel = path.relative_to(PKG.parent).with_suffix("")
+    for path in pkg.rglob("*.py"):
+        rel = path.relative_to(pkg.parent).with_suffix("")
         parts = list(rel.parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -46,8 +73,18 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def _deepest_known(name: str, known: set[str]) -> str:
+    while name and name not in known:
+        name = name.rsplit(".", 1)[0] if "." in name else ""
+    return name
+
+
 def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
-    """grpo_dist modules imported anywhere in the file (absolute and relative imports)."""
+    """Package modules that the file depends on, imports inside functions included.
+
+    ``import a.b.c`` and ``from a.b import c`` (``c`` a submodule) depend on that module;
+    ``from a.b import x`` (``x`` defined in ``a/b/__init__.py``) depends on the package ``a.b``.
+    """
     tree = ast.parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
@@ -59,19 +96,19 @@ def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                targets.append(sub if sub in known else base)
         for t in targets:
-            if t.startswith("grpo_dist"):
-                # the deepest known module the name refers to (from pkg import submodule -> the submodule)
-                while t and t not in known:
-                    t = t.rsplit(".", 1)[0] if "." in t else ""
+            if t == ROOT or t.startswith(ROOT + "."):
+                t = _deepest_known(t, known)
                 if t and t != name:
                     found.add(t)
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    mods = modules()
+def graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    mods = modules(pkg)
     known = set(mods)
     return {name: imports_of(path, name, known) for name, path in mods.items()}
 
@@ -79,30 +116,22 @@ def graph() -> dict[str, set[str]]:
 def layer(module: str) -> int | None:
     parts = module.split(".")
     if len(parts) < 2:
-        return None  # the package root may expose anything
+        return ROOT_LAYER
     return LAYER_OF.get(parts[1])
 
 
-def test_every_top_level_part_has_a_layer():
-    parts = {m.split(".")[1] for m in modules() if "." in m}
-    assert parts <= set(LAYER_OF), f"give these a layer in LAYERS: {sorted(parts - set(LAYER_OF))}"
-
-
-def test_no_module_imports_a_higher_layer():
+def upward_imports(g: dict[str, set[str]]) -> list[str]:
     bad = []
-    for src, targets in graph().items():
+    for src, targets in g.items():
         ls = layer(src)
         for dst in targets:
             ld = layer(dst)
             if ls is not None and ld is not None and ld > ls:
                 bad.append(f"{src} (layer {ls}) imports {dst} (layer {ld})")
-    assert not bad, "\n".join(sorted(bad))
+    return sorted(bad)
 
 
-def test_no_import_cycles():
-    g = graph()
-    # a package's __init__ importing its own submodules is how packages expose them, not a cycle
-    edges = {m: {d for d in ds if not m or not d.startswith(m + ".")} for m, ds in g.items()}
+def import_cycles(g: dict[str, set[str]]) -> list[str]:
     seen: dict[str, int] = {}
     stack: list[str] = []
     cycles = []
@@ -110,7 +139,7 @@ def test_no_import_cycles():
     def visit(m: str) -> None:
         seen[m] = 1
         stack.append(m)
-        for d in sorted(edges.get(m, ())):
+        for d in sorted(g.get(m, ())):
             if seen.get(d) == 1:
                 cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
             elif d not in seen:
@@ -118,16 +147,213 @@ def test_no_import_cycles():
         stack.pop()
         seen[m] = 2
 
-    for m in sorted(edges):
+    for m in sorted(g):
         if m not in seen:
             visit(m)
+    return cycles
+
+
+def third_party_imports(path: Path, top: str) -> list[tuple[int, bool]]:
+    """``(line, at_module_level)`` of every import of the distribution ``top`` (``import top``,
+    ``import top.x``, ``from top.x import y``) in the file; inside a function it is not at module level."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+
+    def walk(node: ast.AST, module_level: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            names = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom) and not child.level and child.module:
+                names = [child.module]
+            if any(n == top or n.startswith(top + ".") for n in names):
+                found.append((child.lineno, module_level))
+            nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            walk(child, module_level and not nested)
+
+    walk(tree, True)
+    return found
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def misplaced_vllm(pkg: Path = PKG) -> list[str]:
+    return sorted(
+        f"{name}:{line} imports vllm (only {', '.join(p + '/' for p in VLLM_ALLOWED)} may)"
+        for name, path in modules(pkg).items()
+        for line, _ in third_party_imports(path, "vllm")
+        if _part(name) not in VLLM_ALLOWED
+    )
+
+
+def misplaced_ray(pkg: Path = PKG) -> list[str]:
+    bad = []
+    for name, path in modules(pkg).items():
+        for line, module_level in third_party_imports(path, "ray"):
+            if _part(name) in RAY_FORBIDDEN:
+                bad.append(f"{name}:{line} imports ray: the trainer reaches Ray through grpo_dist.distributed")
+            elif module_level and _part(name) not in RAY_MODULE_LEVEL_ALLOWED:
+                bad.append(f"{name}:{line} imports ray at module level (only "
+                           f"{', '.join(p + '/' for p in RAY_MODULE_LEVEL_ALLOWED)} may; import it inside the function)")
+    return sorted(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# the package
+# ---------------------------------------------------------------------------------------------
+def test_every_top_level_part_has_a_layer():
+    parts = {m.split(".")[1] for m in modules() if "." in m}
+    assert parts <= set(LAYER_OF), f"give these a layer in LAYERS: {sorted(parts - set(LAYER_OF))}"
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = upward_imports(graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(graph())
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_only_rollout_imports_vllm():
+    bad = misplaced_vllm()
+    assert not bad, "\n".join(bad)
+
+
+def test_only_distributed_and_workers_import_ray_at_module_level_and_the_trainer_never():
+    bad = misplaced_ray()
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks themselves, on planted violations
+# ---------------------------------------------------------------------------------------------
+def fake_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A package named like ours under ``tmp_path`` with the given files (relative paths -> source);
+    every folder gets an ``__init__.py`` unless one is given."""
+    pkg = tmp_path / ROOT
+    for rel, src in {"__init__.py": "", **files}.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(src))
+    for folder in [pkg, *(p for p in pkg.rglob("*") if p.is_dir())]:
+        (folder / "__init__.py").touch()
+    return pkg
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path):
     """The checks above are only as good as the import scan: it must find imports inside functions."""
     f = tmp_path / "m.py"
-    f.write_text("def f():\n    from grpo_dist.trainer import driver\n    import grpo_dist.core.kl\n")
-    known = {"grpo_dist.trainer", "grpo_dist.trainer.driver", "grpo_dist.core", "grpo_dist.core.kl"}
-    assert imports_of(f, "grpo_dist.core.x", known) == {"grpo_dist.trainer", "grpo_dist.trainer.driver",
-                                                        "grpo_dist.core.kl"}
+    f.write_text("def f():\n    from grpo_dist.trainer import driver\n    import grpo_dist.core.kl\n"
+                 "from . import losses\nfrom .kl import kl_penalty\n")
+    known = {"grpo_dist.trainer", "grpo_dist.trainer.driver", "grpo_dist.core", "grpo_dist.core.kl", "grpo_dist.core.losses"}
+    assert imports_of(f, "grpo_dist.core.x", known) == {"grpo_dist.trainer.driver", "grpo_dist.core.kl",
+                                                        "grpo_dist.core.losses"}
+
+
+ROLLOUT_INIT = """
+    from grpo_dist.rollout.base import Engine
+    ENGINES = {"x": Engine}
+"""
+
+
+@pytest.mark.parametrize(
+    ("base_py", "cycle"),
+    [
+        ("from grpo_dist.rollout import ENGINES\nclass Engine: ...\n", True),  # reads a name from its package
+        ("def names():\n    from grpo_dist.rollout import ENGINES\n    return ENGINES\nclass Engine: ...\n", True),
+        ("from . import ENGINES\nclass Engine: ...\n", True),
+        ("from grpo_dist.rollout import util\nclass Engine: ...\n", False),  # a sibling submodule: fine
+        ("class Engine: ...\n", False),
+    ],
+)
+def test_a_submodule_importing_its_own_package_is_a_cycle_but_reexporting_is_not(tmp_path, base_py, cycle):
+    pkg = fake_package(tmp_path, {"rollout/__init__.py": ROLLOUT_INIT, "rollout/base.py": base_py,
+                                  "rollout/util.py": "X = 1\n"})
+    found = import_cycles(graph(pkg))
+    assert bool(found) == cycle, found
+    if cycle:
+        assert found == ["grpo_dist.rollout -> grpo_dist.rollout.base -> grpo_dist.rollout"]
+
+
+ROOT_INIT = """
+    def __getattr__(name):
+        from grpo_dist import api
+        return getattr(api, name)
+"""
+
+
+def test_the_root_package_may_expose_the_api_but_lower_layers_may_not_import_it(tmp_path):
+    files = {"__init__.py": ROOT_INIT, "api.py": "from grpo_dist.core import kl\n", "core/kl.py": "X = 1\n",
+             "main.py": "from grpo_dist import GRPO\n", "trainer/run.py": "from grpo_dist import tasks\n",
+             "tasks/__init__.py": "Y = 2\n"}
+    pkg = fake_package(tmp_path, files)
+    assert upward_imports(graph(pkg)) == []  # root -> api (same layer); main -> root; trainer -> tasks (a submodule)
+    assert import_cycles(graph(pkg)) == []
+    pkg = fake_package(tmp_path, files | {"core/kl.py": "def f():\n    from grpo_dist import GRPO\n"})
+    assert upward_imports(graph(pkg)) == [f"grpo_dist.core.kl (layer 0) imports grpo_dist (layer {ROOT_LAYER})"]
+
+
+def test_vllm_outside_rollout_is_found_even_inside_a_function(tmp_path):
+    pkg = fake_package(tmp_path, {"rollout/vllm_engine.py": "def load():\n    from vllm import LLM\n",
+                                  "training/x.py": "import os\n"})
+    assert misplaced_vllm(pkg) == []
+    pkg = fake_package(tmp_path, {"training/x.py": "def f():\n    import vllm.inputs\n"})
+    assert misplaced_vllm(pkg) == ["grpo_dist.training.x:2 imports vllm (only rollout/ may)"]
+
+
+@pytest.mark.parametrize(
+    ("rel", "src", "bad"),
+    [
+        ("workers/actor.py", "import ray\n", None),
+        ("distributed/group.py", "from ray.util.placement_group import placement_group\n", None),
+        ("main.py", "def shutdown():\n    import ray\n", None),  # lazily, outside the trainer: allowed
+        ("rewards/pool.py", "import ray\n", "grpo_dist.rewards.pool:1 imports ray at module level"),
+        ("rewards/pool.py", "try:\n    import ray\nexcept ImportError:\n    ray = None\n",
+         "grpo_dist.rewards.pool:2 imports ray at module level"),
+        ("main.py", "class C:\n    from ray import get\n", "grpo_dist.main:2 imports ray at module level"),
+        ("trainer/driver.py", "def f():\n    import ray\n", "grpo_dist.trainer.driver:2 imports ray: the trainer"),
+        ("trainer/driver.py", "import ray.util\n", "grpo_dist.trainer.driver:1 imports ray: the trainer"),
+    ],
+)
+def test_ray_outside_distributed_and_workers_is_found(tmp_path, rel, src, bad):
+    found = misplaced_ray(fake_package(tmp_path, {rel: src, "rewards/other.py": "import rayleigh\n"}))
+    if bad is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith(bad), found
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver reads as the step recipe
+# ---------------------------------------------------------------------------------------------
+DRIVER_MAX_LINES = 350
+WHERE_TO_MOVE = (
+    "keep it the step recipe and move the rest out: a protocol with several steps becomes its own object "
+    "(like trainer/weight_sync.py, trainer/dynamic_sampling.py), settings and values derived from the config go "
+    "to trainer/build.py, role wiring to trainer/roles.py, sharded worker calls to trainer/updates.py, rollout "
+    "output -> batch to rollout/assemble.py, metrics to trainer/metrics.py"
+)
+
+
+def driver_too_long(path: Path, limit: int = DRIVER_MAX_LINES) -> str | None:
+    lines = len(path.read_text().splitlines())
+    if lines < limit:
+        return None
+    return f"{path.name} has {lines} lines (must stay under {limit}): {WHERE_TO_MOVE}"
+
+
+def test_the_driver_stays_under_350_lines():
+    problem = driver_too_long(PKG / "trainer" / "driver.py")
+    assert problem is None, problem
+
+
+def test_the_driver_length_check_fails_on_a_long_file(tmp_path):
+    f = tmp_path / "driver.py"
+    f.write_text("x = 1\n" * (DRIVER_MAX_LINES - 1))
+    assert driver_too_long(f) is None
+    f.write_text("x = 1\n" * DRIVER_MAX_LINES)
+    assert driver_too_long(f) == f"driver.py has {DRIVER_MAX_LINES} lines (must stay under {DRIVER_MAX_LINES}): {WHERE_TO_MOVE}"

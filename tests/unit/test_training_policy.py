@@ -85,9 +85,30 @@ def test_lr_schedule_follows_verl():
 
 
 @pytest.mark.parametrize(
+    ("kind", "total_steps", "min_lr_ratio", "message"),
+    [
+        ("linear", 10, 0.0, "lr_scheduler_type 'linear' unknown; valid: ['constant', 'cosine']"),
+        ("cosine", 0, 0.0, "lr_scheduler_type='cosine' needs total_training_steps > 0"),
+        ("constant", 10, 1.5, "min_lr_ratio must be in [0, 1], got 1.5"),
+    ],
+)
+def test_one_schedule_check_serves_the_actor_the_critic_and_the_lr_multiplier(kind, total_steps, min_lr_ratio, message):
+    from grpo_dist.core.schedules import LRMultiplier
+    from grpo_dist.training.settings import CriticSettings
+
+    keywords = dict(lr_scheduler_type=kind, total_training_steps=total_steps, min_lr_ratio=min_lr_ratio)
+    for make in (lambda: ActorSettings(**keywords), lambda: CriticSettings(**keywords),
+                 lambda: LRMultiplier(kind, warmup_steps=0, total_steps=total_steps, min_lr_ratio=min_lr_ratio)):
+        with pytest.raises(ValueError) as info:
+            make()
+        assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
     "kwargs",
     [
         dict(loss_agg_mode="mean"),
+        dict(kl_loss_agg_mode="mean"),
         dict(kl_loss_type="k9"),
         dict(kl_loss_type="full"),
         dict(clip_ratio_c=1.0),
@@ -193,3 +214,12 @@ def test_chunked_logits_give_the_same_values_and_gradients(tiny_model, remove_pa
     m = rm.bool()
     assert (lp0 - lp1)[m].abs().max() < 1e-6 and (en0 - en1)[m].abs().max() < 1e-6
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g0, g1, strict=True))
+
+
+def test_update_keys_are_what_the_driver_sends_and_the_actor_takes():
+    from grpo_dist.training.settings import UPDATE_KEYS, update_keys
+
+    assert update_keys(use_kl_loss=False, old_log_probs=False, rollout_is_weights=False) == UPDATE_KEYS
+    assert update_keys(use_kl_loss=True, old_log_probs=True, rollout_is_weights=True) == UPDATE_KEYS + (
+        "ref_log_prob", "old_log_probs", "rollout_is_weights")
+    assert update_keys(use_kl_loss=False, old_log_probs=True, rollout_is_weights=False) == UPDATE_KEYS + ("old_log_probs",)
