@@ -291,11 +291,13 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
     """Constructor arguments of the rollout engine named by actor_rollout_ref.rollout.name."""
     r = cfg.actor_rollout_ref.rollout
     dtype = compute_dtype(r.dtype, device)
+    trust = cfg.actor_rollout_ref.model.trust_remote_code
     if r.name == "hf":
-        return dict(model_path=model_path, dtype=dtype, device=device)
+        return dict(model_path=model_path, dtype=dtype, device=device, trust_remote_code=trust)
     return dict(
         model_path=model_path,
         dtype=dtype,
+        trust_remote_code=trust,
         max_model_len=r.max_model_len or (r.prompt_length + r.response_length),
         gpu_memory_utilization=r.gpu_memory_utilization,
         tensor_parallel_size=r.tensor_model_parallel_size,
