@@ -239,6 +239,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
+    _positive("trainer.preemption_grace_s", tr.preemption_grace_s, allow_zero=True)
 
     # --- choices -----------------------------------------------------------------------------
     if alg.adv_estimator not in list_adv_estimators():
