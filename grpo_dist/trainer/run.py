@@ -117,6 +117,7 @@ def _run_locked(cfg: GRPOConfig, out_dir: Path, stop, *, model_path, tokenizer, 
                                min_cpus=data_parallel_size(cfg))
     except RayStartError as exc:
         return _fail(str(exc))
+    stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
     trainer = None
     try:
         device = build.choose_device(cfg.trainer.device, cluster_gpus())

@@ -82,6 +82,12 @@ class StopSignal:
         """Handle SIGTERM in this, the main, thread."""
         self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
 
+    def reassert(self) -> None:
+        """Take SIGTERM back after a library replaced the handler (``ray.init`` installs its own,
+        which prints a stack dump and ends the process)."""
+        if self._previous:
+            signal.signal(signal.SIGTERM, self._handle)
+
     def uninstall(self) -> None:
         """Cancel the grace period's timer and restore the handler :meth:`install` replaced."""
         self._disarm()

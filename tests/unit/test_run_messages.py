@@ -163,6 +163,27 @@ def test_sigterm_during_start_up_is_one_message_and_exit_143(tiny_model_dir, rev
                 f"this run has no checkpoint in {tmp_path / 'o'} yet")
 
 
+def test_sigterm_after_ray_took_the_handler_is_still_the_runs(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                              capsys):
+    """ray.init installs its own SIGTERM handler (a stack dump, then exit): the run takes it back."""
+    rays_handler_ran = []
+
+    def init_like_ray(**kwargs):
+        signal.signal(signal.SIGTERM, lambda *a: rays_handler_ran.append(True))
+        return False
+
+    def signal_then_wait():  # the next start-up step, when the scheduler's SIGTERM comes
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+        raise AssertionError("the signal did not stop the start-up")
+
+    monkeypatch.setattr(worker_group, "init_ray", init_like_ray)
+    monkeypatch.setattr(worker_group, "cluster_gpus", signal_then_wait)
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up")
+    assert not rays_handler_ran
+
+
 def test_damaged_checkpoint_is_reported_before_ray_starts(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
                                                           capsys):
     out = tmp_path / "o"
