@@ -451,6 +451,13 @@ class TrainerConfig:
         "stops the run naming the worker (a frozen or deadlocked process); 0 = no deadline",
     )
     worker_call_timeout_factor: float = F(10.0, "see worker_call_timeout_s")
+    preemption_grace_s: float = F(
+        300.0,
+        "seconds between SIGTERM and the scheduler's kill (Slurm: --signal=B:TERM@N; Kubernetes: "
+        "terminationGracePeriodSeconds): SIGTERM saves a checkpoint at the next step boundary when the rest of the "
+        "step and the save fit in it (estimated from the slowest step and save so far), else the run stops at once "
+        "saying where the newest checkpoint is; 0 = no limit (always finish the step and save)",
+    )
     balance_batch: bool = F(
         True,
         "reorder rows inside each mini-batch so that every data-parallel rank gets a similar token count "

@@ -239,6 +239,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
+    _positive("trainer.preemption_grace_s", tr.preemption_grace_s, allow_zero=True)
 
     # --- choices -----------------------------------------------------------------------------
     if alg.adv_estimator not in list_adv_estimators():
@@ -299,10 +300,21 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
                    "set critic.enable=true (or null), or use an estimator without values (grpo, rloo, reinforce_plus_plus)")
     if rollout.n < 1:
         raise _bad("actor_rollout_ref.rollout.n", rollout.n, "expected >= 1")
-    if (not rollout.do_sample or rollout.temperature == 0) and rollout.n > 1:
+    if rollout.do_sample and rollout.temperature == 0 and rollout.n > 1:
+        raise _bad("actor_rollout_ref.rollout.temperature", rollout.temperature,
+                   f"temperature 0 is greedy decoding, which gives rollout.n={rollout.n} identical responses to every "
+                   "prompt (and no group-relative signal); sample with a positive temperature (e.g. "
+                   "actor_rollout_ref.rollout.temperature=1.0). For greedy decoding verl's key is "
+                   "actor_rollout_ref.rollout.do_sample=false, which needs actor_rollout_ref.rollout.n=1")
+    if not rollout.do_sample and rollout.n > 1:
         raise _bad("actor_rollout_ref.rollout.do_sample", rollout.do_sample,
-                   f"greedy decoding (do_sample=false or temperature=0) gives rollout.n={rollout.n} identical responses; sample with temperature > 0")
+                   f"greedy decoding (do_sample=false) gives rollout.n={rollout.n} identical responses; set "
+                   "actor_rollout_ref.rollout.do_sample=true with a positive temperature, or rollout.n=1")
     vk = rollout.val_kwargs
+    if vk.do_sample and vk.temperature == 0 and vk.n > 1:
+        raise _bad("actor_rollout_ref.rollout.val_kwargs.temperature", vk.temperature,
+                   f"temperature 0 is greedy decoding, which gives val_kwargs.n={vk.n} identical responses; give a "
+                   "positive actor_rollout_ref.rollout.val_kwargs.temperature, or val_kwargs.n=1 for greedy validation")
     if (not vk.do_sample or vk.temperature == 0) and vk.n > 1:
         raise _bad("actor_rollout_ref.rollout.val_kwargs.n", vk.n,
                    "greedy validation (val_kwargs.do_sample=false or temperature=0) needs val_kwargs.n=1; set val_kwargs.do_sample=true and a temperature > 0 for n > 1")

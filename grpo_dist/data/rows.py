@@ -164,7 +164,7 @@ def load_rows(
             except ValueError as exc:
                 message = f"{where}: {exc}"
                 if not skip_bad_rows:
-                    raise DataError(message + " (or set skip_bad_rows to drop bad rows)") from None
+                    raise DataError(message + " (or set data.skip_bad_rows=true to drop bad rows and count them)") from None
                 result.skipped_reasons.append(message)
                 continue
             result.append(row)

@@ -4,11 +4,17 @@ One process per data-parallel rank. The caller (a Ray worker, a test, or a launc
 the world size and the rendezvous address, then calls :func:`init_process_group` before building an
 FSDP2 model. ``gloo`` is the CPU backend, ``nccl`` the CUDA one; ``backend="auto"`` chooses by whether
 CUDA is available.
+
+The rendezvous listens where the ranks reach it, not on every interface: rank 0's TCP store is bound
+to ``master_addr`` itself (torch's own would listen on all of them), and when ``master_addr`` is a
+loopback address (a single-machine run) gloo's connections use the loopback interface too, unless
+``GLOO_SOCKET_IFNAME`` says otherwise.
 """
 
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import socket
 
@@ -74,14 +80,49 @@ def init_process_group(
     os.environ["MASTER_PORT"] = str(master_port)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
-    dist.init_process_group(
-        backend=resolved,
-        init_method=f"tcp://{master_addr}:{master_port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    ip = _ip_literal(master_addr)
+    if ip is None:  # a host name: torch's own rendezvous
+        dist.init_process_group(backend=resolved, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                world_size=world_size, timeout=timeout)
+        return resolved
+    if ip.is_loopback and resolved == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((master_addr, master_port))
+        listener.listen(max(128, world_size))
+        _LISTENERS.append(listener)  # the store serves on this socket for the life of the process
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=listener.fileno())
+    else:
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    dist.init_process_group(backend=resolved, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return resolved
+
+
+_LISTENERS: list[socket.socket] = []
+
+
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback network interface (``lo`` on Linux)."""
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs):
+                return name
+    except Exception:
+        pass
+    return "lo"
 
 
 def make_device_mesh(world_size: int, device_type: str) -> DeviceMesh:

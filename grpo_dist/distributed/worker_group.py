@@ -6,7 +6,11 @@ Colocated roles (actor, reference, rollout of a rank) are created in the same bu
 its resources, so they share the rank's device.
 
 Calls fan out to every rank and are collected with fault handling: if a worker dies or raises,
-``WorkerError`` names the role and the rank, and the call never waits forever.
+``WorkerError`` names the role and the rank, and the call never waits forever. ``WorkerError.kind``
+tells the causes apart, so that the driver can say what helps: a worker ``"lost"`` (its process or
+node died, e.g. killed for memory) or ``"frozen"`` (it missed its deadline) is the machine's fault,
+and rerunning resumes; a worker that ``"raised"`` met an error in code or data (a reward function's
+bad value, a refused checkpoint), which a rerun would meet again.
 """
 
 from __future__ import annotations
@@ -21,7 +25,28 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 
 class WorkerError(RuntimeError):
-    """A worker failed; the message names the role, the rank and what happened."""
+    """A worker failed; the message names the role, the rank and what happened.
+
+    Attributes:
+        kind: ``"lost"`` (the worker's process or node died, or Ray lost it), ``"frozen"`` (it did
+            not answer within its deadline), or ``"raised"`` (code in the worker raised, or the
+            worker could not start: ``cause`` is the exception when it reached the driver).
+        cause: the innermost exception raised in the worker (``"raised"`` only), else None.
+    """
+
+    def __init__(self, message: str, *, kind: str = "raised", cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        assert kind in ("lost", "frozen", "raised"), kind
+        self.kind, self.cause = kind, cause
+
+    @property
+    def rerun_helps(self) -> bool:
+        """Whether running the same command again can get past it (the machine's fault, not the code's)."""
+        return self.kind in ("lost", "frozen")
+
+
+class RayStartError(RuntimeError):
+    """Ray could not be started or reached; the message says which and what to check."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,46 @@ def create_placement_groups(plan: ResourcePlan, timeout_s: float = 120.0) -> lis
             "Check trainer.nnodes, trainer.n_gpus_per_node and trainer.device."
         )
     return pgs
+
+
+_LOST = (
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.OutOfMemoryError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.LocalRayletDiedError,
+)
+
+
+def classify(exc: BaseException) -> tuple[str, BaseException | None]:
+    """(kind, cause) of a failed remote call (see :class:`WorkerError`): a dead actor or node is
+    ``"lost"`` unless it died raising in its constructor; an exception raised by the worker's code
+    is ``"raised"``, with the innermost exception as the cause."""
+    if isinstance(exc, ray.exceptions.RayActorError):
+        return ("raised", None) if exc.actor_init_failed else ("lost", None)
+    if isinstance(exc, _LOST):
+        return "lost", None
+    cause = exc
+    while isinstance(cause, ray.exceptions.RayTaskError) and getattr(cause, "cause", None) not in (None, cause):
+        cause = cause.cause
+    return "raised", cause
+
+
+def where_actor_runs(handle: Any) -> str:
+    """``node 10.0.0.3 (Ray node 3f2a9c1d0e4b), pid 1234`` for an actor handle, from Ray's actor table
+    (no call to the actor itself, which may be the one not answering); ``an unknown node`` when Ray
+    cannot say."""
+    try:
+        from ray._private import state
+
+        info = state.actors(actor_id=handle._actor_id.hex())
+        addr = info.get("Address") or {}
+        ip, node, pid = addr.get("IPAddress"), addr.get("NodeID"), info.get("Pid")
+    except Exception:
+        return "an unknown node"
+    if not ip and not node:
+        return "an unknown node (not placed yet)"
+    return f"node {ip or '?'} (Ray node {str(node)[:12]})" + (f", pid {pid}" if pid else "")
 
 
 def _describe(exc: BaseException) -> str:
@@ -175,13 +240,17 @@ class WorkerGroup:
                 try:
                     results[i] = ray.get(ref)
                 except Exception as exc:  # RayActorError, RayTaskError, ...
-                    raise WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}") from None
+                    kind, cause = classify(exc)
+                    raise WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}",
+                                      kind=kind, cause=cause) from None
             if deadline is not None and time.monotonic() > deadline and pending:
-                stuck = sorted(self.ranks[i] for i in pending.values())
-                who = f"{self.role} worker" if self.single else f"{self.role} worker rank(s) {stuck}"
+                stuck = sorted(pending.values())
+                ranks = [self.ranks[i] for i in stuck]
+                who = f"{self.role} worker" if self.single else f"{self.role} worker rank(s) {ranks}"
                 hint = f" ({self.deadlines.explain(what)})" if self.deadlines is not None else ""
+                where = "; ".join(f"rank {self.ranks[i]} on {where_actor_runs(self.workers[i])}" for i in stuck[:4])
                 raise WorkerError(f"{who} did not finish {what} within {timeout_s:.0f}s{hint}: frozen, "
-                                  "or slower than allowed")
+                                  f"or slower than allowed ({where})", kind="frozen")
         return results
 
     def _who(self, index: int) -> str:
@@ -220,7 +289,13 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     """Attach to ``address`` (or RAY_ADDRESS), or start a local instance. True if started here.
 
     A local instance gets at least ``min_cpus`` CPUs (on CPU a rank is a process, so every rank
-    gets a bundle even on a small machine); its dashboard, when on, listens on 127.0.0.1 only.
+    gets a bundle even on a small machine). It serves this machine only: every Ray process of it
+    (GCS, raylet, object manager, workers, dashboard and runtime-env agents, the dashboard when on)
+    listens on the loopback interface (:func:`_local_only`), and a watchdog process ends its
+    processes if the driver is killed without shutting Ray down (:mod:`.ray_watchdog`). A cluster
+    reached through an address keeps the binding its nodes were started with.
+
+    ``RayStartError`` with one message when Ray cannot be started or reached.
     """
     import os
 
@@ -239,7 +314,13 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     os.environ.setdefault("RAY_worker_niceness", "0")
     if address:
         # A submitted job brings its own runtime environment; adding ours could conflict with it.
-        ray.init(address=address, log_to_driver=True)
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except Exception as exc:
+            raise RayStartError(
+                f"could not connect to the Ray cluster at {address} (ray_kwargs.ray_init.address or RAY_ADDRESS): "
+                f"{_describe(exc)}; check that the cluster is up (ray status --address {address}), that this "
+                "machine reaches it, and that its Ray version and authentication token match this one's") from None
         return True
     kwargs = dict(
         address="local",  # a new instance even if another Ray runs on this machine (attach with an address)
@@ -250,18 +331,54 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
         log_to_driver=True,
         configure_logging=False,
     )
+    _local_only()
     try:
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:
+            # Ray waits a fixed 30 s for its raylet to register; on a machine busy with other work
+            # (measured: load 16 on 2 cores, a previous instance's agents still exiting) that can miss.
+            # A second start then succeeds; a second failure is reported to the caller.
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+            time.sleep(5.0)
+            ray.init(**kwargs)
     except Exception as exc:
-        # Ray waits a fixed 30 s for its raylet to register; on a machine busy with other work
-        # (measured: load 16 on 2 cores, a previous instance's agents still exiting) that can miss.
-        # A second start then succeeds; a second failure is reported to the caller.
-        if "timed out during startup" not in str(exc):
-            raise
-        ray.shutdown()
-        time.sleep(5.0)
-        ray.init(**kwargs)
+        try:
+            ray.shutdown()
+        except Exception:
+            pass
+        raise RayStartError(
+            f"could not start a local Ray instance: {_describe(exc)}; check free memory and free space "
+            "under /tmp (Ray's session folder; RAY_TMPDIR moves it), and that no other program exhausts the "
+            "machine's processes or ports. To use a running cluster instead, set ray_kwargs.ray_init.address") from None
+    from grpo_dist.distributed import ray_watchdog
+
+    ray_watchdog.start()
     return True
+
+
+#: What makes Ray's node IP the loopback address: Ray treats a machine where multi-node clusters are
+#: off as a single machine and then binds every server to 127.0.0.1 (``ray._private.services.
+#: get_node_ip_address``). The switch is the variable Ray documents for macOS and Windows clusters;
+#: off on Linux it has the same effect (checked by tests/e2e/test_reliability_e2e.py, which lists the
+#: listening sockets of a run's Ray processes).
+_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _local_only() -> None:
+    """Make a Ray instance started by this process bind to the loopback interface only: the
+    processes it starts read the environment variable; this one has already read Ray's constant."""
+    import os
+
+    os.environ[_CLUSTER_SWITCH] = "0"
+    try:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    except (ImportError, AttributeError):  # a Ray without the switch: its default binding stays
+        pass
 
 
 def shutdown_ray() -> None:

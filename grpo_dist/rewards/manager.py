@@ -79,9 +79,11 @@ class RewardScorer:
             limit, so it needs ``timeout_s=None`` (meant for debugging).
         timeout_s: time limit per sample in seconds, or None for none. A sample over it counts as
             a timeout; its worker is killed and replaced.
-        on_error: a sample that raises, times out, or returns None, NaN/inf, a non-number or a dict
-            without a numeric ``"score"``: ``"raise"`` raises :class:`RewardError` naming the sample
-            (index in the batch, data source), the function and what went wrong, in one line;
+        on_error: a sample that raises, times out, or returns None, NaN/inf, a non-number, a number
+            no float holds (``10**400``), a dict without a numeric ``"score"`` or with a
+            ``"step_rewards"`` entry that is not a finite number: ``"raise"`` raises
+            :class:`RewardError` naming the sample (index in the batch, data source, row index when the
+            data has one, the start of the response), the function and what went wrong, in one line;
             ``"zero"`` scores it 0.0 and counts it in the stats.
         mp_context: ``"forkserver"`` (default where available) or ``"spawn"``. ``"fork"`` is refused:
             forking a process that runs threads (Ray, torch) can deadlock.
@@ -210,7 +212,7 @@ class RewardScorer:
                 except ValueError as exc:
                     what = str(exc)
             message = f"reward function {names[i]} failed on sample {i} of the batch " \
-                      f"(data_source={data_sources[i]!r}): {what}"
+                      f"(data_source={data_sources[i]!r}): {what} ({_sample_excerpt(extra_infos[i], solution_strs[i])})"
             if self.on_error == "raise":
                 raise RewardError(message)
             stats["reward/num_timeouts" if outcome.status == "timeout" else "reward/num_errors"] += 1
@@ -237,19 +239,50 @@ def _describe(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+def _sample_excerpt(extra_info: Any, solution_str: Any) -> str:
+    """``row index 17, response 'The answer is ...'``: where the sample came from (its
+    ``extra_info["index"]`` when the data has one) and the start of the scored response."""
+    index = extra_info.get("index") if isinstance(extra_info, dict) else None
+    text = " ".join(str(solution_str).split())
+    excerpt = text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+    return (f"row index {index!r}, " if index is not None else "") + f"response {excerpt!r}"
+
+
+_EXCERPT_CHARS = 60
+
+
+def _finite_float(value: Any, what: str) -> float:
+    """``value`` as a finite float; ``ValueError`` saying what ``what`` was instead (None, a non-number,
+    NaN/inf, or a number too large for a float such as ``10**400``)."""
+    if value is None:
+        raise ValueError(f"{what} None")
+    if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars are numbers.Real
+        raise ValueError(one_line(f"{what} a {type(value).__name__} ({value!r}), not a number"))
+    try:
+        score = float(value)
+    except (OverflowError, TypeError, ValueError) as exc:
+        shown = one_line(repr(value))
+        shown = shown if len(shown) <= 40 else shown[:40] + "..."
+        raise ValueError(f"{what} {shown}, which is not a float ({type(exc).__name__}: {exc})") from None
+    if not math.isfinite(score):
+        raise ValueError(f"{what} {score}")
+    return score
+
+
 def _check_value(value: Any) -> tuple[float, dict]:
-    """(score, extra metrics) from what a reward function returned; ``ValueError`` saying what is wrong."""
+    """(score, extra metrics) from what a reward function returned; ``ValueError`` saying what is wrong.
+
+    The score must be a finite float (or convert to one); so must every entry of ``step_rewards``
+    (process supervision) when the dict has that key."""
     extra: dict = {}
     if isinstance(value, dict):
         if "score" not in value:
             raise ValueError(f"returned a dict without a 'score' key (keys: {', '.join(map(str, value))})")
         extra = {k: v for k, v in value.items() if k != "score"}
         value = value["score"]
-    if value is None:
-        raise ValueError("returned None")
-    if not isinstance(value, numbers.Real):  # bool, int, float and numpy scalars are numbers.Real
-        raise ValueError(one_line(f"returned a {type(value).__name__} ({value!r}), not a number"))
-    score = float(value)
-    if not math.isfinite(score):
-        raise ValueError(f"returned {score}")
-    return score, extra
+        if "step_rewards" in extra and extra["step_rewards"] is not None:
+            steps = extra["step_rewards"]
+            if isinstance(steps, (str, bytes, dict)) or not hasattr(steps, "__len__"):
+                raise ValueError(one_line(f"returned step_rewards of type {type(steps).__name__}, not a list of numbers"))
+            extra["step_rewards"] = [_finite_float(r, f"returned step_rewards[{k}] =") for k, r in enumerate(steps)]
+    return _finite_float(value, "returned"), extra

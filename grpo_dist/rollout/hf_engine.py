@@ -28,6 +28,8 @@ class HFEngine:
         device: torch device of the model ("cpu", "cuda", "cuda:1", ...).
         seed: seed of the engine's sampling stream (used when ``SamplingSettings.seed`` is None).
             Sampling runs under ``torch.random.fork_rng``: the process's global RNG is untouched.
+        trust_remote_code: let the model folder's own Python code run (its custom model classes),
+            as ``actor_rollout_ref.model.trust_remote_code`` asks.
     """
 
     def __init__(
@@ -37,13 +39,15 @@ class HFEngine:
         dtype: str = "float32",
         device: str = "cpu",
         seed: int = 0,
+        trust_remote_code: bool = False,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=_DTYPES[dtype])
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=_DTYPES[dtype],
+                                                          trust_remote_code=trust_remote_code)
         self.model.to(self.device).eval()
         gen_cfg = self.model.generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.model.config.eos_token_id

@@ -77,6 +77,8 @@ class VLLMEngine:
             ``gpu_memory_utilization`` leaves.
         max_num_batched_tokens: the most tokens scheduled in one engine step (at least
             ``max_model_len``). On CPU prompts are never prefilled in chunks (see the constructor).
+        trust_remote_code: let the model folder's own Python code run (its custom model or config
+            classes), as ``actor_rollout_ref.model.trust_remote_code`` asks.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         kv_cache_gib: float | None = None,
         max_num_batched_tokens: int = 8192,
+        trust_remote_code: bool = False,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -159,6 +162,7 @@ class VLLMEngine:
             seed=seed,
             enable_sleep_mode=enable_sleep_mode,
             logprobs_mode="processed_logprobs",
+            trust_remote_code=trust_remote_code,
             **engine_kwargs,
         )
 

@@ -13,7 +13,15 @@ half-written; ``latest_checkpointed_iteration.txt`` is then replaced atomically.
 ``CHECKSUM_MAX_BYTES``, its SHA-256. Resume verifies a checkpoint against it and, when the newest is
 damaged (a truncated or changed file, a missing one), falls back to the newest one that verifies,
 naming what it skipped and why. A folder without a manifest (written before manifests existed) is
-used as it is.
+used as it is. A folder without a readable ``trainer_state.json`` is damaged too, and named.
+
+The resume target is chosen on the driver before any worker starts (:func:`choose_resume`), so a
+damaged checkpoint is reported in seconds; the workers then load the chosen one.
+
+Retention (``trainer.max_actor_ckpt_to_keep``) counts checkpoints that verify, and only those older
+than the one just written: it never deletes the checkpoint just written, nor a newer folder (left by
+an earlier run that this one did not resume from), so it cannot delete the last good checkpoint and
+keep a damaged one.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +57,9 @@ def write_manifest(folder: Path) -> None:
     (folder / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
 
 
-def verify(ckpt: str | os.PathLike) -> str | None:
+def verify(ckpt: str | os.PathLike, *, checksums: bool = True) -> str | None:
     """Why ``ckpt`` does not match its manifest (the first problem found), or None when it does (or
-    has no manifest)."""
+    has no manifest). ``checksums=False`` checks presence and sizes only (cheap: no file is read)."""
     ckpt = Path(ckpt)
     manifest = ckpt / MANIFEST_FILE
     if not manifest.exists():
@@ -66,7 +75,7 @@ def verify(ckpt: str | os.PathLike) -> str | None:
         size = p.stat().st_size
         if size != want["size"]:
             return f"{rel} has {size} bytes, {want['size']} were written"
-        if "sha256" in want and _sha256(p) != want["sha256"]:
+        if checksums and "sha256" in want and _sha256(p) != want["sha256"]:
             return f"{rel} has changed since it was written (checksum)"
     return None
 
@@ -80,7 +89,8 @@ def tmp_dir(root: str | os.PathLike, step: int) -> Path:
 
 
 def publish(root: str | os.PathLike, tmp: Path, step: int, state: dict[str, Any], max_keep: int | None) -> Path:
-    """Write the driver state, rename tmp -> global_step_N, update the latest marker, prune."""
+    """Write the driver state, rename tmp -> global_step_N, update the latest marker, prune
+    (:func:`prune`). Until the rename, nothing a resume reads has changed."""
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
     write_manifest(tmp)
     final = Path(root) / f"global_step_{step}"
@@ -92,22 +102,48 @@ def publish(root: str | os.PathLike, tmp: Path, step: int, state: dict[str, Any]
     tmp_marker.write_text(str(step))
     os.replace(tmp_marker, marker)
     if max_keep:
-        for old in complete_checkpoints(root)[:-max_keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune(root, final, max_keep)
     return final
 
 
-def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
-    """Published checkpoint folders, oldest first (temporary ones are never listed)."""
+def prune(root: str | os.PathLike, newest: Path, keep: int) -> list[Path]:
+    """Retention after ``newest`` (just written) was published: keep it and the ``keep - 1`` newest
+    older checkpoints that verify (sizes; checksums would re-read every file at every save); delete
+    the other older folders. Folders with a higher step than ``newest`` are left alone (an earlier
+    run's, not resumed from: damaged ones are named at every resume). Returns what was deleted."""
+    n = _step_of(newest)
+    older = [p for s, p in step_folders(root) if s < n]
+    good = [p for p in older if problem_with(p, checksums=False) is None]
+    kept = set(good[len(good) - (keep - 1):]) if keep > 1 else set()
+    gone = [p for p in older if p not in kept]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def _step_of(ckpt: Path) -> int:
+    m = STEP_RE.match(ckpt.name)
+    assert m, ckpt
+    return int(m.group(1))
+
+
+def step_folders(root: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Every ``global_step_N`` folder (complete or not), by step, oldest first."""
     root = Path(root)
     if not root.is_dir():
         return []
     found = []
     for p in root.iterdir():
         m = STEP_RE.match(p.name)
-        if m and p.is_dir() and (p / STATE_FILE).exists():
+        if m and p.is_dir():
             found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+    return sorted(found)
+
+
+def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Published checkpoint folders (with a driver state file), oldest first (temporary ones are
+    never listed)."""
+    return [p for _, p in step_folders(root) if (p / STATE_FILE).exists()]
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
@@ -120,9 +156,28 @@ def read_state(ckpt: str | os.PathLike) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"{ckpt} is not a complete grpo_dist checkpoint (no {STATE_FILE})")
     try:
-        return json.loads(path.read_text())
-    except ValueError as e:
+        state = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
         raise ValueError(f"{path} is damaged ({e}); remove {ckpt} to resume from an earlier checkpoint") from None
+    if not isinstance(state, dict) or "global_step" not in state:
+        raise ValueError(f"{path} is damaged (no global_step); remove {ckpt} to resume from an earlier checkpoint")
+    return state
+
+
+def problem_with(ckpt: str | os.PathLike, *, checksums: bool = True) -> str | None:
+    """Why ``ckpt`` cannot be resumed from (its manifest does not verify; its driver state file is
+    missing or unreadable), or None."""
+    ckpt = Path(ckpt)
+    problem = verify(ckpt, checksums=checksums)
+    if problem:
+        return problem
+    if not (ckpt / STATE_FILE).is_file():
+        return f"it has no {STATE_FILE} (a save that never finished, or a file removed since)"
+    try:
+        read_state(ckpt)
+    except ValueError:
+        return f"its {STATE_FILE} is unreadable"
+    return None
 
 
 def clean_stale_tmp(root: str | os.PathLike) -> None:
@@ -133,9 +188,30 @@ def clean_stale_tmp(root: str | os.PathLike) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run resumes from and its driver state (``trainer_state.json``)."""
+
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["global_step"])
+
+
+def choose_resume(trainer_cfg: Any) -> ResumePoint | None:
+    """The checkpoint a run resumes from, verified, with its state; run on the driver before any
+    worker starts (see :func:`resume_target`). ``ValueError`` naming the key when
+    ``trainer.resume_from_path`` is damaged."""
+    ckpt = resume_target(trainer_cfg)
+    return None if ckpt is None else ResumePoint(ckpt, read_state(ckpt))
+
+
 def resume_target(trainer_cfg: Any) -> Path | None:
-    """The checkpoint a run resumes from (``trainer.resume_mode``: auto = the newest complete one in
-    ``default_local_dir`` that matches its manifest, older damaged ones being skipped with a warning;
+    """The checkpoint a run resumes from (``trainer.resume_mode``: auto = the newest ``global_step_N``
+    in ``default_local_dir`` that matches its manifest and has a readable ``trainer_state.json``,
+    newer damaged ones being skipped with a warning naming the folder and what is wrong;
     resume_path = ``resume_from_path``, which must verify; disable = none), after removing the
     temporary folders of saves that never finished."""
     root = Path(trainer_cfg.default_local_dir)
@@ -144,13 +220,18 @@ def resume_target(trainer_cfg: Any) -> Path | None:
         return None
     if trainer_cfg.resume_mode == "resume_path":
         path = Path(trainer_cfg.resume_from_path)
-        problem = verify(path)
+        problem = problem_with(path)
         if problem:
             raise ValueError(f"trainer.resume_from_path={path} is damaged: {problem}")
         return path
-    for ckpt in reversed(complete_checkpoints(root)):
-        problem = verify(ckpt)
+    skipped = 0
+    for _, ckpt in reversed(step_folders(root)):
+        problem = problem_with(ckpt)
         if problem is None:
             return ckpt
+        skipped += 1
         print(f"grpo_dist: warning: skipping the damaged checkpoint {ckpt}: {problem}", file=sys.stderr, flush=True)
+    if skipped:
+        print(f"grpo_dist: warning: no checkpoint in {root} can be resumed from: starting from step 0",
+              file=sys.stderr, flush=True)
     return None

@@ -28,7 +28,7 @@ from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
-from grpo_dist.distributed.worker_group import cluster_cpus
+from grpo_dist.distributed.worker_group import WorkerError, cluster_cpus
 from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
@@ -47,7 +47,7 @@ from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
-from grpo_dist.trainer.summary import RunSummary, TrainingError
+from grpo_dist.trainer.summary import CheckpointSaveError, RunSummary, TrainingError
 from grpo_dist.trainer.updates import sharded_forward, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, update_keys
@@ -56,7 +56,10 @@ from grpo_dist.workers.common import unwrap_timed
 
 class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, *, model_path: str, tokenizer: Any, tokenizer_path: str,
-                 train_data: PromptDataset, val_data: PromptDataset | None, device: str, out_dir: str) -> None:
+                 train_data: PromptDataset, val_data: PromptDataset | None, device: str, out_dir: str,
+                 stop: StopSignal | None = None) -> None:
+        """``stop``: the run's SIGTERM handling, installed by the caller before anything started (a
+        new, uninstalled one when None)."""
         self.cfg, self.device, self.out_dir = cfg, device, Path(out_dir)
         self.model_path, self.tokenizer, self.tokenizer_path = model_path, tokenizer, tokenizer_path
         self.train_data, self.val_data, self.pad_id = train_data, val_data, train_data.pad_id
@@ -72,7 +75,8 @@ class GRPOTrainer:
         self.workers: Workers | None = None
         self.global_step = 0
         self.summary = RunSummary(out_dir=str(self.out_dir))
-        self.nonfinite, self.stop = NonfiniteGuard(cfg.trainer.max_consecutive_nonfinite_steps), StopSignal()
+        self.nonfinite = NonfiniteGuard(cfg.trainer.max_consecutive_nonfinite_steps)
+        self.stop = stop if stop is not None else StopSignal(cfg.trainer.preemption_grace_s, str(self.out_dir))
         self.rc, self.sampling, self.overlong = build.rollout_correction(cfg), build.step_sampling(cfg), build.overlong_buffer(cfg)
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
         self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
@@ -279,27 +283,52 @@ class GRPOTrainer:
 
     # ================================================================ checkpoints
     def save(self) -> str:
+        """Save the step's checkpoint (workers' shards, then the driver state; published by one
+        rename). ``CheckpointSaveError`` naming the folder and the OS error when the disk refuses:
+        nothing a resume reads has changed then."""
         root = Path(self.cfg.trainer.default_local_dir)
-        tmp = checkpoint.tmp_dir(root, self.global_step)
-        contents = self.cfg.actor_rollout_ref.actor.checkpoint.contents
-        self.workers.save(tmp, export_hf="hf_model" in contents or self.global_step >= self.total_steps)
-        state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
-                 "total_steps": self.total_steps}
-        final = checkpoint.publish(root, tmp, self.global_step, state, self.cfg.trainer.max_actor_ckpt_to_keep)
+        t0 = time.perf_counter()
+        tmp = root / f".global_step_{self.global_step}.tmp"
+        try:
+            tmp = checkpoint.tmp_dir(root, self.global_step)
+            contents = self.cfg.actor_rollout_ref.actor.checkpoint.contents
+            self.workers.save(tmp, export_hf="hf_model" in contents or self.global_step >= self.total_steps)
+            state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(),
+                     "kl_coef": self.kl_ctrl.value, "total_steps": self.total_steps}
+            final = checkpoint.publish(root, tmp, self.global_step, state, self.cfg.trainer.max_actor_ckpt_to_keep)
+        except OSError as exc:
+            raise self._save_failed(tmp, f"{type(exc).__name__}: {exc.strerror or exc}"
+                                         + (f" ({exc.filename})" if exc.filename else "")) from None
+        except WorkerError as exc:
+            if not isinstance(exc.cause, OSError):
+                raise
+            raise self._save_failed(tmp, str(exc)) from None
         self.summary.last_checkpoint = str(final)
+        self.stop.saved(str(final), time.perf_counter() - t0)
         return str(final)
 
-    def maybe_resume(self) -> None:
-        ckpt = checkpoint.resume_target(self.cfg.trainer)
-        if ckpt is None:
-            return
-        state = checkpoint.read_state(ckpt)
-        self.workers.load(ckpt)
+    def _save_failed(self, tmp: Path, what: str) -> CheckpointSaveError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)  # never published: a resume does not read it
+        newest = self.stop.last_checkpoint
+        kept = (f"the previous checkpoints are intact (newest: {newest})" if newest
+                else "no earlier checkpoint of this run exists")
+        return CheckpointSaveError(
+            f"could not save the checkpoint of step {self.global_step} under {tmp}: {what}; {kept}. Free space "
+            f"or fix the permissions of trainer.default_local_dir={self.cfg.trainer.default_local_dir}, then rerun "
+            "the same command to resume")
+
+    def resume(self, point: checkpoint.ResumePoint) -> None:
+        """Load ``point`` (chosen and verified on the driver before the workers started:
+        :func:`grpo_dist.trainer.checkpoint.choose_resume`) into the workers and the driver's state."""
+        state = point.state
+        self.workers.load(point.path)
         self.sampler.load_state_dict(state["sampler"])
-        self.global_step = int(state["global_step"])
+        self.global_step = point.step
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
         self.sync()
-        print(f"grpo_dist: resumed from {ckpt} (step {self.global_step})", flush=True)
+        print(f"grpo_dist: resumed from {point.path} (step {self.global_step})", flush=True)
 
     def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
         """Stop (after logging this step and saving) when too many updates in a row were skipped."""
@@ -308,9 +337,13 @@ class GRPOTrainer:
             raise TrainingError(self.nonfinite.message(self.global_step, saved=self.save()))
 
     # ================================================================ the loop
-    def fit(self) -> RunSummary:
+    def fit(self, resume: checkpoint.ResumePoint | None = None) -> RunSummary:
+        """Train to ``total_steps``, first loading ``resume`` when given."""
         t = self.cfg.trainer
-        self.maybe_resume()
+        if resume is not None:
+            self.resume(resume)
+            self.stop.last_checkpoint = str(resume.path)
+        self.stop.training()
         self.summary.first_step = self.global_step
         tracker = Tracker(list(t.logger), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
                           config={}, resume_step=self.global_step, progress_bar=t.progress_bar)
@@ -324,6 +357,7 @@ class GRPOTrainer:
             last_val: dict[str, float] = {}
             while self.global_step < self.total_steps:
                 epoch = self.sampler.epoch
+                self.stop.step_begins(self.global_step + 1)
                 metrics = self.train_step(self.next_items())
                 self.global_step += 1
                 metrics["training/global_step"], metrics["training/epoch"] = self.global_step, epoch
@@ -334,6 +368,7 @@ class GRPOTrainer:
                     with timer("testing"):
                         last_val = self.validate()
                     metrics.update(last_val)
+                self.stop.step_work_done()
                 if (t.save_freq > 0 and self.global_step % t.save_freq == 0) or is_last or self.stop.requested:
                     with timer("save_checkpoint"):
                         self.save()
@@ -341,6 +376,7 @@ class GRPOTrainer:
                 tracker.log(metrics, step=self.global_step)
                 progress.update(metrics, last_val)
                 self.stop.raise_if_requested(self.global_step, self.summary.last_checkpoint)
+            self.stop.finished()
             self.summary.val_after, self.summary.steps = last_val, self.global_step
             self.summary.wall_s = time.perf_counter() - t_start
         finally:

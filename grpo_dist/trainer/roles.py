@@ -218,7 +218,8 @@ class Workers:
                 loading.append((group, group.submit("init_model", master_addr=addr, master_port=port, backend=backend,
                                                     **role.model(ctx))))
         for group, refs in loading:
-            group.collect(refs, "model loading")
+            # generous: trainer.worker_call_timeout_s (a first load may read a large model from a slow disk)
+            group.collect(refs, "model loading", timeout_s=group.deadlines.limit("init_model") if group.deadlines else None)
         # every constructor has run (an engine that failed to start says so here, naming its role)
         self.nodes = {name: group.call("node_id") for name, group in self.groups.items()}
 

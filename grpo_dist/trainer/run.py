@@ -1,7 +1,14 @@
 """Build everything a run needs from a validated config, train, print the summary, close.
 
 Errors a user can act on (bad data, a failing reward function, a dead worker) end the run with
-one message and a non-zero exit code, never a traceback wall.
+one message and a non-zero exit code, never a traceback wall. The message says what helps: "rerun
+the same command" only where a rerun can get past the fault (a lost or frozen worker, preemption, a
+full disk once freed); for a fault in code or data (a reward function's bad value, a refused
+checkpoint), what to fix.
+
+Order of start-up: the SIGTERM handler first; then the checks that need no process (data, model
+config, resources, the reward function); the output folder's lock; the resume target, verified on
+the driver (a damaged checkpoint is reported in seconds); then Ray and the workers.
 """
 
 from __future__ import annotations
@@ -20,6 +27,20 @@ def _fail(msg: str, code: int = 1) -> int:
 
 
 def run(cfg: GRPOConfig) -> int:
+    from grpo_dist.trainer.stop import Interrupted, StopSignal
+
+    # Installed before anything starts, so that a SIGTERM during start-up ends the run with one message.
+    stop = StopSignal(cfg.trainer.preemption_grace_s, str(cfg.trainer.default_local_dir))
+    stop.install()
+    try:
+        return _run(cfg, stop)
+    except Interrupted as exc:
+        return _fail(str(exc), 143)
+    finally:
+        stop.uninstall()
+
+
+def _run(cfg: GRPOConfig, stop) -> int:
     from grpo_dist import tasks
     from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
@@ -36,7 +57,9 @@ def run(cfg: GRPOConfig) -> int:
 
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
         build.check_model_fits(cfg, model_path, tokenizer)
-        build.check_cpu_ranks(cfg, os.cpu_count())
+        note = build.check_cpu_resources(cfg, model_path)
+        if note:
+            print(f"grpo_dist: warning: {note}", file=sys.stderr, flush=True)
         if cfg.custom_reward_function.path:  # a wrong path or name is found here, not after the workers start
             from grpo_dist.rewards.custom import load_custom_reward_fn
 
@@ -65,43 +88,60 @@ def run(cfg: GRPOConfig) -> int:
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
     try:
-        return _run_locked(cfg, out_dir, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
+        return _run_locked(cfg, out_dir, stop, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
                            train=train, val=val, t0=t0)
     finally:
         lock.release()
 
 
-def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_path, train, val, t0: float) -> int:
+def _run_locked(cfg: GRPOConfig, out_dir: Path, stop, *, model_path, tokenizer, tok_path, train, val,
+                t0: float) -> int:
     from grpo_dist.config.validate import data_parallel_size
-    from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
-    from grpo_dist.trainer import build
+    from grpo_dist.distributed.worker_group import RayStartError, WorkerError, cluster_gpus, init_ray, shutdown_ray
+    from grpo_dist.trainer import build, checkpoint
     from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
     from grpo_dist.trainer.stop import StopRequested
 
+    # The checkpoint to resume from is chosen (and verified) before any worker starts.
+    try:
+        resume = checkpoint.choose_resume(cfg.trainer)
+    except (ValueError, OSError) as exc:
+        return _fail(str(exc), 2)
+    if resume is not None:
+        stop.last_checkpoint = str(resume.path)
+        print(f"grpo_dist: resuming from {resume.path} (step {resume.step})", flush=True)
+
     ri = cfg.ray_kwargs.ray_init
-    started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
-                           min_cpus=data_parallel_size(cfg))
+    try:
+        started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
+                               min_cpus=data_parallel_size(cfg))
+    except RayStartError as exc:
+        return _fail(str(exc))
+    stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
     trainer = None
     try:
         device = build.choose_device(cfg.trainer.device, cluster_gpus())
         trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
-                              train_data=train, val_data=val, device=device, out_dir=str(out_dir))
-        trainer.stop.install()
+                              train_data=train, val_data=val, device=device, out_dir=str(out_dir), stop=stop)
         try:
             trainer.start_workers()
         except WorkerError as exc:
-            return _fail(f"could not start the workers: {exc}")
-        summary = trainer.fit()
+            return _fail(worker_failure_message(exc, out_dir, starting=True))
+        summary = trainer.fit(resume)
     except StopRequested as exc:
         return _fail(str(exc), 143)
     except TrainingError as exc:
         return _fail(str(exc))
     except WorkerError as exc:
-        return _fail(f"{exc}\n  rerun the same command to resume from the newest checkpoint in {out_dir} that verifies")
+        return _fail(worker_failure_message(exc, out_dir))
     except (ValueError, FileNotFoundError) as exc:
         if os.environ.get("GRPO_DIST_DEBUG"):
             raise
         return _fail(f"{exc}\n  (set GRPO_DIST_DEBUG=1 to see the traceback)", 2)
+    except OSError as exc:  # the output folder refused a write (metrics, the report, a checkpoint's state)
+        return _fail(f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+                     + f"\n  the checkpoints already written are intact; fix the file system problem, then rerun the "
+                     f"same command to resume from the newest checkpoint in {out_dir} that verifies")
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
     finally:
@@ -118,6 +158,38 @@ def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_pa
     except Exception as exc:  # a report must never fail a finished run
         print(f"grpo_dist: could not draw the report: {exc}", file=sys.stderr)
     return 0
+
+
+def worker_failure_message(exc, out_dir: Path, *, starting: bool = False) -> str:
+    """What a user reads when a worker failed: the failure, then what helps. A rerun resumes past a
+    lost or frozen worker; a fault in code or data (a reward function's bad value, a refused
+    checkpoint, an error raised in a worker) would be met again, so the message says what to fix."""
+    from grpo_dist.rewards.manager import RewardError
+    from grpo_dist.training.errors import UnsafeCheckpointError
+
+    head = f"could not start the workers: {exc}" if starting else str(exc)
+    resume = f"rerun the same command to resume from the newest checkpoint in {out_dir} that verifies"
+    if exc.kind == "lost":
+        return f"{head}\n  the worker's process or its node died (killed for memory, a crash, a lost node); {resume}"
+    if exc.kind == "frozen":
+        return (f"{head}\n  {resume}; if the call is only slow (a large model, a busy machine), raise "
+                "trainer.worker_call_timeout_s first")
+    cause = exc.cause
+    if isinstance(cause, RewardError):
+        hint = ("the reward function is at fault, not the machine (a rerun would meet the same sample again): fix it "
+                "(custom_reward_function.path / .name), or set reward_model.on_error=zero to score such samples 0 "
+                "and count them (reward/num_errors)")
+    elif isinstance(cause, UnsafeCheckpointError):
+        hint = ("grpo_dist never unpickles Python objects from a checkpoint: move that checkpoint folder out of "
+                "trainer.default_local_dir (the newest one before it is then used), point trainer.resume_from_path "
+                "at another one, or start afresh with trainer.resume_mode=disable")
+    elif isinstance(cause, OSError):
+        hint = f"fix what the operating system reports (space, permissions, a missing file), then {resume}"
+    else:
+        hint = ("an error raised by code in the worker, which a rerun of the same command would meet again: fix what it "
+                "names (GRPO_DIST_DEBUG=1 shows the driver's traceback; the worker's own is in Ray's logs under "
+                "/tmp/ray/session_latest/logs)")
+    return f"{head}\n  {hint}"
 
 
 def save_config(cfg: GRPOConfig, out_dir: Path) -> None:

@@ -1,42 +1,197 @@
-"""Stopping on request: SIGTERM (what Slurm and Kubernetes send before they kill a job) ends the run
-at the next step boundary, after saving a checkpoint, with one message; a second SIGTERM stops at once.
+"""Stopping on request: SIGTERM (what Slurm and Kubernetes send some time before they kill a job).
 
-The scheduler's grace period (Slurm's ``--signal``/``KillWait``, Kubernetes'
-``terminationGracePeriodSeconds``) must cover one step plus one checkpoint save; the cluster templates
-in ``scripts/`` set it.
+The handler is installed when the run starts, before Ray, the trainer or any worker exists
+(:func:`grpo_dist.trainer.run.run`), and what a SIGTERM does depends on where the run is:
+
+* during start-up (loading data, starting Ray and the workers, loading a checkpoint): the run stops
+  at once with one message (exit code 143); nothing was trained, so there is nothing to save.
+* during training: when the end of the current step plus a checkpoint save fits in
+  ``trainer.preemption_grace_s`` (estimated from the slowest step and the slowest save so far), the
+  run finishes the step, saves, and stops with one message naming the checkpoint (exit code 143).
+  When it would not fit, it stops at once, saying that no checkpoint was taken and which is the
+  newest one. If the estimate was wrong and the grace period runs out before the checkpoint is
+  complete, it stops then, with the same message (a half-written checkpoint is never published:
+  see :mod:`grpo_dist.trainer.checkpoint`).
+* a second SIGTERM stops at once.
+
+Stopping "at once" raises :class:`Interrupted` (a ``BaseException``, like ``KeyboardInterrupt``, so
+no library's ``except Exception`` swallows it) in the driver's main thread; the run's clean-up (stop
+the workers, shut Ray down) still happens. The grace period ends ``margin_s`` before the scheduler's
+kill, to leave time for that clean-up and the message.
+
+The cluster templates set the scheduler's side to match: ``scripts/slurm/grpo_dist.sbatch`` asks
+Slurm to send SIGTERM ``trainer.preemption_grace_s`` seconds before the time limit
+(``#SBATCH --signal=B:TERM@...``, forwarded to the driver), and ``scripts/k8s/rayjob.yaml`` sets
+``terminationGracePeriodSeconds`` and a ``preStop`` hook that passes SIGTERM on to the driver.
 """
 
 from __future__ import annotations
 
+import _thread
 import signal
+import threading
+import time
 from types import FrameType
+from typing import Callable
 
 from grpo_dist.trainer.summary import TrainingError
 
-__all__ = ["StopRequested", "StopSignal"]
+__all__ = ["Interrupted", "StopRequested", "StopSignal"]
 
 
 class StopRequested(TrainingError):
-    """The run stopped because it was asked to (SIGTERM), after saving."""
+    """The run stopped because it was asked to (SIGTERM), after saving at a step boundary."""
+
+
+class Interrupted(BaseException):
+    """The run stops at once (a signal during start-up, a second signal, a step that cannot end and
+    be saved within the grace period); the message says what was and was not saved."""
 
 
 class StopSignal:
-    """Set by the SIGTERM handler (:meth:`install`), read by the training loop at step boundaries."""
+    """SIGTERM handling (:meth:`install`); the training loop reports its steps and saves to it and
+    reads :attr:`requested` at step boundaries.
 
-    def __init__(self) -> None:
+    Args:
+        grace_s: seconds from the signal to the scheduler's kill (``trainer.preemption_grace_s``);
+            0 or less: no limit (always finish the step and save).
+        out_dir: the run's output folder (named when no checkpoint exists yet).
+        margin_s: how long before the end of the grace period the run gives up on a checkpoint, to
+            leave time for its clean-up; None: ``min(30 s, grace_s / 10)``.
+        clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(self, grace_s: float = 0.0, out_dir: str = "", *, margin_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s = float(grace_s)
+        self.margin_s = min(30.0, self.grace_s / 10) if margin_s is None else float(margin_s)
+        self.out_dir, self.clock = out_dir, clock
         self.requested: str | None = None
+        self.phase = "start-up"  # "start-up" | "training" | "finished"
+        self.step: int | None = None  # the step now running (1-based), None between steps
+        self.step_started: float | None = None
+        self.slowest_step_s = 0.0  # a step's work up to its save (generation ... validation)
+        self.slowest_save_s: float | None = None
+        self.last_checkpoint: str | None = None
+        self._previous: dict[int, object] = {}
+        self._timer: threading.Timer | None = None
+        self._out_of_time = False
 
+    # ---- installation -----------------------------------------------------------------------
     def install(self) -> None:
-        """Handle SIGTERM in this (the main) thread: the first asks for a stop, the second interrupts."""
-        signal.signal(signal.SIGTERM, self._handle)
+        """Handle SIGTERM in this, the main, thread."""
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+
+    def reassert(self) -> None:
+        """Take SIGTERM back after a library replaced the handler (``ray.init`` installs its own,
+        which prints a stack dump and ends the process)."""
+        if self._previous:
+            signal.signal(signal.SIGTERM, self._handle)
+
+    def uninstall(self) -> None:
+        """Cancel the grace period's timer and restore the handler :meth:`install` replaced."""
+        self._disarm()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    # The grace period's deadline: a timer thread that, when it fires, has the main thread run the
+    # SIGTERM handler once more (``_thread.interrupt_main``), marked as the deadline (no SIGALRM: other
+    # code in the process, e.g. a test runner's time limit, may own it).
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        timer = threading.Timer(seconds, lambda: self._deadline_passed(timer))
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    @property
+    def deadline_armed(self) -> bool:
+        return self._timer is not None and self._timer.is_alive()
+
+    def _deadline_passed(self, timer: threading.Timer) -> None:
+        if timer is not self._timer:  # disarmed meanwhile (the checkpoint was completed)
+            return
+        self._out_of_time = True
+        _thread.interrupt_main(signal.SIGTERM)
+
+    # ---- what the training loop reports ----------------------------------------------------------
+    def training(self) -> None:
+        """Start-up is over: from now on a SIGTERM waits for the step boundary when it can."""
+        self.phase = "training"
+
+    def step_begins(self, step: int) -> None:
+        self.step, self.step_started = step, self.clock()
+
+    def step_work_done(self) -> None:
+        """The step's work is done; what remains is its checkpoint save, if one is due."""
+        if self.step_started is not None:
+            self.slowest_step_s = max(self.slowest_step_s, self.clock() - self.step_started)
+        self.step_started = None
+
+    def saved(self, path: str, seconds: float) -> None:
+        self.last_checkpoint = path
+        self.slowest_save_s = max(seconds, self.slowest_save_s or 0.0)
+        if self.requested:  # the checkpoint is complete: the grace period's deadline no longer matters
+            self._disarm()
+
+    def finished(self) -> None:
+        self.phase, self.step = "finished", None
+        self._disarm()
+
+    # ---- decisions ----------------------------------------------------------------------------
+    def seconds_to_checkpoint(self) -> float:
+        """Estimated seconds until the current step has ended and its checkpoint is saved: the rest
+        of the slowest step so far, plus the slowest save (0 for what has not been measured yet)."""
+        rest = 0.0
+        if self.step_started is not None:
+            rest = max(0.0, self.slowest_step_s - (self.clock() - self.step_started))
+        return rest + (self.slowest_save_s or 0.0)
+
+    def where_to_resume(self) -> str:
+        if self.last_checkpoint:
+            return f"the newest checkpoint is {self.last_checkpoint}: rerun the same command to resume from it"
+        where = f" in {self.out_dir}" if self.out_dir else ""
+        return f"this run has no checkpoint{where} yet: a rerun starts from the beginning"
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._out_of_time:
+            self._out_of_time = False
+            if self.phase == "training":
+                raise Interrupted(
+                    f"stopped on {self.requested}{self._during()}: trainer.preemption_grace_s={self.grace_s:g} ran "
+                    f"out before the step and its checkpoint were done; no checkpoint was taken; "
+                    f"{self.where_to_resume()}")
+            return
         if self.requested:
-            raise KeyboardInterrupt
-        self.requested = signal.Signals(signum).name
+            raise Interrupted(f"stopped on a second {name}{self._during()}; no checkpoint was taken; "
+                              f"{self.where_to_resume()}")
+        self.requested = name
+        if self.phase == "start-up":
+            raise Interrupted(f"stopped on {name} during start-up; no checkpoint was taken; {self.where_to_resume()}")
+        if self.phase != "training" or self.grace_s <= 0:
+            return
+        budget = self.grace_s - self.margin_s
+        need = self.seconds_to_checkpoint()
+        if need > budget:
+            raise Interrupted(
+                f"stopped on {name}{self._during()}: finishing the step and saving a checkpoint would take about "
+                f"{need:.0f}s, more than trainer.preemption_grace_s={self.grace_s:g} allows; no checkpoint was "
+                f"taken; {self.where_to_resume()}")
+        self._arm(max(budget, 0.001))
+
+    def _during(self) -> str:
+        return f" during step {self.step}" if self.step is not None else ""
 
     def raise_if_requested(self, step: int, checkpoint: str | None) -> None:
         if self.requested:
+            self._disarm()
             raise StopRequested(
                 f"stopped on {self.requested} after step {step}; saved {checkpoint}: rerun the same command to resume"
             )

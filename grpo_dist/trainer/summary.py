@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RunSummary", "TrainingError"]
+__all__ = ["CheckpointSaveError", "RunSummary", "TrainingError"]
 
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. repeated non-finite updates); the message says why and what was saved."""
+
+
+class CheckpointSaveError(TrainingError):
+    """A checkpoint could not be written (the disk is full, a folder is not writable); the message
+    names the folder and the OS error, and says that the earlier checkpoints are untouched."""
 
 
 @dataclass

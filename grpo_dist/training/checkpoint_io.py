@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.optim.lr_scheduler import LRScheduler
 
 from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.errors import UnsafeCheckpointError
 from grpo_dist.training.fsdp import full_state_dict
 
 __all__ = [
@@ -101,11 +102,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------
 # loading without running code from disk
 # --------------------------------------------------------------------------------------------------
-class UnsafeCheckpointError(ValueError):
-    """A checkpoint file holds something other than tensors, plain values and DCP's own metadata
-    classes: it is refused instead of unpickled (unpickling can run arbitrary code)."""
-
-
 # what DCP's .metadata file may name (besides builtin containers): its metadata classes, the
 # filesystem reader's storage record, torch dtypes and sizes, and paths
 _DCP_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
@@ -208,7 +204,21 @@ def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torc
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(directory / "dcp"))
+    try:
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(directory / "dcp"))
+    except CheckpointException as e:
+        # DCP gathers every rank's failure into a CheckpointException, a BaseException that would end
+        # the worker process instead of reaching the driver as an error: raise the first rank's own
+        # exception (an OSError for a full disk or an unwritable folder) instead.
+        raise _first_failure(e) from None
+
+
+def _first_failure(e: CheckpointException) -> Exception:
+    for rank in sorted(e.failures):
+        exc = e.failures[rank][0]
+        if isinstance(exc, Exception):
+            return exc
+    return RuntimeError(" ".join(str(e).split())[:500])
 
 
 def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -22,3 +22,8 @@ def mixed_faults(data_source, solution_str, ground_truth, extra_info=None):
 def huge_when_odd(data_source, solution_str, ground_truth, extra_info=None):
     """Finite but enormous rewards: without std normalisation the policy loss overflows to inf."""
     return 3e38 if len(solution_str) % 2 else 0.0
+
+
+def returns_string(data_source, solution_str, ground_truth, extra_info=None):
+    """A common slip: the score as text."""
+    return "1.0" if solution_str.strip() == str(ground_truth) else "0.0"

@@ -151,7 +151,20 @@ def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, rev
     args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [
         f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=always_raises"]
     proc = run_main(args)
-    assert_one_message(proc, "reward", "always_raises", "ZeroDivisionError", "grpo_dist/reverse", code=1)
+    tail = assert_one_message(proc, "reward", "always_raises", "ZeroDivisionError", "grpo_dist/reverse", code=1)
+    assert "rerun the same command" not in tail and "reward_model.on_error=zero" in tail, tail
+
+
+def test_reward_function_returning_text_names_the_sample_and_what_to_fix(tiny_model_dir, reverse_data, tmp_path):
+    """A user-code fault: the message names the function, the sample and the value, and says what to fix
+    instead of suggesting a rerun (which would meet the same value again)."""
+    args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=returns_string"]
+    proc = run_main(args)
+    tail = assert_one_message(proc, "reward function returns_string", "of the batch (data_source='grpo_dist/reverse')",
+                              "returned a str", "not a number", "row index", "response '",
+                              "custom_reward_function.path", code=1)
+    assert "rerun the same command" not in tail, tail
 
 
 def test_reward_faults_scored_zero_and_counted(tiny_model_dir, reverse_data, tmp_path):
@@ -214,9 +227,31 @@ def test_dead_worker_stops_the_run_and_rerun_resumes(tiny_model_dir, reverse_dat
     assert f"global_step_{last}" in proc2.stdout and "resumed from" in proc2.stdout
 
 
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def listening_addresses(root: psutil.Process) -> dict[str, set[str]]:
+    """The addresses the processes under ``root`` (this run's Ray: GCS, raylet, workers, agents)
+    listen on, by process name."""
+    seen: dict[str, set[str]] = {}
+    for p in root.children(recursive=True):
+        try:
+            conns = p.net_connections(kind="inet")
+            name = p.name()
+        except psutil.Error:  # exited meanwhile
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN:
+                seen.setdefault(name, set()).add(c.laddr.ip)
+    return seen
+
+
 def test_sigterm_saves_at_the_step_boundary_and_exits(tiny_model_dir, reverse_data, tmp_path):
     """What Slurm and Kubernetes send before killing a job: the run finishes its step, saves, and exits
-    with one message and code 143; the checkpoint is the step it names."""
+    with one message and code 143; the checkpoint is the step it names.
+
+    The same run shows that a locally started Ray serves this machine only: while it trains, every
+    socket its processes listen on is on the loopback interface."""
     out = tmp_path / "o"
     args = base_args(tiny_model_dir, reverse_data, out, 40) + LIGHT + ["trainer.save_freq=-1"]
     proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
@@ -227,6 +262,7 @@ def test_sigterm_saves_at_the_step_boundary_and_exits(tiny_model_dir, reverse_da
         while time.time() < deadline and not ((out / "metrics.jsonl").exists() and read_metrics(out).get(1)):
             time.sleep(0.3)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
+        listening = listening_addresses(psutil.Process(proc.pid))
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=180)
     finally:
@@ -237,6 +273,9 @@ def test_sigterm_saves_at_the_step_boundary_and_exits(tiny_model_dir, reverse_da
     step = int(tail.split("after step ")[1].split(";")[0])
     assert (out / f"global_step_{step}").is_dir() and max(read_metrics(out)) == step
     assert "rerun the same command to resume" in tail
+    assert {"gcs_server", "raylet"} <= set(listening), listening  # the check saw Ray's servers
+    exposed = {name: ips - LOOPBACK for name, ips in listening.items() if ips - LOOPBACK}
+    assert not exposed, f"Ray processes listen beyond the loopback interface: {exposed}"
 
 
 def test_frozen_worker_is_named_within_its_deadline(tiny_model_dir, reverse_data, tmp_path):
@@ -272,6 +311,7 @@ def test_frozen_worker_is_named_within_its_deadline(tiny_model_dir, reverse_data
     tail = assert_one_message(subprocess.CompletedProcess(args, 1, "", err), "actor worker rank(s) [0] did not finish",
                               "trainer.worker_call_timeout_s=30")
     assert "frozen" in tail
+    assert "rank 0 on node 127.0.0.1 (Ray node " in tail and f"pid {victim.pid}" in tail, tail  # where it hangs
     assert waited < 240, waited
 
 

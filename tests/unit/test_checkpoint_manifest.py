@@ -65,3 +65,51 @@ def test_retention_keeps_the_newest(tmp_path):
     for step in (1, 2, 3):
         save(tmp_path, step, keep=2)
     assert [p.name for p in checkpoint.complete_checkpoints(tmp_path)] == ["global_step_2", "global_step_3"]
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["with-manifest", "without-manifest"])
+def test_missing_state_file_is_named_and_skipped(tmp_path, capsys, legacy):
+    save(tmp_path, 2)
+    newest = save(tmp_path, 4)
+    (newest / checkpoint.STATE_FILE).unlink()
+    if legacy:  # a folder written before manifests existed
+        (newest / checkpoint.MANIFEST_FILE).unlink()
+    point = checkpoint.choose_resume(trainer(tmp_path))
+    assert point.path == tmp_path / "global_step_2" and point.step == 2
+    err = capsys.readouterr().err
+    assert f"skipping the damaged checkpoint {newest}" in err and checkpoint.STATE_FILE in err
+    assert ("trainer_state.json is missing" if not legacy else "it has no trainer_state.json") in err
+
+
+def test_nothing_to_resume_from_says_so(tmp_path, capsys):
+    only = save(tmp_path, 1)
+    (only / "actor" / "shard.bin").unlink()
+    assert checkpoint.choose_resume(trainer(tmp_path)) is None
+    err = capsys.readouterr().err
+    assert f"skipping the damaged checkpoint {only}" in err and "starting from step 0" in err
+    assert checkpoint.choose_resume(trainer(tmp_path / "empty")) is None
+    assert capsys.readouterr().err == ""  # a fresh directory is not a warning
+
+
+def test_retention_never_deletes_the_only_verified_checkpoint(tmp_path, capsys):
+    """Step 2 verified, step 4 damaged; the run resumes from 2 and saves step 3 keeping one: step 3
+    (the checkpoint just written) survives, not the damaged step 4 alone."""
+    save(tmp_path, 2)
+    damaged = save(tmp_path, 4)
+    (damaged / "actor" / "shard.bin").write_bytes(b"weights")
+    assert checkpoint.resume_target(trainer(tmp_path)) == tmp_path / "global_step_2"
+    save(tmp_path, 3, keep=1)
+    assert [p.name for _, p in checkpoint.step_folders(tmp_path)] == ["global_step_3", "global_step_4"]
+    capsys.readouterr()
+    assert checkpoint.resume_target(trainer(tmp_path)) == tmp_path / "global_step_3"
+    assert f"skipping the damaged checkpoint {damaged}" in capsys.readouterr().err
+
+
+def test_retention_counts_only_checkpoints_that_verify(tmp_path):
+    for step in (1, 2, 3):
+        save(tmp_path, step)
+    (tmp_path / "global_step_3" / "actor" / "shard.bin").write_bytes(b"")  # damaged: does not count
+    save(tmp_path, 4, keep=2)
+    # kept: the new one and the newest older one that verifies (2); the damaged 3 and the surplus 1 go
+    assert [p.name for _, p in checkpoint.step_folders(tmp_path)] == ["global_step_2", "global_step_4"]
+    assert checkpoint.verify(tmp_path / "global_step_2") is None

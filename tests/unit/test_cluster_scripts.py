@@ -291,6 +291,11 @@ if [ "$1" = -c ]; then
   exit 0
 fi
 echo "driver $*" >> "$FAKE_DIR/log"
+if [ -n "${FAKE_DRIVER_WAIT:-}" ]; then  # a driver that saves and exits 143 on SIGTERM, as grpo_dist's does
+  trap 'echo "driver got TERM" >> "$FAKE_DIR/log"; exit 143' TERM
+  touch "$FAKE_DIR/driver_up"
+  while :; do sleep 0.1; done
+fi
 exit "${FAKE_DRIVER_RC:-0}"
 """)
     env = with_path(clean_env(tmp_path, FAKE_DIR=str(state), GRPO_DIST_ROOT=str(ROOT), GRPO_DIST_PYTHON=str(python),
@@ -333,6 +338,37 @@ def test_sbatch_starts_head_then_workers_then_driver(tmp_path):
     assert "3 of 3 node(s) alive" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
         "ray-head-node01.log", "ray-worker-node02.log", "ray-worker-node03.log"]
+    assert_steps_stopped(state)
+
+
+def preemption_grace_default() -> int:
+    from grpo_dist.config.schema import TrainerConfig
+
+    return int(TrainerConfig().preemption_grace_s)
+
+
+def test_sbatch_asks_for_sigterm_ahead_of_the_time_limit_and_passes_it_to_the_driver(tmp_path):
+    """Slurm signals the batch shell (--signal=B:TERM@N, N = trainer.preemption_grace_s); the script
+    passes SIGTERM on to the driver, waits for it, and the job ends with the driver's exit code."""
+    directives = re.findall(r"^#SBATCH --signal=(\S+)$", SBATCH.read_text(), re.M)
+    assert directives == [f"B:TERM@{preemption_grace_default()}"]
+    env = fake_cluster(tmp_path)
+    state = Path(env["FAKE_DIR"])
+    proc = subprocess.Popen(["bash", str(SBATCH)], env=dict(env, FAKE_DRIVER_WAIT="1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 30
+        while not (state / "driver_up").exists():
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.1)
+        proc.send_signal(15)  # what Slurm sends the batch shell ahead of the time limit
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "driver got TERM" in (state / "log").read_text()
+    assert "passing it on to the driver" in err and "driver exited with code 143" in err
     assert_steps_stopped(state)
 
 
@@ -474,6 +510,19 @@ def test_rayjob_manifest():
     # a job env may not repeat what grpo_dist's own ray.init sets (Ray refuses the job)
     job_env = yaml.safe_load(spec.get("runtimeEnvYAML") or "{}").get("env_vars", {})
     assert not {"TOKENIZERS_PARALLELISM", "RAY_DEDUP_LOGS"} & set(job_env)
+
+    # preemption: every pod's grace period is trainer.preemption_grace_s; the head passes SIGTERM on to
+    # the driver and waits for it; the workers wait while the run holds its output folder's lock
+    from grpo_dist.utils.run_lock import LOCK_NAME
+
+    for pod in (head_pod, worker_pod):
+        assert pod["terminationGracePeriodSeconds"] == preemption_grace_default()
+    head_hook = head_c["lifecycle"]["preStop"]["exec"]["command"]
+    assert head_hook[:2] == ["python", "-c"] and '["-m", "grpo_dist.main"]' in head_hook[2]
+    assert "SIGTERM" in head_hook[2] and "wait_procs" in head_hook[2]
+    compile(head_hook[2], "preStop", "exec")
+    worker_hook = " ".join(worker_c["lifecycle"]["preStop"]["exec"]["command"])
+    assert f"{args['trainer.default_local_dir']}/{LOCK_NAME}" in worker_hook
 
 
 # ---------------------------------------------------------------------------------------- Docker images

@@ -125,6 +125,7 @@ def test_bad_row_names_file_row_and_column(tmp_path, bad_row, column):
     msg = str(err.value)
     assert f"{path}: row 2 (line 3): column '{column}'" in msg
     assert "skip_bad_rows" in msg
+    assert "data.skip_bad_rows=true" in msg  # the full key, as it is written on the command line
 
 
 def test_missing_key_in_jsonl_row(tmp_path):

@@ -22,3 +22,91 @@ def test_ranks_that_fit_and_cluster_runs_pass():
     check_cpu_ranks(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2"), 2)
     check_cpu_ranks(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=64", "ray_kwargs.ray_init.address=auto"), 2)
     check_cpu_ranks(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=64"), None)
+
+
+# ---- memory: a floor from the model's size against the memory available ---------------------------
+GIB = 2**30
+
+
+def hand_floor_gib(params, ranks, *, kv=1.0, reference=True):
+    """The floor written out by hand for float32 (4 bytes): actor 16 B/param (sharded: counted once),
+    reference 4 B/param, every rank's engine 4 B/param + its KV cache, 0.35 GiB per process
+    (actor, rollout, reference per rank; the driver and the reward worker)."""
+    processes = ranks * (3 if reference else 2) + 2
+    return (16 * params + (4 * params if reference else 0) + ranks * 4 * params) / GIB + ranks * kv + 0.35 * processes
+
+
+def test_memory_floor_matches_the_hand_count():
+    from grpo_dist.trainer.build import cpu_memory_estimate
+
+    c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true")
+    got, parts = cpu_memory_estimate(c, 2, params=500_000_000)
+    assert got == pytest.approx(hand_floor_gib(500_000_000, 2))
+    assert "actor" in parts and "reference" in parts and "KV cache" in parts
+    hf = cfg("trainer.device=cpu", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.use_kl_loss=false")
+    assert cpu_memory_estimate(hf, 1, params=10**9)[0] == pytest.approx(hand_floor_gib(10**9, 1, kv=0, reference=False))
+
+
+def test_too_little_memory_is_refused_naming_what_fits(monkeypatch):
+    from grpo_dist.trainer import build
+
+    c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.use_kl_loss=true")
+    params = 500_000_000  # 8 ranks: 7.45 + 1.86 + 8 x (1.86 + 1) + 26 x 0.35 = 41.3 GiB
+    monkeypatch.setattr(build, "machine_cores", lambda: 16)
+    monkeypatch.setattr(build, "available_memory_gib", lambda: 24.0)
+    monkeypatch.setattr(build, "model_parameter_count", lambda path: params)
+    with pytest.raises(ValueError) as err:
+        build.check_cpu_resources(c, "/model")
+    msg = str(err.value)
+    assert "8 CPU rank(s) of a 500 M-parameter model need at least 41.3 GiB" in msg
+    assert "24.0 GiB available" in msg
+    # the largest count that fits, by hand: 4 ranks = 9.31 + 4 x 2.86 + 14 x 0.35 = 25.7 > 24; 3 ranks = 21.8
+    assert hand_floor_gib(params, 4) > 24 > hand_floor_gib(params, 3)
+    assert "use at most trainer.n_gpus_per_node=3 here" in msg
+
+
+def test_close_to_the_memory_available_warns_and_far_below_is_quiet(monkeypatch):
+    from grpo_dist.trainer import build
+
+    c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true")
+    floor = hand_floor_gib(10**9, 2)  # 22.6 GiB
+    note = build.check_cpu_memory(c, 10**9, available_gib=floor / 0.9)
+    assert note and "may be killed for memory" in note and "kv_cache_gib" in note
+    assert build.check_cpu_memory(c, 10**9, available_gib=floor / 0.5) is None
+    # not checked: unknown sizes, a Ray cluster, a GPU run
+    assert build.check_cpu_memory(c, None, available_gib=1.0) is None
+    on_cluster = cfg("trainer.device=cpu", "ray_kwargs.ray_init.address=auto")
+    assert build.check_cpu_memory(on_cluster, 10**9, available_gib=1.0) is None
+
+
+def test_even_one_rank_that_does_not_fit_says_so():
+    from grpo_dist.trainer import build
+
+    c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2")
+    with pytest.raises(ValueError, match="even one rank does not fit"):
+        build.check_cpu_memory(c, 7 * 10**9, available_gib=16.0)
+
+
+def test_cores_come_from_the_cpu_affinity(monkeypatch):
+    import os
+
+    from grpo_dist.trainer import build
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert build.machine_cores() == 2
+    monkeypatch.setattr(build, "model_parameter_count", lambda path: None)
+    with pytest.raises(ValueError, match="this machine has 2 cores"):
+        build.check_cpu_resources(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=8"), "/model")
+
+
+def test_parameter_count_from_safetensors_headers(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from grpo_dist.trainer.build import model_parameter_count
+
+    save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, str(tmp_path / "model-1.safetensors"))
+    save_file({"c": torch.zeros(2, 2, 2)}, str(tmp_path / "model-2.safetensors"))
+    assert model_parameter_count(str(tmp_path)) == 12 + 5 + 8
+    assert model_parameter_count(str(tmp_path / "nothing")) is None

@@ -19,6 +19,15 @@ def behave(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
         return None
     if solution_str == "str":
         return "high"
+    if solution_str == "huge":
+        return 10**400
+    if solution_str == "hugefrac":
+        import fractions
+        return fractions.Fraction(10**400, 3)
+    if solution_str == "badsteps":
+        return {"score": 1.0, "step_rewards": [0.5, "good"]}
+    if solution_str == "infsteps":
+        return {"score": 1.0, "step_rewards": [float("inf")]}
     if solution_str == "nokey":
         return {"acc": 1.0}
     if solution_str == "hang":
@@ -106,6 +115,10 @@ def test_custom_fn_kwargs_are_passed(behave_fn):
         ("str", "returned a str ('high'), not a number"),
         ("nokey", "returned a dict without a 'score' key (keys: acc)"),
         ("exit", "its worker process died (exit code 3)"),
+        ("huge", "returned 1000000000000000000000000000000000000000..., which is not a float (OverflowError"),
+        ("hugefrac", "which is not a float (OverflowError"),
+        ("badsteps", "returned step_rewards[1] = a str ('good'), not a number"),
+        ("infsteps", "returned step_rewards[0] = inf"),
     ],
 )
 def test_bad_result_with_on_error_raise(raise_scorer, bad, what):
@@ -118,12 +131,22 @@ def test_bad_result_with_on_error_raise(raise_scorer, bad, what):
     assert what.replace("raised ", "") in msg
 
 
-@pytest.mark.parametrize("bad", ["raise", "nan", "none", "str", "nokey", "exit"])
+@pytest.mark.parametrize("bad", ["raise", "nan", "none", "str", "nokey", "exit", "huge", "badsteps"])
 def test_bad_result_with_on_error_zero(zero_scorer, bad):
     scores, extra, stats = score(zero_scorer, ["a", bad, "a", "b"])
     assert scores == [1.0, 0.0, 1.0, 0.0]
     assert stats == {"reward/num_errors": 1, "reward/num_timeouts": 0}
     assert extra["source"] == ["d0", None, "d2", "d3"]
+
+
+def test_message_names_the_row_and_the_start_of_the_response(raise_scorer):
+    long_response = "huge"
+    with pytest.raises(RewardError) as err:
+        raise_scorer.score_batch(["d0", "src/x"], ["a", long_response], ["a", "a"], [{}, {"index": 17}])
+    msg = str(err.value)
+    assert "sample 1 of the batch (data_source='src/x'): returned 1000" in msg
+    assert msg.endswith("(row index 17, response 'huge')")
+    assert "OverflowError" in msg and "\n" not in msg and len(msg) < 600
 
 
 def test_hung_sample_times_out_with_on_error_zero(zero_scorer):

@@ -1,0 +1,190 @@
+"""SIGTERM with a grace period: save at the step boundary when it fits, else stop at once saying where
+the newest checkpoint is; a failing save names the folder and the OS error and leaves the others."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from grpo_dist.trainer import checkpoint
+from grpo_dist.trainer.stop import Interrupted, StopRequested, StopSignal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def installed():
+    """A StopSignal factory whose handlers are installed in this (the main) thread and removed after."""
+    made = []
+
+    def make(*args, **kwargs) -> StopSignal:
+        s = StopSignal(*args, **kwargs)
+        s.install()
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.uninstall()
+
+
+def run_steps(stop: StopSignal, clock: Clock, step_s: list[float], save_s: float | None = None) -> None:
+    stop.training()
+    for k, seconds in enumerate(step_s, start=1):
+        stop.step_begins(k)
+        clock.t += seconds
+        stop.step_work_done()
+        if save_s is not None:
+            stop.saved(f"/ckpt/global_step_{k}", save_s)
+
+
+def test_signal_during_start_up_stops_at_once(installed):
+    stop = installed(300, "/runs/x")
+    with pytest.raises(Interrupted) as err:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises before this ends
+    assert str(err.value) == ("stopped on SIGTERM during start-up; no checkpoint was taken; this run has no checkpoint "
+                              "in /runs/x yet: a rerun starts from the beginning")
+
+
+def test_step_boundary_within_the_grace_period_is_waited_for(installed):
+    clock = Clock()
+    stop = installed(300, "/runs/x", clock=clock)  # margin: min(30, 300 / 10) = 30 s
+    run_steps(stop, clock, [40.0, 60.0], save_s=20.0)
+    stop.step_begins(3)
+    clock.t += 10.0
+    stop._handle(signal.SIGTERM, None)  # 50 s of the step left + 20 s save = 70 s < 270 s: wait for it
+    assert stop.requested == "SIGTERM" and stop.seconds_to_checkpoint() == pytest.approx(70.0)
+    assert stop.deadline_armed and stop._timer.interval == pytest.approx(270)  # the grace period's deadline
+    stop.saved("/ckpt/global_step_3", 15.0)
+    assert not stop.deadline_armed  # saved: the deadline no longer matters
+    with pytest.raises(StopRequested, match="stopped on SIGTERM after step 3; saved /ckpt/global_step_3"):
+        stop.raise_if_requested(3, "/ckpt/global_step_3")
+
+
+def test_step_that_cannot_end_and_save_in_time_stops_at_once_naming_the_newest_checkpoint(installed):
+    clock = Clock()
+    stop = installed(120, "/runs/x", clock=clock)  # budget 120 - 12 = 108 s
+    run_steps(stop, clock, [100.0, 90.0], save_s=30.0)
+    stop.step_begins(3)
+    clock.t += 5.0
+    with pytest.raises(Interrupted) as err:
+        stop._handle(signal.SIGTERM, None)  # 95 s of the step left + 30 s save = 125 s > 108 s
+    assert str(err.value) == (
+        "stopped on SIGTERM during step 3: finishing the step and saving a checkpoint would take about 125s, more "
+        "than trainer.preemption_grace_s=120 allows; no checkpoint was taken; the newest checkpoint is "
+        "/ckpt/global_step_2: rerun the same command to resume from it")
+
+
+def test_grace_period_that_runs_out_stops_with_a_message(installed):
+    stop = installed(0.5, "/runs/x", margin_s=0.3)
+    stop.training()
+    stop.step_begins(1)  # nothing measured yet: the run tries, and the deadline still holds
+    stop._handle(signal.SIGTERM, None)
+    with pytest.raises(Interrupted, match=r"stopped on SIGTERM during step 1: trainer.preemption_grace_s=0.5 ran out "
+                                          r"before the step and its checkpoint were done; no checkpoint was taken"):
+        time.sleep(5)
+
+
+def test_second_signal_and_no_limit(installed):
+    clock = Clock()
+    unlimited = installed(0, "/runs/x", clock=clock)
+    run_steps(unlimited, clock, [10_000.0], save_s=5_000.0)
+    unlimited.step_begins(2)
+    unlimited._handle(signal.SIGTERM, None)  # 0 = no limit: always finish the step and save
+    assert unlimited.requested and not unlimited.deadline_armed
+    with pytest.raises(Interrupted, match="stopped on a second SIGTERM during step 2; no checkpoint was taken; "
+                                          "the newest checkpoint is /ckpt/global_step_1"):
+        unlimited._handle(signal.SIGTERM, None)
+
+
+def test_handler_is_restored_and_sigalrm_left_alone():
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+    s = StopSignal(10)
+    s.install()
+    assert signal.getsignal(signal.SIGTERM) == s._handle
+    s.uninstall()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGALRM)) == before[:2]
+    assert (signal.getitimer(signal.ITIMER_REAL)[0] > 0) == (before[2][0] > 0)
+
+
+# ---- a save that the disk refuses ---------------------------------------------------------------------
+def trainer_at_step(root: Path, step: int, workers) -> "GRPOTrainer":  # noqa: F821
+    """The driver's save path with stand-in workers (orchestration only: what save() does around them)."""
+    from grpo_dist.trainer.driver import GRPOTrainer
+    from grpo_dist.trainer.summary import RunSummary
+
+    t = GRPOTrainer.__new__(GRPOTrainer)
+    t.cfg = SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), max_actor_ckpt_to_keep=None),
+                            actor_rollout_ref=SimpleNamespace(actor=SimpleNamespace(
+                                checkpoint=SimpleNamespace(contents=["model"]))))
+    t.global_step, t.total_steps, t.workers = step, 10, workers
+    t.sampler = SimpleNamespace(state_dict=lambda: {"epoch": 0})
+    t.kl_ctrl = SimpleNamespace(value=0.0)
+    t.summary, t.stop = RunSummary(out_dir=str(root)), StopSignal(0, str(root))
+    return t
+
+
+class DiskWorkers:
+    """Writes a shard like the actor's workers do; ``fail`` makes the write raise what a full disk raises."""
+
+    def __init__(self) -> None:
+        self.fail: BaseException | None = None
+
+    def save(self, directory: Path, *, export_hf: bool) -> None:
+        if self.fail is not None:
+            raise self.fail
+        (directory / "actor").mkdir()
+        (directory / "actor" / "shard.bin").write_bytes(b"w" * 32)
+
+
+@pytest.mark.parametrize("where", ["worker", "driver"])
+def test_save_that_fails_names_the_folder_and_leaves_the_previous_checkpoints(tmp_path, monkeypatch, where):
+    from grpo_dist.distributed.worker_group import WorkerError
+    from grpo_dist.trainer.summary import CheckpointSaveError
+
+    workers = DiskWorkers()
+    t = trainer_at_step(tmp_path, 1, workers)
+    first = t.save()
+    assert first == str(tmp_path / "global_step_1")
+    t.global_step = 2
+    if where == "worker":
+        workers.fail = WorkerError("actor worker rank 0 failed during save_checkpoint: OSError: [Errno 28] No space "
+                                   "left on device", cause=OSError(28, "No space left on device"))
+    else:
+        def full_disk(*args, **kwargs):
+            raise OSError(28, "No space left on device", str(tmp_path / ".global_step_2.tmp" / "manifest.json"))
+
+        monkeypatch.setattr(checkpoint, "write_manifest", full_disk)
+    with pytest.raises(CheckpointSaveError) as err:
+        t.save()
+    msg = str(err.value)
+    assert f"could not save the checkpoint of step 2 under {tmp_path / '.global_step_2.tmp'}" in msg
+    assert "No space left on device" in msg
+    assert f"the previous checkpoints are intact (newest: {first})" in msg
+    assert "rerun the same command to resume" in msg
+    # nothing a resume reads has changed: the step-1 checkpoint verifies and is the one chosen
+    assert not (tmp_path / ".global_step_2.tmp").exists() and not (tmp_path / "global_step_2").exists()
+    resume = checkpoint.choose_resume(SimpleNamespace(default_local_dir=str(tmp_path), resume_mode="auto",
+                                                      resume_from_path=None))
+    assert resume.path == tmp_path / "global_step_1"
+
+
+def test_a_worker_error_that_is_not_the_disk_is_not_called_a_save_failure(tmp_path):
+    from grpo_dist.distributed.worker_group import WorkerError
+
+    workers = DiskWorkers()
+    workers.fail = WorkerError("actor worker rank 0 failed during save_checkpoint: ActorDiedError", kind="lost")
+    with pytest.raises(WorkerError, match="ActorDiedError"):
+        trainer_at_step(tmp_path, 1, workers).save()

@@ -1,0 +1,77 @@
+"""The watchdog ends what a killed driver leaves behind, and nothing else.
+
+Stand-ins for Ray's processes: a "driver" that starts a long-lived process in a session of its own
+(as Ray's agents outlive a killed driver) and is then killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from grpo_dist.distributed import ray_watchdog
+
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+DRIVER = (
+    "import subprocess, sys, time\n"
+    f"p = subprocess.Popen([sys.executable, '-c', {STUBBORN!r}], start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
+    "p.stdout.readline()\n"
+    "print(p.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def spec(p: psutil.Process, start: float | None = None) -> str:
+    return f"{p.pid}:{p.create_time() if start is None else start!r}"
+
+
+@pytest.fixture
+def started():
+    procs: list[psutil.Process] = []
+    yield procs
+    for p in procs:  # only what this test started
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def test_killed_driver_leaves_nothing_behind_and_bystanders_are_untouched(started):
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
+    started.append(psutil.Process(driver.pid))
+    agent = psutil.Process(int(driver.stdout.readline()))  # ignores SIGTERM: needs the SIGKILL
+    started.append(agent)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    started.append(psutil.Process(bystander.pid))
+    d = psutil.Process(driver.pid)
+    # the bystander is listed with another start time: a pid that was reused by an unrelated process
+    watchdog = subprocess.Popen([sys.executable, ray_watchdog.__file__, str(d.pid), repr(d.create_time()),
+                                 spec(agent), spec(started[-1], start=12345.0)])
+    time.sleep(1.5)
+    assert agent.is_running() and watchdog.poll() is None
+    t0 = time.monotonic()
+    driver.kill()
+    driver.wait()
+    assert watchdog.wait(timeout=30) == 0
+    elapsed = time.monotonic() - t0
+    assert not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE
+    assert elapsed < ray_watchdog.POLL_S + ray_watchdog.GRACE_S + ray_watchdog.KILL_AFTER_S + 5
+    assert started[-1].is_running(), "a process that is not the listed one was touched"
+
+
+def test_watchdog_leaves_when_the_ray_processes_are_gone(started):
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    started.append(psutil.Process(driver.pid))
+    ray_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    rp = psutil.Process(ray_proc.pid)
+    started.append(rp)
+    d = psutil.Process(driver.pid)
+    watchdog = subprocess.Popen([sys.executable, ray_watchdog.__file__, str(d.pid), repr(d.create_time()), spec(rp)])
+    ray_proc.kill()  # a normal shutdown: Ray's processes end while the driver lives on
+    ray_proc.wait()
+    assert watchdog.wait(timeout=15) == 0
+    assert d.is_running()

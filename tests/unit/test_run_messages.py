@@ -1,0 +1,221 @@
+"""What a user reads when a run cannot go on: one message each, and the rerun hint only where a rerun helps.
+
+The worker failures are built from Ray's own exception classes (what ``ray.get`` raises); the runs go
+through ``grpo_dist.trainer.run.run`` with the tiny model up to the point where Ray would start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from grpo_dist.config.loader import compose, to_typed
+from grpo_dist.distributed import worker_group
+from grpo_dist.distributed.worker_group import RayStartError, WorkerError, classify
+from grpo_dist.rewards.manager import RewardError
+from grpo_dist.trainer import checkpoint
+from grpo_dist.trainer.run import run, worker_failure_message
+from grpo_dist.training.errors import UnsafeCheckpointError
+
+RERUN = "rerun the same command to resume"
+
+
+def task_error(cause: BaseException) -> BaseException:
+    """What ``ray.get`` raises when a worker method raised ``cause``."""
+    err = ray.exceptions.RayTaskError("compute", "Traceback ...", cause, proctitle="ray::RewardWorker", pid=1,
+                                      ip="10.0.0.3")
+    return err.as_instanceof_cause()
+
+
+# ---- classifying a failed call --------------------------------------------------------------------
+def test_dead_worker_is_lost_and_an_exception_in_it_is_raised_with_its_cause():
+    assert classify(ray.exceptions.ActorDiedError()) == ("lost", None)
+    assert classify(ray.exceptions.NodeDiedError("node gone")) == ("lost", None)
+    assert classify(ray.exceptions.OutOfMemoryError("killed")) == ("lost", None)
+    # a constructor that raised (an engine that cannot load its model) is not a lost worker
+    assert classify(ray.exceptions.RayActorError(actor_init_failed=True))[0] == "raised"
+    bad = RewardError("reward function f failed on sample 3 of the batch: returned a str ('high'), not a number")
+    kind, cause = classify(task_error(bad))
+    assert kind == "raised" and cause is bad
+
+
+@pytest.mark.parametrize("exc, helps", [
+    (WorkerError("actor worker rank 1 failed during update_policy: ActorDiedError", kind="lost"), True),
+    (WorkerError("rollout worker rank(s) [0] did not finish generate within 1800s", kind="frozen"), True),
+    (WorkerError("reward worker failed during compute: RewardError: ...", cause=RewardError("x")), False),
+    (WorkerError("actor worker rank 0 failed during load_checkpoint: ...", cause=UnsafeCheckpointError("x")), False),
+    (WorkerError("actor worker rank 0 failed during update_policy: ValueError: ...", cause=ValueError("x")), False),
+    (WorkerError("actor worker rank 0 failed during save_checkpoint: OSError", cause=OSError(28, "No space")), True),
+])
+def test_rerun_hint_only_where_a_rerun_helps(tmp_path, exc, helps):
+    msg = worker_failure_message(exc, tmp_path)
+    assert msg.startswith(str(exc))
+    assert (RERUN in msg) is helps, msg
+    assert exc.rerun_helps is (exc.kind != "raised")
+
+
+def test_what_to_fix_is_named_for_code_and_data_faults(tmp_path):
+    reward = worker_failure_message(WorkerError("...", cause=RewardError("x")), tmp_path)
+    assert "custom_reward_function.path" in reward and "reward_model.on_error=zero" in reward
+    unsafe = worker_failure_message(WorkerError("...", cause=UnsafeCheckpointError("x")), tmp_path)
+    assert "never unpickles" in unsafe and "trainer.resume_mode=disable" in unsafe
+    frozen = worker_failure_message(WorkerError("...", kind="frozen"), tmp_path)
+    assert "trainer.worker_call_timeout_s" in frozen
+    starting = worker_failure_message(WorkerError("boom", kind="lost"), tmp_path, starting=True)
+    assert starting.startswith("could not start the workers: boom")
+
+
+# ---- Ray that does not start ------------------------------------------------------------------------
+@pytest.fixture
+def no_ray_side_effects(monkeypatch):
+    """init_ray changes the process's environment and one Ray constant: undo both after the test."""
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
+    monkeypatch.delenv(worker_group._CLUSTER_SWITCH, raising=False)
+    monkeypatch.setenv("RAY_worker_niceness", "0")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+
+
+def test_a_local_ray_that_fails_to_start_is_one_message(monkeypatch, no_ray_side_effects):
+    seen = {}
+
+    def failing_init(**kwargs):
+        seen.update(kwargs)
+        raise RuntimeError("Failed to start the GCS server\nmore detail")
+
+    monkeypatch.setattr(ray, "init", failing_init)
+    with pytest.raises(RayStartError) as err:
+        worker_group.init_ray(address=None, num_cpus=None, include_dashboard=False, min_cpus=1)
+    msg = str(err.value)
+    assert msg.startswith("could not start a local Ray instance: RuntimeError: more detail")
+    assert "/tmp" in msg and "ray_kwargs.ray_init.address" in msg
+    # a local instance serves this machine only: its servers bind to the loopback interface
+    assert seen["address"] == "local" and os.environ[worker_group._CLUSTER_SWITCH] == "0"
+    from ray._private import ray_constants, services
+
+    assert ray_constants.ENABLE_RAY_CLUSTER is False
+    assert services.get_node_ip_address() in ("127.0.0.1", "::1")
+
+
+def test_an_unreachable_cluster_is_one_message_and_keeps_the_cluster_binding(monkeypatch, no_ray_side_effects):
+    def failing_init(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance")
+
+    monkeypatch.setattr(ray, "init", failing_init)
+    with pytest.raises(RayStartError, match=r"could not connect to the Ray cluster at 10\.0\.0\.1:6379 "
+                                            r"\(ray_kwargs\.ray_init\.address or RAY_ADDRESS\): ConnectionError"):
+        worker_group.init_ray(address="10.0.0.1:6379", num_cpus=None, include_dashboard=False, min_cpus=1)
+    assert worker_group._CLUSTER_SWITCH not in os.environ  # attaching leaves the cluster's binding alone
+
+
+# ---- whole runs up to where Ray would start -----------------------------------------------------------
+def tiny_cfg(model, data, out, *extra):
+    overrides = [f"actor_rollout_ref.model.path={model}", f"data.train_files={data['train']}",
+                 f"data.val_files={data['test']}", "data.train_batch_size=4", "data.max_response_length=8",
+                 "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                 "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
+                 f"trainer.default_local_dir={out}", *extra]
+    return to_typed(compose(overrides), overrides)
+
+
+def one_message(err: str, code: int, got: int, *needles: str) -> str:
+    assert got == code, err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("grpo_dist: error: ")]
+    assert len(lines) == 1, err
+    tail = err[err.index(lines[0]):]
+    for n in needles:
+        assert n in tail, f"{n!r} not in {tail!r}"
+    return tail
+
+
+def test_run_reports_ray_start_failure_and_releases_the_lock(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                             capsys):
+    def failing(**kwargs):
+        raise RayStartError("could not start a local Ray instance: RuntimeError: no space left")
+
+    monkeypatch.setattr(worker_group, "init_ray", failing)
+    before = signal.getsignal(signal.SIGTERM)
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    one_message(capsys.readouterr().err, 1, code, "could not start a local Ray instance", "no space left")
+    assert not (tmp_path / "o" / ".grpo_dist.lock").exists()
+    assert signal.getsignal(signal.SIGTERM) is before  # the run's handler is gone with the run
+
+
+def test_sigterm_during_start_up_is_one_message_and_exit_143(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                            capsys):
+    def slow_start(**kwargs):  # Ray taking its time to start, when the scheduler's SIGTERM comes
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+        raise AssertionError("the signal did not stop the start-up")
+
+    monkeypatch.setattr(worker_group, "init_ray", slow_start)
+    t0 = time.monotonic()
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    assert time.monotonic() - t0 < 25
+    one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up; no checkpoint was taken",
+                f"this run has no checkpoint in {tmp_path / 'o'} yet")
+
+
+def test_sigterm_after_ray_took_the_handler_is_still_the_runs(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                              capsys):
+    """ray.init installs its own SIGTERM handler (a stack dump, then exit): the run takes it back."""
+    rays_handler_ran = []
+
+    def init_like_ray(**kwargs):
+        signal.signal(signal.SIGTERM, lambda *a: rays_handler_ran.append(True))
+        return False
+
+    def signal_then_wait():  # the next start-up step, when the scheduler's SIGTERM comes
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+        raise AssertionError("the signal did not stop the start-up")
+
+    monkeypatch.setattr(worker_group, "init_ray", init_like_ray)
+    monkeypatch.setattr(worker_group, "cluster_gpus", signal_then_wait)
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up")
+    assert not rays_handler_ran
+
+
+def test_damaged_checkpoint_is_reported_before_ray_starts(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                          capsys):
+    out = tmp_path / "o"
+    for step in (1, 2):
+        tmp = checkpoint.tmp_dir(out, step)
+        (tmp / "actor").mkdir()
+        (tmp / "actor" / "shard.bin").write_bytes(b"w" * 64)
+        checkpoint.publish(out, tmp, step, {"global_step": step}, None)
+    (out / "global_step_2" / "actor" / "shard.bin").write_bytes(b"w")
+    said_before_ray = {}
+
+    def record_then_fail(**kwargs):
+        said_before_ray.update(captured=capsys.readouterr())
+        raise RayStartError("could not start a local Ray instance: stop here")
+
+    monkeypatch.setattr(worker_group, "init_ray", record_then_fail)
+    run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    early = said_before_ray["captured"]
+    assert f"skipping the damaged checkpoint {out / 'global_step_2'}: actor/shard.bin has 1 bytes" in early.err
+    assert f"resuming from {out / 'global_step_1'} (step 1)" in early.out
+
+
+def test_damaged_resume_path_is_refused_before_ray_starts(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                          capsys):
+    out = tmp_path / "o"
+    tmp = checkpoint.tmp_dir(out, 3)
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "shard.bin").write_bytes(b"w" * 64)
+    ckpt = checkpoint.publish(out, tmp, 3, {"global_step": 3}, None)
+    (ckpt / checkpoint.STATE_FILE).unlink()
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: pytest.fail("Ray was started"))
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, out, "trainer.resume_mode=resume_path",
+                        f"trainer.resume_from_path={ckpt}"))
+    one_message(capsys.readouterr().err, 2, code, f"trainer.resume_from_path={ckpt} is damaged",
+                "trainer_state.json is missing")
