@@ -34,7 +34,10 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from grpo_dist.distributed.worker_group import WorkerError
+from grpo_dist.trainer.summary import CheckpointSaveError
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -104,6 +107,35 @@ def publish(root: str | os.PathLike, tmp: Path, step: int, state: dict[str, Any]
     if max_keep:
         prune(root, final, max_keep)
     return final
+
+
+def save(root: str | os.PathLike, step: int, state: dict[str, Any], *, write_shards: Callable[[Path], None],
+         max_keep: int | None, newest: str | None, root_key: str) -> Path:
+    """One step's checkpoint: ``write_shards(tmp)`` fills a fresh temporary folder (the workers'
+    shards), then :func:`publish` adds the driver ``state`` and publishes it by one rename.
+
+    A disk that refuses (an ``OSError`` here, or one a worker raised while writing its shard) is a
+    :class:`~grpo_dist.trainer.summary.CheckpointSaveError` naming the folder, the OS error, and
+    ``newest`` (the run's newest published checkpoint, which is untouched, as is everything a resume
+    reads); ``root_key`` is the configuration key of ``root``, for the message. The temporary folder
+    is removed then.
+    """
+    tmp = Path(root) / f".global_step_{step}.tmp"
+    try:
+        tmp = tmp_dir(root, step)
+        write_shards(tmp)
+        return publish(root, tmp, step, state, max_keep)
+    except OSError as exc:
+        what = f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+    except WorkerError as exc:
+        if not isinstance(exc.cause, OSError):
+            raise
+        what = str(exc)
+    shutil.rmtree(tmp, ignore_errors=True)  # never published: a resume does not read it
+    kept = f"the previous checkpoints are intact (newest: {newest})" if newest else "no earlier checkpoint of this run exists"
+    raise CheckpointSaveError(
+        f"could not save the checkpoint of step {step} under {tmp}: {what}; {kept}. Free space or fix the "
+        f"permissions of {root_key}={root}, then rerun the same command to resume")
 
 
 def prune(root: str | os.PathLike, newest: Path, keep: int) -> list[Path]:

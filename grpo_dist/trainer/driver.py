@@ -28,7 +28,7 @@ from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
-from grpo_dist.distributed.worker_group import WorkerError, cluster_cpus
+from grpo_dist.distributed.worker_group import cluster_cpus
 from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
@@ -47,7 +47,7 @@ from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
-from grpo_dist.trainer.summary import CheckpointSaveError, RunSummary, TrainingError
+from grpo_dist.trainer.summary import RunSummary, TrainingError
 from grpo_dist.trainer.updates import sharded_forward, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, update_keys
@@ -283,41 +283,18 @@ class GRPOTrainer:
 
     # ================================================================ checkpoints
     def save(self) -> str:
-        """Save the step's checkpoint (workers' shards, then the driver state; published by one
-        rename). ``CheckpointSaveError`` naming the folder and the OS error when the disk refuses:
-        nothing a resume reads has changed then."""
-        root = Path(self.cfg.trainer.default_local_dir)
-        t0 = time.perf_counter()
-        tmp = root / f".global_step_{self.global_step}.tmp"
-        try:
-            tmp = checkpoint.tmp_dir(root, self.global_step)
-            contents = self.cfg.actor_rollout_ref.actor.checkpoint.contents
-            self.workers.save(tmp, export_hf="hf_model" in contents or self.global_step >= self.total_steps)
-            state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(),
-                     "kl_coef": self.kl_ctrl.value, "total_steps": self.total_steps}
-            final = checkpoint.publish(root, tmp, self.global_step, state, self.cfg.trainer.max_actor_ckpt_to_keep)
-        except OSError as exc:
-            raise self._save_failed(tmp, f"{type(exc).__name__}: {exc.strerror or exc}"
-                                         + (f" ({exc.filename})" if exc.filename else "")) from None
-        except WorkerError as exc:
-            if not isinstance(exc.cause, OSError):
-                raise
-            raise self._save_failed(tmp, str(exc)) from None
+        """Save the step's checkpoint (:func:`grpo_dist.trainer.checkpoint.save`: the workers' shards,
+        then the driver state, published by one rename)."""
+        t, t0 = self.cfg.trainer, time.perf_counter()
+        export_hf = "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.contents or self.global_step >= self.total_steps
+        state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
+                 "total_steps": self.total_steps}
+        final = checkpoint.save(t.default_local_dir, self.global_step, state, max_keep=t.max_actor_ckpt_to_keep,
+                                write_shards=lambda tmp: self.workers.save(tmp, export_hf=export_hf),
+                                newest=self.stop.last_checkpoint, root_key="trainer.default_local_dir")
         self.summary.last_checkpoint = str(final)
         self.stop.saved(str(final), time.perf_counter() - t0)
         return str(final)
-
-    def _save_failed(self, tmp: Path, what: str) -> CheckpointSaveError:
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)  # never published: a resume does not read it
-        newest = self.stop.last_checkpoint
-        kept = (f"the previous checkpoints are intact (newest: {newest})" if newest
-                else "no earlier checkpoint of this run exists")
-        return CheckpointSaveError(
-            f"could not save the checkpoint of step {self.global_step} under {tmp}: {what}; {kept}. Free space "
-            f"or fix the permissions of trainer.default_local_dir={self.cfg.trainer.default_local_dir}, then rerun "
-            "the same command to resume")
 
     def resume(self, point: checkpoint.ResumePoint) -> None:
         """Load ``point`` (chosen and verified on the driver before the workers started:
