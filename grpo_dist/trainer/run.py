@@ -24,33 +24,37 @@ def run(cfg: GRPOConfig) -> int:
     from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
     from grpo_dist.trainer import build
+    from grpo_dist.trainer.plan import launch_plan
     from grpo_dist.utils.run_lock import RunLock, RunLockError
 
     t0 = time.perf_counter()
+    lp = launch_plan(cfg)
+    for note in lp.noop_notes:
+        print(f"grpo_dist: note: {note}", flush=True)
     try:
-        model_path = tasks.resolve(cfg.actor_rollout_ref.model.path)
-        tok_path = tasks.resolve(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
-        train_files = [tasks.resolve(p) for p in as_path_list(cfg.data.train_files)]
-        val_files = [tasks.resolve(p) for p in as_path_list(cfg.data.val_files)]
+        model_path = tasks.resolve(lp.model)
+        tok_path = tasks.resolve(lp.tokenizer) if lp.tokenizer else model_path
+        train_files = [tasks.resolve(p) for p in as_path_list(lp.train_files)]
+        val_files = [tasks.resolve(p) for p in as_path_list(lp.val_files)]
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=lp.tokenizer_trust_remote_code)
+        if lp.chat_template:
+            tokenizer.chat_template = lp.chat_template
         build.check_model_fits(cfg, model_path, tokenizer)
         build.check_cpu_ranks(cfg, os.cpu_count())
-        if cfg.custom_reward_function.path:  # a wrong path or name is found here, not after the workers start
+        if lp.custom_reward:  # a wrong path or name is found here, not after the workers start
             from grpo_dist.rewards.custom import load_custom_reward_fn
 
-            load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-        d = cfg.data
-        common = dict(prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
-                      filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
-                      skip_bad_rows=d.skip_bad_rows)
-        train = PromptDataset.from_files(train_files, tokenizer, **common)
-        val = PromptDataset.from_files(val_files, tokenizer, **common) if val_files else None
+            load_custom_reward_fn(*lp.custom_reward)
+        sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
+        train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample)
+        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples)
+               if val_files else None)
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
 
-    out_dir = Path(cfg.trainer.default_local_dir)
+    out_dir = Path(lp.out_dir)
     lock = RunLock(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -65,25 +69,22 @@ def run(cfg: GRPOConfig) -> int:
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
     try:
-        return _run_locked(cfg, out_dir, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
+        return _run_locked(cfg, lp, out_dir, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
                            train=train, val=val, t0=t0)
     finally:
         lock.release()
 
 
-def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_path, train, val, t0: float) -> int:
-    from grpo_dist.config.validate import data_parallel_size
-    from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray
+def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, *, model_path, tokenizer, tok_path, train, val, t0: float) -> int:
+    from grpo_dist.distributed.worker_group import WorkerError, cluster_gpus, init_ray, shutdown_ray, write_timeline
     from grpo_dist.trainer import build
     from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
     from grpo_dist.trainer.stop import StopRequested
 
-    ri = cfg.ray_kwargs.ray_init
-    started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
-                           min_cpus=data_parallel_size(cfg))
+    started_ray = init_ray(**lp.ray_init)
     trainer = None
     try:
-        device = build.choose_device(cfg.trainer.device, cluster_gpus())
+        device = build.choose_device(lp.device, cluster_gpus())
         trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
                               train_data=train, val_data=val, device=device, out_dir=str(out_dir))
         trainer.stop.install()
@@ -107,6 +108,11 @@ def _run_locked(cfg: GRPOConfig, out_dir: Path, *, model_path, tokenizer, tok_pa
     finally:
         if trainer is not None:
             trainer.close()
+        if lp.timeline_file:
+            try:
+                write_timeline(lp.timeline_file)
+            except Exception as exc:  # a timeline must never fail a run
+                print(f"grpo_dist: could not write ray_kwargs.timeline_json_file: {exc}", file=sys.stderr)
         if started_ray:
             shutdown_ray()
 

@@ -130,7 +130,7 @@ class FSDPActor:
             LRMultiplier(settings.lr_scheduler_type, warmup, settings.total_training_steps, settings.min_lr_ratio),
         )
         self.update_count = 0
-        """update_policy calls so far (= scheduler steps); seeds the within-mini-batch shuffle."""
+        """update_policy calls so far (= scheduler steps)."""
         self.nonfinite_grad_norm_total = 0
         """Optimizer steps skipped so far because the gradient norm was not finite."""
         self.defer_grad_sync = world_size == 1
@@ -230,7 +230,6 @@ class FSDPActor:
             )
         num_mini = n // mini
         cpu_data = {k: data[k] for k in keys}
-        gen = torch.Generator().manual_seed(s.seed * 1_000_003 + self.update_count)
         micro_kwargs = (
             {"max_token_len": s.ppo_max_token_len_per_gpu}
             if s.use_dynamic_bsz
@@ -245,11 +244,10 @@ class FSDPActor:
         lr = self.lr_scheduler.get_last_lr()[0]
         history: dict[str, list[float]] = {}
         nonfinite = 0
-        for _epoch in range(s.ppo_epochs):
+        # with epochs_in_rows the caller laid out every epoch's (shuffled) mini-batches in the rows
+        for _epoch in range(1 if s.epochs_in_rows else s.ppo_epochs):
             for k in range(num_mini):
                 rows = torch.arange(k * mini, (k + 1) * mini)
-                if s.shuffle:
-                    rows = rows[torch.randperm(mini, generator=gen)]
                 metrics, finite = self._mini_batch_step(take_rows(cpu_data, rows), micro_kwargs)
                 nonfinite += 0 if finite else 1
                 for name, value in metrics.items():
@@ -355,18 +353,22 @@ class FSDPActor:
         return t.full_tensor()
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters."""
+        """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters, as far as
+        ``settings.save_contents`` asks (the counters always)."""
         checkpoint_io.save_train_state(
             directory,
             self.model,
             self.optimizer,
             self.lr_scheduler,
             extra={"update_count": self.update_count, "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total},
+            contents=self.settings.save_contents,
         )
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: restore what :meth:`save_checkpoint` wrote (the world size may differ)."""
-        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler)
+        """Collective: restore the ``settings.load_contents`` parts of what :meth:`save_checkpoint` wrote
+        (the world size may differ); the others keep their fresh state."""
+        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler,
+                                               contents=self.settings.load_contents)
         self.update_count = int(extra["update_count"])
         self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
         if self._offload_optimizer:

@@ -163,7 +163,7 @@ class FSDPCritic:
             min_lr_ratio=settings.min_lr_ratio,
         )
         self.update_count = 0
-        """update_critic calls so far (= scheduler steps); seeds the within-mini-batch shuffle."""
+        """update_critic calls so far (= scheduler steps)."""
         self.nonfinite_grad_norm_total = 0
         self.defer_grad_sync = world_size == 1
         """One rank: reduce gradients once per mini-batch, not per micro-batch (as the actor)."""
@@ -232,7 +232,6 @@ class FSDPCritic:
                 f"ppo_mini_batch_size_per_gpu={mini} (critic.ppo_mini_batch_size * rollout.n / world_size)"
             )
         cpu_data = {k: data[k] for k in CRITIC_UPDATE_KEYS}
-        gen = torch.Generator().manual_seed(s.seed * 1_000_003 + self.update_count)
         micro_kwargs = ({"max_token_len": s.ppo_max_token_len_per_gpu} if s.use_dynamic_bsz
                         else {"micro_batch_size": s.ppo_micro_batch_size_per_gpu or mini})
         if self._offload_optimizer:
@@ -241,11 +240,10 @@ class FSDPCritic:
         lr = self.lr_scheduler.get_last_lr()[0]
         history: dict[str, list[float]] = {}
         nonfinite = 0
-        for _epoch in range(s.ppo_epochs):
+        # with epochs_in_rows the caller laid out every epoch's (shuffled) mini-batches in the rows
+        for _epoch in range(1 if s.epochs_in_rows else s.ppo_epochs):
             for k in range(n // mini):
                 rows = torch.arange(k * mini, (k + 1) * mini)
-                if s.shuffle:
-                    rows = rows[torch.randperm(mini, generator=gen)]
                 metrics, finite = self._mini_batch_step(take_rows(cpu_data, rows), micro_kwargs)
                 nonfinite += 0 if finite else 1
                 for name, value in metrics.items():
@@ -307,13 +305,15 @@ class FSDPCritic:
         checkpoint_io.save_train_state(
             directory, self.model, self.optimizer, self.lr_scheduler,
             extra={"update_count": self.update_count, "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total},
+            contents=self.settings.save_contents,
         )
         if self.settings.export_hf:
             self.export_hf(os.path.join(directory, "huggingface"))
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: restore what :meth:`save_checkpoint` wrote (the world size may differ)."""
-        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler)
+        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler,
+                                               contents=self.settings.load_contents)
         self.update_count = int(extra["update_count"])
         self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
         if self._offload_optimizer:
