@@ -70,7 +70,6 @@ from grpo_dist.tasks.reverse import DEFAULT_JOB_STEPS
 # --------------------------------------------------------------------------------------------
 SCHEDULE_LENGTH = NoOp("the schedule always spans the run's steps (trainer.total_training_steps, or total_epochs x "
                        "steps per epoch), as verl's trainer writes here")
-COSINE_SHAPE = Refused("only verl's default cosine shape (a half cosine, steps counted from 0) is built here")
 ADAMW_ONLY = Refused("the optimizer is torch's AdamW (weight_decay, betas and lr are its settings)")
 FSDP2_ONLY = NoOp("grpo_dist trains with FSDP2 (fsdp runs as the same sharding)", values=("fsdp", "fsdp2"),
                   otherwise="use fsdp2 or fsdp (Megatron is not built)")
@@ -88,7 +87,7 @@ TEXT_ONLY = NoOp("grpo_dist trains text models: image, video and audio columns a
 
 @dataclass
 class DataConfig:
-    tokenizer: Optional[str] = F(None, "tokenizer path; null = the model's own (actor_rollout_ref.model.path)")
+    tokenizer: Optional[str] = F(None, "tokenizer path; null = actor_rollout_ref.model.tokenizer_path, else the model's own")
     train_files: Any = F(
         "builtin:reverse/train",  # DEFAULT_TRAIN_FILES
         "training prompts: a parquet/jsonl path or a list of them, in verl's row format ('builtin:' = embedded task)",
@@ -119,7 +118,7 @@ class DataConfig:
     return_full_prompt: bool = F(False, "keep the templated prompt text in the batch", BATCH_CONTENTS)
     return_raw_input_ids: bool = F(False, "keep the prompt ids before the chat template", BATCH_CONTENTS)
     train_max_samples: int = F(-1, "use at most this many training rows (a seeded random choice when data.shuffle); -1 = all")
-    val_max_samples: int = F(-1, "use at most this many validation rows (the first ones); -1 = all")
+    val_max_samples: int = F(-1, "use at most this many validation rows (chosen as for train_max_samples); -1 = all")
     trust_remote_code: bool = F(False, "allow the tokenizer's own Python code to run (as does actor_rollout_ref.model.trust_remote_code)")
     apply_chat_template_kwargs: Dict[str, Any] = F(
         {}, "extra arguments of the tokenizer's apply_chat_template (e.g. +data.apply_chat_template_kwargs.enable_thinking=false)"
@@ -197,12 +196,12 @@ class OptimConfig:
     lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
     min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
     total_training_steps: int = F(-1, "schedule length; verl's trainer writes the run's step count here", SCHEDULE_LENGTH)
-    clip_grad: float = F(1.0, "clip the global gradient norm to this value (verl's key beside actor.grad_clip: set either)",
+    clip_grad: float = F(1.0, "clip the global gradient norm to this value",
                          Honoured(alias_of="actor_rollout_ref.actor.grad_clip"))
-    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type (set either); null = lr_scheduler_type",
+    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type; null = unset",
                                     Honoured(alias_of=".lr_scheduler_type"))
-    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down)", COSINE_SHAPE)
-    zero_indexed_step: bool = F(True, "the schedule counts steps from 0", COSINE_SHAPE)
+    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down to min_lr_ratio)")
+    zero_indexed_step: bool = F(True, "the cosine schedule counts steps from 0 (false: from 1)")
     optimizer: str = F("AdamW", "optimizer class", ADAMW_ONLY)
     optimizer_impl: str = F("torch.optim", "module of the optimizer class", ADAMW_ONLY)
     override_optimizer_config: Optional[Dict[str, Any]] = F(None, "extra optimizer arguments", ADAMW_ONLY)
@@ -229,7 +228,7 @@ class CheckpointConfig:
         "what resume restores: model (needed), optimizer, extra; what is left out starts fresh; default: save_contents",
     )
     contents: Optional[List[str]] = F(
-        None, "grpo_dist's former name of save_contents (set either); null = save_contents",
+        None, "grpo_dist's former name of save_contents; null = unset",
         Honoured(alias_of="actor_rollout_ref.actor.checkpoint.save_contents"))
     async_save: bool = F(False, "write checkpoints in the background", NoOp(
         "checkpoints are written at the step boundary; the files are the same"))
@@ -525,10 +524,10 @@ class CriticOptimConfig:
     min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
     total_training_steps: int = F(-1, "schedule length; verl's trainer writes the run's step count here", SCHEDULE_LENGTH)
     clip_grad: float = F(1.0, "clip the critic's global gradient norm to this value (verl's current key; critic.grad_clip is the early-2026 one: set either)")
-    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type (set either); null = lr_scheduler_type",
+    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type; null = unset",
                                     Honoured(alias_of=".lr_scheduler_type"))
-    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down)", COSINE_SHAPE)
-    zero_indexed_step: bool = F(True, "the schedule counts steps from 0", COSINE_SHAPE)
+    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down to min_lr_ratio)")
+    zero_indexed_step: bool = F(True, "the cosine schedule counts steps from 0 (false: from 1)")
     optimizer: str = F("AdamW", "optimizer class", ADAMW_ONLY)
     optimizer_impl: str = F("torch.optim", "module of the optimizer class", ADAMW_ONLY)
     override_optimizer_config: Optional[Dict[str, Any]] = F(None, "extra optimizer arguments", ADAMW_ONLY)

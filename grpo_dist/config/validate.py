@@ -482,6 +482,8 @@ def _validate_verl_extras(cfg: GRPOConfig) -> None:
     if not d.reward_fn_key:
         raise _bad("data.reward_fn_key", d.reward_fn_key, "expected the name of a column (verl: data_source)")
     _positive("reward.num_workers", setting(cfg, "reward_model.num_workers"))
+    _positive("actor_rollout_ref.actor.optim.num_cycles", arr.actor.optim.num_cycles)
+    _positive("critic.optim.num_cycles", cfg.critic.optim.num_cycles)
     for key, val in (("actor_rollout_ref.actor.loss_scale_factor", arr.actor.loss_scale_factor),
                      ("critic.loss_scale_factor", cfg.critic.loss_scale_factor)):
         _positive(key, val)

@@ -8,7 +8,10 @@ Data layout for :meth:`FSDPActor.update_policy`
 A step's global batch of ``N`` responses is cut into ``M`` global mini-batches (one optimizer step
 each). Rank ``r`` receives ``N / W`` rows laid out as ``M`` contiguous equal chunks: chunk ``k`` is
 rank ``r``'s share of global mini-batch ``k``, and the union of chunk ``k`` over the ``W`` ranks is
-global mini-batch ``k``. ``M = rows_on_this_rank / settings.ppo_mini_batch_size_per_gpu``.
+global mini-batch ``k``. ``M = rows_on_this_rank / settings.ppo_mini_batch_size_per_gpu``. With
+``settings.epochs_in_rows`` (``actor.shuffle``) the rows hold every PPO epoch's chunks one epoch after
+the other, each epoch's mini-batches cut from its own global permutation of the step's responses
+(:func:`grpo_dist.training.micro_batches.update_layout`), and the update runs over them once.
 :func:`grpo_dist.training.micro_batches.rank_shard_indices` produces exactly this layout from a
 global batch (verl: ``ppo_mini_batch_size_per_gpu = ppo_mini_batch_size * rollout.n // W``).
 
@@ -127,7 +130,8 @@ class FSDPActor:
         warmup = resolve_warmup_steps(settings.lr_warmup_steps, settings.lr_warmup_steps_ratio, settings.total_training_steps)
         self.lr_scheduler = LambdaLR(
             self.optimizer,
-            LRMultiplier(settings.lr_scheduler_type, warmup, settings.total_training_steps, settings.min_lr_ratio),
+            LRMultiplier(settings.lr_scheduler_type, warmup, settings.total_training_steps, settings.min_lr_ratio,
+                         settings.num_cycles, settings.zero_indexed_step),
         )
         self.update_count = 0
         """update_policy calls so far (= scheduler steps)."""

@@ -160,7 +160,8 @@ class FSDPCritic:
         self.lr_scheduler = make_lr_scheduler(
             self.optimizer, kind=settings.lr_scheduler_type, warmup_steps=settings.lr_warmup_steps,
             warmup_ratio=settings.lr_warmup_steps_ratio, total_steps=settings.total_training_steps,
-            min_lr_ratio=settings.min_lr_ratio,
+            min_lr_ratio=settings.min_lr_ratio, num_cycles=settings.num_cycles,
+            zero_indexed_step=settings.zero_indexed_step,
         )
         self.update_count = 0
         """update_critic calls so far (= scheduler steps)."""

@@ -114,6 +114,10 @@ class ActorSettings:
     """Optimizer schedule length in training steps (update_policy calls); needed for cosine and ratio."""
     lr_scheduler_type: str = "constant"
     min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    """Waves of the cosine schedule (0.5: one half cosine down; :func:`grpo_dist.core.schedules.lr_lambda`)."""
+    zero_indexed_step: bool = True
+    """The cosine schedule counts steps from 0 (False: from 1, as torchtitan)."""
 
     # --- model and FSDP2 ------------------------------------------------------------------------
     model_dtype: str = "float32"
@@ -269,6 +273,8 @@ class CriticSettings:
     total_training_steps: int = -1
     lr_scheduler_type: str = "constant"
     min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    zero_indexed_step: bool = True
 
     # --- model and FSDP2 ------------------------------------------------------------------------
     model_dtype: str = "float32"
