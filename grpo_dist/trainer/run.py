@@ -49,7 +49,7 @@ def run(cfg: GRPOConfig) -> int:
             load_custom_reward_fn(*lp.custom_reward)
         sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
         train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample)
-        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples)
+        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample)
                if val_files else None)
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
