@@ -476,7 +476,7 @@ class CriticModelConfig:
         "value model: a Hugging Face directory (a causal LM gets a new scalar value head; one saved with "
         "AutoModelForTokenClassification, num_labels=1, keeps its own); default: the actor's model",
     )
-    tokenizer_path: str = F(
+    tokenizer_path: Optional[str] = F(
         II("actor_rollout_ref.model.path"),
         "the critic's tokenizer in verl; the critic reads the actor's token ids here, so its model's vocabulary "
         "must cover the actor's tokenizer (checked at start-up)", CRITIC_READS_ACTOR_IDS,
@@ -628,7 +628,9 @@ class RolloutCorrectionConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = F(False, "dynamic sampling (DAPO): drop prompts whose responses all score the same, generate more")
-    metric: str = F("acc", "what must differ within a prompt's responses: acc | score (the reward function's score) | seq_reward | seq_final_reward")
+    metric: Optional[str] = F(
+        "acc", "what must differ within a prompt's responses: acc | score (the reward function's score) | seq_reward | "
+        "seq_final_reward (null, verl's default, is accepted while filter_groups is off)")
     max_num_gen_batches: int = F(0, "most generation batches per step; <= 0 = no limit")
     on_exhausted: str = F("error", "at max_num_gen_batches with too few prompts: error | train (on the prompts kept, whole mini-batches)")
     max_inflight_gen_batches: int = F(1, "generation batches in flight at once (verl's asynchronous refill)", off_feature(
@@ -701,7 +703,9 @@ class RewardConfig:
 @dataclass
 class CustomRewardFunctionConfig:
     path: Optional[str] = F(None, "Python file defining the reward function (runs with the trainer's rights); null = built-in scorers")
-    name: str = F("compute_score", "function in that file: fn(data_source, solution_str, ground_truth, extra_info=None) -> float")
+    name: Optional[str] = F(
+        "compute_score", "function in that file: fn(data_source, solution_str, ground_truth, extra_info=None) -> float; "
+        "null = compute_score")
 
 
 # --------------------------------------------------------------------------------------------
@@ -862,6 +866,8 @@ VERL_DEFAULT_DIFFERENCES = {
     "reward.reward_manager.name": "null: reward_model.reward_manager, naive (verl: naive)",
     "reward_manager.name": "null: reward_model.reward_manager (verl: the same, by interpolation)",
     "trainer.test_freq": "validate every 10 steps (verl: -1)",
+    "algorithm.filter_groups.metric": "acc, used once filter_groups is switched on (verl: null)",
+    "custom_reward_function.name": "compute_score (verl's current layout: null, read as compute_score)",
     "trainer.project_name": "(verl: verl_examples)",
     "trainer.experiment_name": "(verl: gsm8k)",
 }

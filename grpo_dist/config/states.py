@@ -156,14 +156,16 @@ def _aliases(cls: type) -> dict[str, tuple[str, ...]]:
 
 def setting(cfg: Any, key: str, *, cls: type | None = None, raw: bool = False) -> Any:
     """The value of the setting ``key`` that verl also spells in other ways (the keys whose state has
-    ``alias_of=key``): the spelling changed from its own default wins; none changed: ``key``'s value;
-    two changed to different values: ``ConfigError`` naming both."""
+    ``alias_of=key``): the spelling changed from its own default (and not null) wins; none changed:
+    ``key``'s value; two changed to different values: ``ConfigError`` naming both."""
     cls = cls or type(cfg)
     read = raw_get if raw else get
     changed: list[tuple[str, Any]] = []
     for name in (key, *_aliases(cls).get(key, ())):
         value = read(cfg, name)
         default = default_of(name, cls)
+        if value is None:  # null: this spelling is not given
+            continue
         if is_interpolation(default) or _plain(value) != _plain(default):
             if name == key and is_interpolation(default):
                 continue

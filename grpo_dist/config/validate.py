@@ -529,7 +529,8 @@ def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
                    "(its function declares no rollout_is_weights_BT keyword); use rollout_is=null or another loss mode")
 
     fg = alg.filter_groups
-    _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
+    if fg.enable or fg.metric is not None:
+        _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
     _choice("algorithm.filter_groups.on_exhausted", fg.on_exhausted, FILTER_ON_EXHAUSTED)
     _positive("data.gen_batch_size", d.gen_batch_size)
     if fg.enable and alg.use_kl_in_reward:

@@ -78,7 +78,7 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         val_max_samples=d.val_max_samples,
         sample_seed=d.seed,
         sample_shuffle=d.shuffle,
-        custom_reward=(rf, setting(cfg, "custom_reward_function.name")) if rf else None,
+        custom_reward=(rf, setting(cfg, "custom_reward_function.name") or "compute_score") if rf else None,
         out_dir=t.default_local_dir,
         ray_init=dict(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
                       min_cpus=data_parallel_size(cfg),

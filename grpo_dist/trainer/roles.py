@@ -153,7 +153,8 @@ def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
     cfg = ctx.cfg
     rm = cfg.reward_model
     return dict(tokenizer_path=ctx.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                custom_path=setting(cfg, "custom_reward_function.path"), custom_name=setting(cfg, "custom_reward_function.name"),
+                custom_path=setting(cfg, "custom_reward_function.path"),
+                custom_name=setting(cfg, "custom_reward_function.name") or "compute_score",
                 num_workers=setting(cfg, "reward_model.num_workers"), timeout_s=rm.timeout_s, on_error=rm.on_error)
 
 
