@@ -5,17 +5,14 @@ with only the model and data paths made placeholders (``{model}``, ``{train}``, 
 tests change the module name (``python -m grpo_dist.main``), fill in the paths, and for a CPU run
 append the size overrides of ``cpu_sizes`` (later overrides win, as on verl's command line).
 
-``left_out`` lists the script's keys that this project does not accept yet, or values it cannot take;
-they are dropped from ``overrides``:
+``left_out`` lists the script's overrides that this project does not accept; none are left out: the
+``trainer.logger`` with wandb is accepted (a CPU run logs to the console and a file instead, as it has
+no wandb account), and so are ``trainer.use_legacy_worker_impl`` (no effect here: one worker
+implementation), ``trainer.balance_batch`` and ``ray_kwargs.ray_init.runtime_env.py_executable`` (handed
+to Ray; a CPU run here sets it back to null: this machine has no ``uv`` launcher).
 
-- ``trainer.logger=["console","wandb"]``: the key is accepted; the tests log to the console and a
-  file instead of to a wandb account.
-- ``trainer.use_legacy_worker_impl`` (verl's worker implementation switch), ``trainer.balance_batch``
-  (reordering a step's responses across ranks by length) and
-  ``ray_kwargs.ray_init.runtime_env.py_executable`` (running Ray workers under uv): not accepted yet.
-
-``actor_rollout_ref.rollout.tensor_model_parallel_size`` is kept (it is accepted) and scaled to 1
-with the other sizes: one engine per rank is what runs on a CPU.
+``actor_rollout_ref.rollout.tensor_model_parallel_size`` is kept and scaled to 1 with the other sizes:
+one engine per rank is what runs on a CPU.
 """
 
 from __future__ import annotations
@@ -54,15 +51,17 @@ EARLY_2026 = {
         "critic.model.fsdp_config.optimizer_offload=False",
         "algorithm.use_kl_in_reward=False",
         "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
         "trainer.project_name=verl_example_gsm8k",
         "trainer.experiment_name=deepseek_llm_7b_function_rm",
         "trainer.n_gpus_per_node=8",
         "trainer.nnodes=1",
         "trainer.save_freq=20",
         "trainer.test_freq=1",
+        "trainer.use_legacy_worker_impl=auto",
         "trainer.total_epochs=15",
     ],
-    "left_out": ['trainer.logger=["console","wandb"]', "trainer.use_legacy_worker_impl=auto"],
+    "left_out": [],
     "cpu_sizes": [
         "data.train_batch_size=4",
         "data.max_prompt_length=64",
@@ -116,7 +115,9 @@ CURRENT = {
         "critic.ppo_max_token_len_per_gpu=24576",
         "critic.fsdp.param_offload=False",
         "critic.fsdp.optimizer_offload=False",
+        "trainer.balance_batch=True",
         "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
         "trainer.project_name=verl_ppo_gsm8k_math",
         "trainer.experiment_name=qwen3_8b_ppo_vllm_fsdp",
         "trainer.n_gpus_per_node=8",
@@ -124,9 +125,9 @@ CURRENT = {
         "trainer.save_freq=20",
         "trainer.test_freq=5",
         "trainer.total_epochs=15",
+        "ray_kwargs.ray_init.runtime_env.py_executable=uv -v run --frozen --all-packages --extra vllm --extra fsdp",
     ],
-    "left_out": ["trainer.balance_batch=True", 'trainer.logger=["console","wandb"]',
-                 "ray_kwargs.ray_init.runtime_env.py_executable=null"],
+    "left_out": [],
     "cpu_sizes": [
         "data.train_batch_size=4",
         "data.max_prompt_length=64",
@@ -139,6 +140,7 @@ CURRENT = {
         "critic.ppo_max_token_len_per_gpu=48",
         "trainer.n_gpus_per_node=2",
         "trainer.total_training_steps=2",
+        "ray_kwargs.ray_init.runtime_env.py_executable=null",  # this machine has no uv launcher
     ],
 }
 

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_dist.config.loader import CONF_DIR, SCHEMA_NAME
+from grpo_dist.config.fields import HONOURED
 from grpo_dist.config.schema import INTERPOLATED_HELP, VERL_DEFAULT_DIFFERENCES, GRPOConfig
+from grpo_dist.config.states import describe_state, state_of
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML_PATH = CONF_DIR / "grpo_trainer.yaml"
@@ -42,26 +44,48 @@ def _yaml_scalar(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_yaml_scalar(k)}: {_yaml_scalar(x)}" for k, x in v.items()) + "}"
     s = str(v)
-    if s == "" or any(c in s for c in ":#{}[],&*?|<>=!%@`'\"") or s.strip() != s:
+    if s == "" or any(c in s for c in ":#{}[],&*?|<>=!%@`'\"") or s.strip() != s or _not_a_string_in_yaml(s):
         return "'" + s.replace("'", "''") + "'"
     return s
+
+
+def _not_a_string_in_yaml(s: str) -> bool:
+    """Text YAML would read as something else (a boolean, null or a number) unless quoted."""
+    import yaml
+
+    return not isinstance(yaml.safe_load(s), str)
 
 
 def _help(f: Any, key: str) -> str:
     return f.metadata.get("help") or INTERPOLATED_HELP.get(key, "")
 
 
-def _walk(cls: type, prefix: str = ""):
-    """Yield ("section", key, help, depth) and ("leaf", key, field, depth) in declaration order."""
+_RANK = {"honoured": 0, "no-op": 1, "refused": 2}
+
+
+def _walk(cls: type, prefix: str = "", inherited: Any = None):
+    """Yield ("section", key, help, depth) and ("leaf", key, (field, state), depth): within a section
+    the honoured keys first, then those with no effect, then the refused ones (declaration order
+    otherwise; a section ranks by its own state)."""
+    items = []
     for f in fields(cls):
+        own = f.metadata.get("state")
+        state = own or inherited
+        items.append((_RANK[(state or HONOURED).kind], f, state))
+    for _rank, f, state in sorted(items, key=lambda t: t[0]):
         key = f"{prefix}{f.name}"
         depth = key.count(".")
         val = _default(f)
         if is_dataclass(val):
             yield "section", key, f.metadata.get("help", ""), depth
-            yield from _walk(type(val), key + ".")
+            yield from _walk(type(val), key + ".", state)
         else:
-            yield "leaf", key, f, depth
+            yield "leaf", key, (f, state_of(key)), depth
+
+
+def _tag(key: str, state: Any) -> str:
+    short, _ = describe_state(key, state)
+    return "" if short == "honoured" else f" [{short}]"
 
 
 def render_yaml() -> str:
@@ -83,10 +107,14 @@ def render_yaml() -> str:
                 lines.append("")
             lines.append(f"{ind}{name}:  # {payload}")
         else:
-            f = payload
+            f, state = payload
             val = _default(f)
-            lines.append(f"{ind}{name}: {_yaml_scalar(val)}  # {_help(f, key)}")
+            lines.append(f"{ind}{name}: {_yaml_scalar(val)}  # {_help(f, key)}{_tag(key, state)}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
 
 
 def render_doc() -> str:
@@ -95,19 +123,47 @@ def render_doc() -> str:
         "",
         "<!-- GENERATED from grpo_dist/config/schema.py by `python -m grpo_dist.config.docgen`; do not edit by hand. -->",
         "",
-        "grpo_dist reads verl's key tree. Every key below can be overridden on the command line",
-        "(`python -m grpo_dist.main key=value ...`); `python -m grpo_dist.main --cfg job` prints the",
-        "composed configuration. An unknown key, a value of the wrong type, or a combination that",
-        "cannot work stops the run before any process starts, with a message naming the key.",
+        "grpo_dist reads verl's key tree: every key of verl's trainer configuration (the early-2026 layout and the",
+        "current one) is here, in one of three states:",
+        "",
+        "- **honoured**: it does what verl's does;",
+        "- **no effect**: accepted, with no effect here, for the reason given; where only some values are no-ops,",
+        "  they are listed and the others are refused;",
+        "- **refused unless X**: the feature behind it is not built; the key is accepted at X (the feature off) and any",
+        "  other value stops the run with one message naming the key, the value and what to use instead.",
+        "",
+        "Every key below can be overridden on the command line (`python -m grpo_dist.main key=value ...`, also",
+        "`+key=value` and `++key=value`); `python -m grpo_dist.main --cfg job` prints the composed configuration.",
+        "An unknown key, a value of the wrong type, a refused value or a combination that cannot work stops the run",
+        "before any process starts, with a message naming the key. A run prints once, at start-up, every key given a",
+        "value that has no effect here. Keys of verl that are not listed (learned reward models, `reward_model.*` /",
+        "`reward.reward_model.*` beyond what is below, and verl's Megatron-only keys) are refused as unknown keys.",
         "",
     ]
+    refused: list[tuple[str, str, str]] = []
     for kind, key, payload, depth in _walk(GRPOConfig):
         if kind == "section":
-            out += ["", f"{'#' * min(depth + 2, 4)} `{key}`", "", payload, "", "| key | default | meaning |", "| --- | --- | --- |"]
+            out += ["", f"{'#' * min(depth + 2, 4)} `{key}`", "", payload, "",
+                    "| key | default | state | meaning |", "| --- | --- | --- | --- |"]
         else:
-            f = payload
+            f, state = payload
             default = _yaml_scalar(_default(f)).replace("|", "\\|")
-            out.append(f"| `{key}` | `{default}` | {_help(f, key).replace('|', '/')} |")
+            short, why = describe_state(key, state)
+            meaning = _help(f, key) + (f" ({why})" if why else "")
+            out.append(f"| `{key}` | `{default}` | {_cell(short)} | {_cell(meaning)} |")
+            if state.kind == "refused" or (state.kind == "honoured" and state.refuse):
+                refused.append((key, short, why))
+    out += [
+        "",
+        "## Features refused here",
+        "",
+        "The keys whose values switch on something grpo_dist does not build. Each is accepted at the value given,",
+        "which leaves the feature off (the keys under such a feature have no effect while it is off).",
+        "",
+        "| key | accepted | why, and what to use instead |",
+        "| --- | --- | --- |",
+    ]
+    out += [f"| `{k}` | {_cell(short)} | {_cell(why)} |" for k, short, why in refused]
     out += [
         "",
         "## Defaults that differ from verl's",

@@ -39,7 +39,10 @@ def all_keys() -> list[str]:
     return [k for k, _ in iter_keys()]
 
 
+@functools.lru_cache(maxsize=1)
 def _register_schema() -> None:
+    """Store the schema in Hydra's config store, once per process (it outlives ``GlobalHydra.clear()``;
+    building its structured config is most of a compose's time)."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=GRPOConfig)
@@ -99,6 +102,34 @@ def _schema_keys() -> frozenset[str]:
     return frozenset(all_keys())
 
 
+@functools.lru_cache(maxsize=1)
+def _dict_keys() -> frozenset[str]:
+    """Leaves whose value is a mapping (``override_config``, ``engine_kwargs``, ...): keys below them are
+    the mapping's own entries."""
+    out = set()
+    for key, f in iter_keys():
+        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        if isinstance(default, dict) or "Dict[" in str(f.type):
+            out.add(key)
+    return frozenset(out)
+
+
+def _check_added_keys(overrides: list[str]) -> None:
+    """``+key=value`` / ``++key=value`` add a key Hydra would otherwise refuse; for a key the schema does
+    not have, the value would be dropped silently when the typed config is built. Refuse it as an
+    unknown key instead (keys under a mapping-valued key, and Hydra's own ``hydra.*``, are fine)."""
+    for o in overrides:
+        if not o.startswith("+") or "=" not in o:
+            continue
+        key = o.lstrip("+").split("=", 1)[0]
+        if key in _schema_keys() or key.startswith("hydra.") or key == "hydra":
+            continue
+        parts = key.split(".")
+        if any(".".join(parts[:i]) in _dict_keys() for i in range(1, len(parts))):
+            continue
+        raise ConfigError(_unknown_key_message(key))
+
+
 def compose(
     overrides: list[str] | None = None,
     *,
@@ -111,6 +142,7 @@ def compose(
     from hydra.core.global_hydra import GlobalHydra
 
     overrides = [_schema_plus(o) for o in overrides or []]
+    _check_added_keys(overrides)
     _register_schema()
     conf_dir = Path(config_dir).resolve() if config_dir else CONF_DIR
     if not conf_dir.is_dir():

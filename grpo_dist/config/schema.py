@@ -15,43 +15,84 @@ Cross-key rules (divisibility, ranges, files that must exist) live in ``validate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from omegaconf import II
+from omegaconf import II, OmegaConf
 
+from grpo_dist.config.fields import F, ConfigError, Honoured, NoOp, Refused, S  # noqa: F401 - re-exported
+from grpo_dist.config.sections.engine import (
+    ENTROPY_CHUNKED,
+    SPEED_ONLY,
+    ULYSSES,
+    UNUSED_WITHOUT,
+    CheckpointEngineConfig,
+    DisaggregationConfig,
+    FSDPEngineKeys,
+    FusedKernelOptions,
+    LoraConfig,
+    MTPConfig,
+    QATConfig,
+    RouterReplayConfig,
+    PrometheusConfig,
+    TiledMLPConfig,
+    TraceConfig,
+    lora_section,
+    mtp_section,
+    off_feature,
+    qat_section,
+    router_replay_section,
+)
+from grpo_dist.config.sections.features import (
+    DistillationConfig,
+    EarlyRewardManagerConfig,
+    RewardCustomFunctionConfig,
+    RewardManagerConfig,
+    RuntimeEnvConfig,
+    CustomClassConfig,
+    SamplerClassConfig,
+    SkipConfig,
+    TrainerV1Config,
+    TransferQueueConfig,
+    SandboxFusionConfig,
+    custom_class_section,
+    sandbox_section,
+)
+from grpo_dist.config.sections.profiler import GlobalProfilerConfig, ProfilerConfig, global_profiler_section, profiler_section
 from grpo_dist.core.advantages import list_adv_estimators
 from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.data import TRUNCATION_MODES
 from grpo_dist.rollout import ENGINES
-
-
-class ConfigError(ValueError):
-    """A user mistake in the configuration. The message is meant to be printed as is."""
-
-
-def F(default: Any, help: str, **kw: Any) -> Any:  # noqa: A002 - mirrors argparse's name
-    """A dataclass field with a default and its one-line help text."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
-
-
-def S(cls: type, help: str) -> Any:
-    """A nested config section."""
-    return field(default_factory=cls, metadata={"help": help})
+from grpo_dist.tasks.reverse import DEFAULT_JOB_STEPS
 
 
 # --------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------
+SCHEDULE_LENGTH = NoOp("the schedule always spans the run's steps (trainer.total_training_steps, or total_epochs x "
+                       "steps per epoch), as verl's trainer writes here")
+ADAMW_ONLY = Refused("the optimizer is torch's AdamW (weight_decay, betas and lr are its settings)")
+FSDP2_ONLY = NoOp("grpo_dist trains with FSDP2 (fsdp runs as the same sharding)", values=("fsdp", "fsdp2"),
+                  otherwise="use fsdp2 or fsdp (Megatron is not built)")
+COPY_OF_N = NoOp("verl's copy of actor_rollout_ref.rollout.n", same_as="actor_rollout_ref.rollout.n",
+                 otherwise="set actor_rollout_ref.rollout.n instead")
+TEXT_MODELS = NoOp("grpo_dist trains text models: there is no vision tower")
+NO_SUCH_LOSS = NoOp("read only by verl's sapo and dro policy losses, which are not built here (policy_loss.loss_mode refuses them)")
+ENGINE_SPEED = NoOp("a speed or memory setting of the rollout engine; the samples are the same")
+CRITIC_READS_ACTOR_IDS = NoOp("the critic reads the actor's token ids (its prompts are never templated on their own)")
+LORA_ONLY = NoOp("read only with LoRA (lora_rank > 0), which is accepted only off here")
+BATCH_CONTENTS = NoOp("grpo_dist's batch always carries what its stages read (token ids, masks, the reward columns)")
+DATA_SPEED = NoOp("prompts are read and tokenized once in the driver; this changes only verl's loading speed")
+TEXT_ONLY = NoOp("grpo_dist trains text models: image, video and audio columns are not read")
+
+
 @dataclass
 class DataConfig:
-    tokenizer: Optional[str] = F(None, "tokenizer path; null = the model's own (actor_rollout_ref.model.path)")
+    tokenizer: Optional[str] = F(None, "tokenizer path; null = actor_rollout_ref.model.tokenizer_path, else the model's own")
     train_files: Any = F(
-        "builtin:reverse/train",
+        "builtin:reverse/train",  # DEFAULT_TRAIN_FILES
         "training prompts: a parquet/jsonl path or a list of them, in verl's row format ('builtin:' = embedded task)",
     )
     val_files: Any = F(
@@ -59,7 +100,11 @@ class DataConfig:
         "validation prompts: a parquet/jsonl path or list; null = no validation",
     )
     prompt_key: str = F("prompt", "column holding the prompt (a list of chat messages, or a string)")
-    reward_fn_key: str = F("data_source", "column that selects the rule-based scorer for a row")
+    reward_fn_key: str = F(
+        "data_source",
+        "column handed to the reward function as its data_source (and so choosing the rule-based scorer); "
+        "validation metrics are still grouped by the data_source column",
+    )
     max_prompt_length: int = F(64, "longest prompt in tokens (after the chat template)")
     max_response_length: int = F(24, "longest response in tokens")
     train_batch_size: int = F(32, "prompts per training step; responses per step = train_batch_size x rollout.n")
@@ -68,11 +113,40 @@ class DataConfig:
     )
     val_batch_size: Optional[int] = F(None, "prompts per validation batch; null = the whole validation set at once")
     shuffle: bool = F(True, "shuffle the training prompts every epoch (seeded by data.seed)")
-    seed: int = F(42, "seed of the prompt shuffling")
+    seed: Optional[int] = F(42, "seed of the prompt shuffling (and of train_max_samples' choice); null = a fresh seed, kept with checkpoints")
     filter_overlong_prompts: bool = F(False, "drop prompts longer than max_prompt_length instead of applying truncation")
     truncation: str = F("error", "prompt longer than max_prompt_length: " + " | ".join(TRUNCATION_MODES))
     skip_bad_rows: bool = F(False, "skip malformed data rows (and count them) instead of stopping with an error")
-    return_raw_chat: bool = F(False, "keep the raw chat messages in the batch (verl compatibility; unused here)")
+    return_raw_chat: bool = F(True, "keep the raw chat messages in the batch", BATCH_CONTENTS)
+    return_full_prompt: bool = F(False, "keep the templated prompt text in the batch", BATCH_CONTENTS)
+    return_raw_input_ids: bool = F(False, "keep the prompt ids before the chat template", BATCH_CONTENTS)
+    train_max_samples: int = F(-1, "use at most this many training rows (a seeded random choice when data.shuffle); -1 = all")
+    val_max_samples: int = F(-1, "use at most this many validation rows (chosen as for train_max_samples); -1 = all")
+    trust_remote_code: bool = F(False, "allow the tokenizer's own Python code to run (as does actor_rollout_ref.model.trust_remote_code)")
+    apply_chat_template_kwargs: Dict[str, Any] = F(
+        {}, "extra arguments of the tokenizer's apply_chat_template (e.g. +data.apply_chat_template_kwargs.enable_thinking=false)"
+    )
+    validation_shuffle: bool = F(False, "shuffle the validation prompts", NoOp(
+        "validation scores every prompt and reports means, which do not depend on the order"))
+    dataloader_num_workers: int = F(8, "processes loading batches", DATA_SPEED)
+    filter_overlong_prompts_workers: int = F(1, "processes filtering long prompts", DATA_SPEED)
+    use_shm: bool = F(False, "copy the data files to shared memory first", DATA_SPEED)
+    image_key: str = F("images", "column of a row's images", TEXT_ONLY)
+    video_key: str = F("videos", "column of a row's videos", TEXT_ONLY)
+    audio_key: str = F("audios", "column of a row's audio", TEXT_ONLY)
+    image_patch_size: int = F(14, "vision patch size", TEXT_ONLY)
+    mm_processor_kwargs: Dict[str, Any] = F({}, "arguments of the multimodal processor", TEXT_ONLY)
+    return_multi_modal_inputs: bool = F(True, "keep the processor's multimodal inputs in the batch", TEXT_ONLY)
+    tool_config_path: Optional[str] = F(None, "tool definitions for multi-turn rollouts", Refused(
+        "tools are read by multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*); leave it null here"))
+    function_tool_path: Optional[str] = F(None, "Python tools for multi-turn rollouts", Refused(
+        "tools are read by multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*); leave it null here"))
+    custom_cls: CustomClassConfig = custom_class_section(
+        "dataset", "write the data in verl's row format (parquet or jsonl with prompt, data_source, reward_model)")
+    datagen: CustomClassConfig = custom_class_section(
+        "data generator (verl early 2026)", "generate the data beforehand into parquet or jsonl files")
+    sampler: SamplerClassConfig = S(SamplerClassConfig, "a custom batch sampler (verl early 2026; not built here: null only)",
+                                    off_feature("a custom (curriculum) sampler", "data.shuffle and data.seed choose the order"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,6 +163,30 @@ class ModelConfig:
     )
     trust_remote_code: bool = F(False, "allow the model directory's own Python code to run when loading it")
     attn_implementation: str = F("auto", "attention kernel: auto (sdpa, or flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2")
+    tokenizer_path: Optional[str] = F(None, "tokenizer folder; null = data.tokenizer, else the model's own")
+    custom_chat_template: Optional[str] = F(None, "a Jinja chat template used instead of the tokenizer's own; null = the tokenizer's")
+    override_config: Dict[str, Any] = F({}, "fields set on the policy's Hugging Face config", Refused(
+        "changing the policy's config is not built here (the trainer and the rollout engine load the model folder as "
+        "saved); save a copy of the model with the changed config.json and point model.path at it"))
+    hf_config_path: Optional[str] = F(None, "a Hugging Face config folder other than the model's", Refused(
+        "a config from another folder is not built here; put the config.json beside the weights (model.path)"))
+    external_lib: Optional[str] = F(None, "a Python module imported before the model is built", Refused(
+        "importing a module into every worker is not built here; use trust_remote_code=true for model code "
+        "shipped with the model folder"))
+    use_fused_kernels: bool = F(False, "verl's fused log-prob/entropy kernels", ENTROPY_CHUNKED)
+    fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", ENTROPY_CHUNKED)
+    use_liger: bool = F(False, "Liger kernels for the model's layers", SPEED_ONLY)
+    use_shm: bool = F(False, "copy the model to shared memory before loading", SPEED_ONLY)
+    enable_activation_offload: bool = F(False, "offload activations to the CPU in the backward", SPEED_ONLY)
+    tiled_mlp: TiledMLPConfig = S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)
+    lora_rank: int = F(0, "LoRA rank (verl's early layout); 0 = full fine-tuning", off_feature(
+        "LoRA", "full fine-tuning is what runs; set it to 0"))
+    lora_alpha: int = F(16, "LoRA alpha (early layout)", LORA_ONLY)
+    target_modules: Any = F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)
+    exclude_modules: Optional[Any] = F(None, "modules that get none", LORA_ONLY)
+    lora_adapter_path: Optional[str] = F(None, "pretrained LoRA adapter to start from", LORA_ONLY)
+    lora: LoraConfig = lora_section()
+    mtp: MTPConfig = mtp_section()
 
 
 @dataclass
@@ -100,21 +198,45 @@ class OptimConfig:
     lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
     lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
     min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
-    total_training_steps: int = F(-1, "set by the trainer from the data and trainer.total_epochs; -1 = derive")
+    total_training_steps: int = F(-1, "schedule length; verl's trainer writes the run's step count here", SCHEDULE_LENGTH)
+    clip_grad: float = F(1.0, "clip the global gradient norm to this value",
+                         Honoured(alias_of="actor_rollout_ref.actor.grad_clip"))
+    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type; null = unset",
+                                    Honoured(alias_of=".lr_scheduler_type"))
+    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down to min_lr_ratio)")
+    zero_indexed_step: bool = F(True, "the cosine schedule counts steps from 0 (false: from 1)")
+    optimizer: str = F("AdamW", "optimizer class", ADAMW_ONLY)
+    optimizer_impl: str = F("torch.optim", "module of the optimizer class", ADAMW_ONLY)
+    override_optimizer_config: Optional[Dict[str, Any]] = F(None, "extra optimizer arguments", ADAMW_ONLY)
 
 
 @dataclass
-class FSDPConfig:
+class FSDPConfig(FSDPEngineKeys):
     param_offload: bool = F(False, "keep parameters in CPU memory between uses")
     optimizer_offload: bool = F(False, "keep optimizer state in CPU memory")
     reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
-    model_dtype: str = F("float32", "dtype of the master weights: float32 | bfloat16")
+    model_dtype: str = F("float32", "dtype of the master weights: float32 | bfloat16 (verl's fp32 | bf16 too)")
     dtype: str = F("auto", "compute (mixed-precision) dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
 
 
 @dataclass
 class CheckpointConfig:
-    contents: List[str] = F(["model", "optimizer", "extra"], "what a checkpoint holds: model, optimizer, extra (schedule, RNG, data position), hf_model")
+    save_contents: List[str] = F(
+        ["model", "optimizer", "extra"],
+        "what a checkpoint holds: model, optimizer, extra (LR schedule, RNG, counters), hf_model (a Hugging Face "
+        "export too); the run's position (step, data order) is always saved",
+    )
+    load_contents: List[str] = F(
+        II("actor_rollout_ref.actor.checkpoint.save_contents"),
+        "what resume restores: model (needed), optimizer, extra; what is left out starts fresh; default: save_contents",
+    )
+    contents: Optional[List[str]] = F(
+        None, "grpo_dist's former name of save_contents; null = unset",
+        Honoured(alias_of="actor_rollout_ref.actor.checkpoint.save_contents"))
+    async_save: bool = F(False, "write checkpoints in the background", NoOp(
+        "checkpoints are written at the step boundary; the files are the same"))
+    strict: bool = F(True, "refuse a checkpoint whose weights do not match the model", NoOp(
+        "loading is always strict here", values=(True,), otherwise="a checkpoint must match the model (strict=true)"))
 
 
 @dataclass
@@ -130,11 +252,12 @@ class PolicyLossConfig:
     clip_cov_ub: float = F(5.0, "clip_cov: upper bound of the covariance of the tokens that may be cut")
     kl_cov_ratio: float = F(0.0002, "kl_cov: fraction of response tokens (largest covariance) that get the KL penalty")
     ppo_kl_coef: float = F(0.1, "kl_cov: coefficient of that KL penalty")
+    dro_beta: Optional[float] = F(None, "DRO's quadratic log-ratio penalty", NO_SUCH_LOSS)
 
 
 @dataclass
 class ActorConfig:
-    strategy: str = F("fsdp2", "training backend: fsdp2 (fsdp is accepted as an alias)")
+    strategy: str = F("fsdp2", "training backend: fsdp2 (fsdp is accepted as an alias)", FSDP2_ONLY)
     ppo_mini_batch_size: int = F(16, "prompts per optimizer step (x rollout.n responses); a global size over all ranks")
     ppo_micro_batch_size_per_gpu: Optional[int] = F(
         None, "responses per forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
@@ -142,7 +265,10 @@ class ActorConfig:
     use_dynamic_bsz: bool = F(False, "cut micro-batches by token budget (ppo_max_token_len_per_gpu) instead of by count")
     ppo_max_token_len_per_gpu: int = F(16384, "token budget of one micro-batch when use_dynamic_bsz is on")
     ppo_epochs: int = F(1, "passes over each step's responses")
-    shuffle: bool = F(False, "shuffle responses before cutting them into mini-batches (seeded)")
+    shuffle: bool = F(
+        False, "shuffle the step's responses before cutting them into mini-batches, anew every ppo epoch (a global "
+        "permutation seeded by data_loader_seed, the same for any number of ranks)")
+    data_loader_seed: int = F(42, "seed of the mini-batch shuffle (actor.shuffle)")
     clip_ratio: float = F(0.2, "PPO clip range epsilon (both sides unless clip_ratio_low/high are set)")
     clip_ratio_low: Optional[float] = F(None, "lower clip range; null = clip_ratio")
     clip_ratio_high: Optional[float] = F(None, "upper clip range (clip-higher); null = clip_ratio")
@@ -161,24 +287,74 @@ class ActorConfig:
         "term is the GRPO paper's loss (the in-process API's default)",
     )
     grad_clip: float = F(1.0, "clip the global gradient norm to this value")
+    ppo_micro_batch_size: Optional[int] = F(
+        None, "verl's former global micro-batch size: ppo_micro_batch_size_per_gpu = this / data-parallel ranks; null = unset")
+    use_remove_padding: bool = F(II("actor_rollout_ref.model.use_remove_padding"),
+                                 "packed forwards in the actor (default: model.use_remove_padding)")
+    loss_scale_factor: Optional[float] = F(
+        None, "divisor of loss_agg_mode=seq-mean-token-sum-norm; null = the response length (rollout.response_length)")
+    rollout_n: int = F(II("actor_rollout_ref.rollout.n"), "verl's copy of rollout.n", COPY_OF_N)
+    use_fused_kernels: bool = F(False, "verl's fused log-prob/entropy kernels in the actor", ENTROPY_CHUNKED)
+    use_torch_compile: bool = F(True, "torch.compile the actor's log-prob functions", SPEED_ONLY)
+    ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel ranks", ULYSSES)
+    entropy_checkpointing: bool = F(False, "recompute the entropy in the backward", ENTROPY_CHUNKED)
+    entropy_from_logits_with_chunking: bool = F(False, "compute the entropy in chunks", ENTROPY_CHUNKED)
+    entropy_from_logits_chunk_size: int = F(2048, "positions per entropy chunk", ENTROPY_CHUNKED)
+    calculate_entropy: bool = F(False, "compute the entropy even without an entropy bonus", NoOp(
+        "actor/entropy is always computed and logged here"))
+    calculate_sum_pi_squared: bool = F(False, "compute sum_v pi_v^2 per token (verl's optimal-baseline estimators)",
+                                       off_feature("sum_v pi_v^2 per token", "leave it off"))
+    sum_pi_squared_checkpointing: bool = F(False, "recompute sum_v pi_v^2 in the backward (verl early 2026)", NoOp(
+        "read only with calculate_sum_pi_squared, which is accepted only off here"))
+    use_prefix_grouper: bool = F(False, "share the prompt's forward among a group's responses", SPEED_ONLY)
+    pad_to_length: bool = F(False, "pad packed sequences to fixed lengths", SPEED_ONLY)
+    freeze_vision_tower: bool = F(False, "freeze a vision-language model's vision tower", TEXT_MODELS)
+    tau_pos: float = F(1.0, "SAPO's temperature for positive advantages", NO_SUCH_LOSS)
+    tau_neg: float = F(1.05, "SAPO's temperature for negative advantages", NO_SUCH_LOSS)
     policy_loss: PolicyLossConfig = S(PolicyLossConfig, "the policy-loss function")
     optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
     fsdp_config: FSDPConfig = S(FSDPConfig, "FSDP2 sharding and precision")
     checkpoint: CheckpointConfig = S(CheckpointConfig, "checkpoint contents")
+    profiler: ProfilerConfig = profiler_section("actor")
+    qat: QATConfig = qat_section()
+    router_replay: RouterReplayConfig = router_replay_section()
 
 
 @dataclass
-class RefFSDPConfig:
+class RefFSDPConfig(FSDPEngineKeys):
     param_offload: bool = F(False, "keep the reference model's parameters in CPU memory between uses")
     reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass")
+    dtype: str = F(II("actor_rollout_ref.actor.fsdp_config.dtype"),
+                   "compute dtype of the reference: auto | float32 | bfloat16 | float16; default: the actor's")
+    model_dtype: str = F("float32", "dtype the reference's weights are loaded in", NoOp(
+        "the reference is frozen: it is held in its compute dtype (fsdp_config.dtype); a master copy only matters "
+        "for training", values=("float32", "fp32", "bfloat16", "bf16", "float16", "fp16"), otherwise="use a dtype name"))
+    optimizer_offload: bool = F(False, "keep optimizer state in CPU memory", NoOp("the reference has no optimizer"))
+    forward_only: bool = F(True, "engine built without an optimizer (verl sets it per role)", NoOp(
+        "an engine flag verl sets per role; grpo_dist's roles know whether they train", values=(True,),
+        otherwise="leave it at verl's value for the reference (true)"))
 
 
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per reference forward on one rank; null = all at once")
-    log_prob_use_dynamic_bsz: bool = F(False, "cut reference forwards by token budget")
-    log_prob_max_token_len_per_gpu: int = F(16384, "token budget of one reference forward")
+    log_prob_use_dynamic_bsz: bool = F(II("actor_rollout_ref.actor.use_dynamic_bsz"),
+                                       "cut reference forwards by token budget; default: the actor's use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = F(II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
+                                            "token budget of one reference forward; default: the actor's ppo_max_token_len_per_gpu")
+    log_prob_micro_batch_size: Optional[int] = F(
+        None, "verl's former global size: log_prob_micro_batch_size_per_gpu = this / data-parallel ranks; null = unset")
     fsdp_config: RefFSDPConfig = S(RefFSDPConfig, "FSDP2 settings of the reference model")
+    strategy: str = F(II("actor_rollout_ref.actor.strategy"), "training backend of the reference; default: the actor's", FSDP2_ONLY)
+    rollout_n: int = F(II("actor_rollout_ref.rollout.n"), "verl's copy of rollout.n", COPY_OF_N)
+    use_torch_compile: bool = F(True, "torch.compile the reference's log-prob functions", SPEED_ONLY)
+    ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel ranks", ULYSSES)
+    entropy_checkpointing: bool = F(False, "recompute the entropy in the backward", ENTROPY_CHUNKED)
+    entropy_from_logits_with_chunking: bool = F(False, "compute the entropy in chunks", ENTROPY_CHUNKED)
+    entropy_from_logits_chunk_size: int = F(2048, "positions per entropy chunk", ENTROPY_CHUNKED)
+    pad_to_length: bool = F(False, "pad packed sequences to fixed lengths", SPEED_ONLY)
+    profiler: ProfilerConfig = profiler_section("reference")
+    router_replay: RouterReplayConfig = router_replay_section()
 
 
 @dataclass
@@ -192,7 +368,10 @@ class ValKwargsConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = F("vllm", "rollout engine: " + " | ".join(ENGINES) + " (" + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()) + ")")
+    name: str = F("vllm", "rollout engine: " + " | ".join(ENGINES) + " (" + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()) + ")",
+                  Honoured(refuse=(
+                      ("sglang", "the SGLang engine is not built here; use vllm (the same sampling) or hf"),
+                      ("trtllm", "the TensorRT-LLM engine is not built here; use vllm (the same sampling) or hf"))))
     mode: str = F("sync", "rollout mode (sync only)")
     n: int = F(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = F(1.0, "sampling temperature")
@@ -212,16 +391,76 @@ class RolloutConfig:
     free_cache_engine: bool = F(True, "release the engine's KV cache while the actor trains (where supported)")
     update_weights_bucket_megabytes: int = F(512, "weight sync: most MiB of weights gathered and sent at once (one flat buffer per bucket)")
     log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per old-log-prob forward on one rank; null = all at once")
-    log_prob_use_dynamic_bsz: bool = F(False, "cut old-log-prob forwards by token budget")
-    log_prob_max_token_len_per_gpu: int = F(16384, "token budget of one old-log-prob forward")
+    log_prob_use_dynamic_bsz: bool = F(II("actor_rollout_ref.actor.use_dynamic_bsz"),
+                                       "cut old-log-prob forwards by token budget; default: the actor's use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = F(II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
+                                            "token budget of one old-log-prob forward; default: the actor's ppo_max_token_len_per_gpu")
+    log_prob_micro_batch_size: Optional[int] = F(
+        None, "verl's former global size: log_prob_micro_batch_size_per_gpu = this / data-parallel ranks; null = unset")
     seed: int = F(0, "engine sampling seed (each rollout rank adds its rank)")
     calculate_log_probs: bool = F(False, "also return the rollout engine's log-prob of every sampled token (batch key rollout_log_probs) and, when the old-log-prob forward runs, log training/rollout_probs_diff_{max,mean,std} against the actor's; costs 10-20 % of vLLM's generation time on CPU, and the hf engine keeps every step's scores (responses x vocab float32 per token)")
     val_kwargs: ValKwargsConfig = S(ValKwargsConfig, "sampling for validation")
+    checkpoint_engine: CheckpointEngineConfig = S(CheckpointEngineConfig, "how the engine receives new weights")
+    load_format: str = F("dummy", "how the engine first loads weights: dummy (random) | auto | safetensors | ...", NoOp(
+        "the engine loads the model folder and then receives the actor's weights, so the first rollout samples from "
+        "the actor's weights either way"))
+    layered_summon: bool = F(False, "gather the actor's weights layer by layer for the sync", NoOp(
+        "the weight sync already gathers and sends in buckets (update_weights_bucket_megabytes)"))
+    logprobs_mode: str = F("processed_logprobs", "which log-probs the engine returns", NoOp(
+        "the engine's log-probs are those of the distribution it samples from (after temperature, top-k and top-p)",
+        values=("processed_logprobs",), otherwise="raw log-probs from the engine are not built; use processed_logprobs"))
+    enable_prefix_caching: bool = F(True, "let the engine reuse the KV cache of shared prompt prefixes", ENGINE_SPEED)
+    cudagraph_capture_sizes: Optional[List[int]] = F(None, "batch sizes captured as CUDA graphs", ENGINE_SPEED)
+    disable_log_stats: bool = F(True, "silence the engine's periodic statistics", NoOp("the engine's own logging"))
+    multi_stage_wake_up: bool = F(False, "wake the engine's weights and KV cache in two stages (memory)", ENGINE_SPEED)
+    scheduling_policy: str = F("fcfs", "the engine's request scheduling", ENGINE_SPEED)
+    skip_tokenizer_init: bool = F(True, "start the engine without a tokenizer", NoOp(
+        "prompts reach the engine as token ids and responses leave it as token ids"))
+    data_parallel_size: int = F(1, "engine replicas inside one rollout group", off_feature(
+        "data parallelism inside the engine", "every rank runs its own engine; leave it at 1"))
+    pipeline_model_parallel_size: int = F(1, "pipeline-parallel stages of the engine", off_feature(
+        "pipeline parallelism in the engine", "leave it at 1"))
+    expert_parallel_size: int = F(1, "expert-parallel ranks of the engine (MoE)", off_feature(
+        "expert parallelism in the engine", "leave it at 1"))
+    nnodes: int = F(0, "nodes of a separate rollout pool; 0 = colocated with the actor", off_feature(
+        "a separate rollout pool", "the rollout runs on the actor's ranks (hybrid engine); leave it at 0"))
+    n_gpus_per_node: int = F(II("trainer.n_gpus_per_node"), "devices per node of the separate rollout pool", NoOp(
+        "read only with a separate rollout pool (rollout.nnodes > 0), which is accepted only off here"))
+    over_sample_rate: float = F(0, "start more prompts than needed and keep the first finished", off_feature(
+        "over-sampling the rollout", "leave it at 0"))
+    ignore_eos: bool = F(False, "keep generating past the end-of-sequence token", off_feature(
+        "generating past the end-of-sequence token", "leave it false"))
+    full_determinism: bool = F(False, "deterministic engine kernels", off_feature(
+        "forcing deterministic engine kernels", "leave it false"))
+    quantization: Optional[str] = F(None, "quantize the engine's weights (e.g. fp8)", off_feature(
+        "a quantized rollout engine", "the engine runs in rollout.dtype; leave it null"))
+    quantization_config_file: Optional[str] = F(None, "the engine's quantization settings", NoOp(
+        "read only with rollout.quantization, which is accepted only off here"))
+    enable_rollout_routing_replay: bool = F(False, "record the engine's MoE routing for the trainer", off_feature(
+        "MoE routing replay", "leave it false"))
+    moe_load_balance_metrics_interval: int = F(0, "steps between MoE load-balance metrics; 0 = off", off_feature(
+        "MoE load-balance metrics", "leave it at 0"))
+    skip_rollout: bool = F(False, "replay dumped rollouts instead of generating (verl early 2026)", off_feature(
+        "replaying dumped rollouts", "leave it false"))
+    skip_dump_dir: str = F("/tmp/rollout_dump", "folder of dumped rollouts (verl early 2026)", NoOp(
+        "read only with skip_rollout, which is accepted only off here"))
+    disaggregation: DisaggregationConfig = S(DisaggregationConfig, "prefill/decode disaggregation (not built here)",
+                                             NoOp("read only with disaggregation.enabled, which is accepted only off here"))
+    prometheus: PrometheusConfig = S(PrometheusConfig, "Prometheus export of the engine's metrics (not built here)",
+                                     NoOp("read only with prometheus.enable, which is accepted only off here"))
+    trace: TraceConfig = S(TraceConfig, "rollout tracing (not built here)",
+                           NoOp("read only with trace.backend set, which is accepted only null here"))
+    profiler: ProfilerConfig = profiler_section("rollout")
+    mtp: MTPConfig = mtp_section()
+    qat: QATConfig = qat_section()
 
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = F(True, "colocate actor, reference and rollout of a rank on one device")
+    hybrid_engine: bool = F(True, "colocate actor, reference and rollout of a rank on one device", Refused(
+        "the split placement (actor, reference and rollout on separate devices) is not built; the roles of a rank "
+        "always share its device: use true"))
+    nccl_timeout: int = F(600, "seconds a collective of the actor, reference or critic may wait before it fails")
     model: ModelConfig = S(ModelConfig, "the policy model")
     actor: ActorConfig = S(ActorConfig, "the policy update")
     ref: RefConfig = S(RefConfig, "the frozen reference policy (created only when a KL term is used)")
@@ -232,7 +471,7 @@ class ActorRolloutRefConfig:
 # critic (PPO with a value model; on when the advantage estimator needs values)
 # --------------------------------------------------------------------------------------------
 @dataclass
-class CriticFSDPConfig:
+class CriticFSDPConfig(FSDPEngineKeys):
     param_offload: bool = F(False, "keep the value model's parameters in CPU memory between uses")
     optimizer_offload: bool = F(False, "keep the critic's optimizer state in CPU memory")
     reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
@@ -247,20 +486,41 @@ class CriticModelConfig:
         "value model: a Hugging Face directory (a causal LM gets a new scalar value head; one saved with "
         "AutoModelForTokenClassification, num_labels=1, keeps its own); default: the actor's model",
     )
-    tokenizer_path: str = F(
+    tokenizer_path: Optional[str] = F(
         II("actor_rollout_ref.model.path"),
-        "verl compatibility: the critic reads the actor's token ids, so its model's vocabulary must cover "
-        "the actor's tokenizer (checked at start-up); nothing else reads this key",
+        "the critic's tokenizer in verl; the critic reads the actor's token ids here, so its model's vocabulary "
+        "must cover the actor's tokenizer (checked at start-up)", CRITIC_READS_ACTOR_IDS,
     )
     override_config: Dict[str, Any] = F(
         {}, "fields set on the value model's Hugging Face config before it is built (attn_implementation picks the attention kernel)"
     )
-    use_remove_padding: bool = F(False, "pack sequences without padding (accepted for verl compatibility; padded path used)")
+    use_remove_padding: bool = F(False, "pack sequences without padding", NoOp(
+        "the critic's forwards take the padded path, whose values are the same"))
     enable_gradient_checkpointing: bool = F(True, "recompute the value model's activations in the backward pass to save memory")
     trust_remote_code: bool = F(II("actor_rollout_ref.model.trust_remote_code"), "allow the value model directory's own Python code to run when loading it")
     fsdp_config: CriticFSDPConfig = S(
         CriticFSDPConfig, "FSDP2 settings of the value model, verl's early-2026 place for them (critic.fsdp is the current one; set either)"
     )
+    custom_chat_template: Optional[str] = F(None, "the critic's chat template", CRITIC_READS_ACTOR_IDS)
+    hf_config_path: Optional[str] = F(None, "a Hugging Face config folder other than the value model's", Refused(
+        "a config from another folder is not built here; put the config.json beside the weights (critic.model.path)"))
+    external_lib: Optional[str] = F(None, "a Python module imported before the value model is built", Refused(
+        "importing a module into every worker is not built here; use critic.model.trust_remote_code=true for model "
+        "code shipped with the model folder"))
+    use_fused_kernels: bool = F(False, "verl's fused kernels", SPEED_ONLY)
+    fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", SPEED_ONLY)
+    use_liger: bool = F(False, "Liger kernels for the model's layers", SPEED_ONLY)
+    use_shm: bool = F(False, "copy the model to shared memory before loading", SPEED_ONLY)
+    enable_activation_offload: bool = F(False, "offload activations to the CPU in the backward", SPEED_ONLY)
+    tiled_mlp: TiledMLPConfig = S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)
+    lora_rank: int = F(0, "LoRA rank of the value model (early layout); 0 = full fine-tuning", off_feature(
+        "LoRA", "full fine-tuning is what runs; set it to 0"))
+    lora_alpha: int = F(16, "LoRA alpha (early layout)", LORA_ONLY)
+    target_modules: Any = F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)
+    exclude_modules: Optional[Any] = F(None, "modules that get none", LORA_ONLY)
+    lora_adapter_path: Optional[str] = F(None, "pretrained LoRA adapter to start from", LORA_ONLY)
+    lora: LoraConfig = lora_section()
+    mtp: MTPConfig = mtp_section()
 
 
 @dataclass
@@ -272,8 +532,15 @@ class CriticOptimConfig:
     lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
     lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
     min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
-    total_training_steps: int = F(-1, "set by the trainer from the data and trainer.total_epochs; -1 = derive")
+    total_training_steps: int = F(-1, "schedule length; verl's trainer writes the run's step count here", SCHEDULE_LENGTH)
     clip_grad: float = F(1.0, "clip the critic's global gradient norm to this value (verl's current key; critic.grad_clip is the early-2026 one: set either)")
+    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type; null = unset",
+                                    Honoured(alias_of=".lr_scheduler_type"))
+    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down to min_lr_ratio)")
+    zero_indexed_step: bool = F(True, "the cosine schedule counts steps from 0 (false: from 1)")
+    optimizer: str = F("AdamW", "optimizer class", ADAMW_ONLY)
+    optimizer_impl: str = F("torch.optim", "module of the optimizer class", ADAMW_ONLY)
+    override_optimizer_config: Optional[Dict[str, Any]] = F(None, "extra optimizer arguments", ADAMW_ONLY)
 
 
 @dataclass
@@ -286,12 +553,14 @@ class CriticCheckpointConfig:
     load_contents: List[str] = F(
         II("critic.checkpoint.save_contents"), "what resume loads: model, optimizer and extra (all three: resume is exact)"
     )
+    async_save: bool = F(False, "write checkpoints in the background", NoOp(
+        "checkpoints are written at the step boundary; the files are the same"))
 
 
 @dataclass
 class CriticConfig:
     enable: Optional[bool] = F(None, "train a critic (value model); null = on iff algorithm.adv_estimator needs values (gae)")
-    strategy: str = F("fsdp2", "training backend of the critic: fsdp2 (fsdp is accepted as an alias)")
+    strategy: str = F("fsdp2", "training backend of the critic: fsdp2 (fsdp is accepted as an alias)", FSDP2_ONLY)
     ppo_mini_batch_size: int = F(
         II("actor_rollout_ref.actor.ppo_mini_batch_size"),
         "prompts per critic optimizer step (x rollout.n responses), a global size; default: the actor's",
@@ -312,7 +581,9 @@ class CriticConfig:
     )
     ppo_epochs: int = F(II("actor_rollout_ref.actor.ppo_epochs"), "passes of the critic over each step's responses; default: the actor's")
     shuffle: bool = F(
-        II("actor_rollout_ref.actor.shuffle"), "shuffle responses within each critic mini-batch (seeded); default: the actor's"
+        II("actor_rollout_ref.actor.shuffle"),
+        "shuffle the step's responses before cutting critic mini-batches, anew every epoch (seeded by "
+        "critic.data_loader_seed); default: the actor's"
     )
     cliprange_value: float = F(0.5, "value clip range c: a prediction is also scored at clip(v, v_old - c, v_old + c)")
     loss_agg_mode: str = F(
@@ -324,6 +595,16 @@ class CriticConfig:
     optim: CriticOptimConfig = S(CriticOptimConfig, "the critic's optimizer and learning-rate schedule")
     fsdp: CriticFSDPConfig = S(CriticFSDPConfig, "FSDP2 settings of the value model (verl's current place; critic.model.fsdp_config is the early-2026 one; set either)")
     checkpoint: CriticCheckpointConfig = S(CriticCheckpointConfig, "the critic's checkpoint contents")
+    data_loader_seed: int = F(42, "seed of the critic's mini-batch shuffle (critic.shuffle)")
+    ppo_micro_batch_size: Optional[int] = F(
+        None, "verl's former global micro-batch size: ppo_micro_batch_size_per_gpu = this / data-parallel ranks; null = unset")
+    forward_micro_batch_size: Optional[int] = F(
+        None, "verl's former global size of a value forward: forward_micro_batch_size_per_gpu = this / ranks; null = unset")
+    loss_scale_factor: Optional[float] = F(II("actor_rollout_ref.actor.loss_scale_factor"),
+                                           "divisor of seq-mean-token-sum-norm; default: the actor's")
+    rollout_n: int = F(II("actor_rollout_ref.rollout.n"), "verl's copy of rollout.n", COPY_OF_N)
+    ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel ranks", ULYSSES)
+    profiler: ProfilerConfig = profiler_section("critic")
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,9 +638,19 @@ class RolloutCorrectionConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = F(False, "dynamic sampling (DAPO): drop prompts whose responses all score the same, generate more")
-    metric: str = F("acc", "what must differ within a prompt's responses: acc | score (the reward function's score) | seq_reward | seq_final_reward")
+    metric: Optional[str] = F(
+        "acc", "what must differ within a prompt's responses: acc | score (the reward function's score) | seq_reward | "
+        "seq_final_reward (null, verl's default, is accepted while filter_groups is off)")
     max_num_gen_batches: int = F(0, "most generation batches per step; <= 0 = no limit")
     on_exhausted: str = F("error", "at max_num_gen_batches with too few prompts: error | train (on the prompts kept, whole mini-batches)")
+    max_inflight_gen_batches: int = F(1, "generation batches in flight at once (verl's asynchronous refill)", off_feature(
+        "generating several batches ahead", "batches are generated one after another; leave it at 1"))
+
+
+@dataclass
+class PFPPOConfig:
+    reweight_method: str = F("pow", "how responses are reweighted by reward: pow | max_min | max_random")
+    weight_pow: float = F(2.0, "exponent of the pow method")
 
 
 @dataclass
@@ -375,6 +666,10 @@ class AlgorithmConfig:
         RolloutCorrectionConfig, "rollout correction: importance weights and rejection against the rollout engine's log-probs"
     )
     filter_groups: FilterGroupsConfig = S(FilterGroupsConfig, "dynamic sampling (DAPO's group filtering)")
+    use_pf_ppo: bool = F(False, "policy filtration (PF-PPO): resample the batch weighted by reward", off_feature(
+        "PF-PPO's reward-weighted resampling", "leave it off"))
+    pf_ppo: PFPPOConfig = S(PFPPOConfig, "PF-PPO's weighting (not built here)", NoOp(
+        "read only with algorithm.use_pf_ppo, which is accepted only off here"))
 
 
 @dataclass
@@ -407,12 +702,20 @@ class RewardModelConfig:
 @dataclass
 class RewardConfig:
     reward_kwargs: RewardKwargsConfig = S(RewardKwargsConfig, "reward-manager arguments (verl's current spelling of the overlong shaping)")
+    num_workers: Optional[int] = F(None, "processes scoring responses; null = reward_model.num_workers (the same setting)",
+                                   Honoured(alias_of="reward_model.num_workers"))
+    reward_manager: RewardManagerConfig = S(RewardManagerConfig, "the reward manager (verl's current layout)")
+    custom_reward_function: RewardCustomFunctionConfig = S(
+        RewardCustomFunctionConfig, "a user-supplied reward function (verl's current layout of custom_reward_function)")
+    sandbox_fusion: SandboxFusionConfig = sandbox_section("verl's current layout")
 
 
 @dataclass
 class CustomRewardFunctionConfig:
     path: Optional[str] = F(None, "Python file defining the reward function (runs with the trainer's rights); null = built-in scorers")
-    name: str = F("compute_score", "function in that file: fn(data_source, solution_str, ground_truth, extra_info=None) -> float")
+    name: Optional[str] = F(
+        "compute_score", "function in that file: fn(data_source, solution_str, ground_truth, extra_info=None) -> float; "
+        "null = compute_score")
 
 
 # --------------------------------------------------------------------------------------------
@@ -421,7 +724,11 @@ class CustomRewardFunctionConfig:
 @dataclass
 class TrainerConfig:
     total_epochs: int = F(30, "passes over the training data (total_training_steps, when set, wins)")
-    total_training_steps: Optional[int] = F(60, "training steps; null = total_epochs x steps per epoch")
+    total_training_steps: Optional[int] = F(
+        "${grpo_dist.default_job_steps:${data.train_files},${trainer.total_epochs}}",
+        "training steps; null = total_epochs x steps per epoch (verl's rule); left unset it is null, except for the "
+        f"no-argument job (the embedded task with total_epochs left at 30), which runs {DEFAULT_JOB_STEPS} steps",
+    )
     project_name: str = F("grpo_dist", "project name (loggers, default output folder)")
     experiment_name: str = F("reverse_tiny", "experiment name (loggers, default output folder)")
     logger: List[str] = F(["console", "file"], "loggers: console | file (metrics.jsonl) | tensorboard | wandb")
@@ -438,7 +745,7 @@ class TrainerConfig:
         "output folder: checkpoints, metrics.jsonl, report",
     )
     max_actor_ckpt_to_keep: Optional[int] = F(None, "keep only the newest N checkpoints; null = all")
-    seed: int = F(1, "seed of model-side randomness (dropout, mini-batch shuffling)")
+    seed: int = F(1, "seed of the critic's new value head")
     progress_bar: bool = F(True, "show a progress bar over training steps")
     critic_warmup: int = F(
         0,
@@ -466,6 +773,27 @@ class TrainerConfig:
     max_consecutive_nonfinite_steps: int = F(
         3, "stop (after saving a checkpoint) when this many steps in a row had a non-finite loss or gradient norm; 0 = never"
     )
+    max_critic_ckpt_to_keep: Optional[int] = F(None, "keep only the newest N critic checkpoints; null = all", NoOp(
+        "a checkpoint folder holds every role, so trainer.max_actor_ckpt_to_keep decides how many are kept for the "
+        "critic too", values=(None,), same_as="trainer.max_actor_ckpt_to_keep",
+        otherwise="set trainer.max_actor_ckpt_to_keep (it keeps whole checkpoints)"))
+    default_hdfs_dir: Optional[str] = F(None, "copy checkpoints to this HDFS folder", off_feature(
+        "copying checkpoints to HDFS", "put trainer.default_local_dir on a file system every node sees"))
+    del_local_ckpt_after_load: bool = F(False, "delete the local checkpoint after resuming from it", off_feature(
+        "deleting checkpoints after resume", "leave it false"))
+    rollout_data_dir: Optional[str] = F(None, "write each step's prompts, responses and scores as jsonl here", off_feature(
+        "dumping rollouts", "leave it null"))
+    validation_data_dir: Optional[str] = F(None, "write validation generations as jsonl here", off_feature(
+        "dumping validation generations", "leave it null"))
+    esi_redundant_time: float = F(0, "seconds kept free before an elastic instance expires", NoOp(
+        "read only on Volcano Engine's elastic instances (their expiry time comes from the environment)"))
+    ray_wait_register_center_timeout: int = F(300, "seconds to wait for verl's worker registry", NoOp(
+        "grpo_dist has no worker registry: worker start-up and calls are bounded by trainer.worker_call_timeout_s"))
+    use_legacy_worker_impl: str = F("auto", "verl's choice between its worker implementations (early 2026)", NoOp(
+        "grpo_dist has one worker implementation per role"))
+    use_v1: bool = F(True, "run verl's v1 trainer loop", NoOp("grpo_dist has one trainer loop (synchronous)"))
+    v1: TrainerV1Config = S(TrainerV1Config, "verl's v1 trainer modes (asynchronous modes not built here)", NoOp(
+        "read only by verl's asynchronous v1 trainer modes (trainer.v1.trainer_mode is accepted only as sync)"))
 
 
 @dataclass
@@ -473,11 +801,13 @@ class RayInitConfig:
     address: Optional[str] = F(None, "Ray cluster to attach to (or RAY_ADDRESS); null = start a local one")
     num_cpus: Optional[int] = F(None, "CPUs of the local Ray instance; null = all")
     include_dashboard: bool = F(False, "start Ray's dashboard (bound to 127.0.0.1) for a local instance")
+    runtime_env: RuntimeEnvConfig = S(RuntimeEnvConfig, "Ray's runtime environment of the workers (ray.init(runtime_env=...))")
 
 
 @dataclass
 class RayKwargsConfig:
     ray_init: RayInitConfig = S(RayInitConfig, "ray.init arguments")
+    timeline_json_file: Optional[str] = F(None, "write Ray's timeline of the run (chrome://tracing JSON) here at the end")
 
 
 @dataclass
@@ -491,7 +821,30 @@ class GRPOConfig:
     custom_reward_function: CustomRewardFunctionConfig = S(CustomRewardFunctionConfig, "a user-supplied reward function")
     trainer: TrainerConfig = S(TrainerConfig, "the training loop")
     ray_kwargs: RayKwargsConfig = S(RayKwargsConfig, "Ray")
+    reward_manager: EarlyRewardManagerConfig = S(EarlyRewardManagerConfig, "the reward manager (verl's early-2026 section)")
+    sandbox_fusion: SandboxFusionConfig = sandbox_section("verl's top-level section")
+    global_profiler: GlobalProfilerConfig = global_profiler_section()
+    distillation: DistillationConfig = S(DistillationConfig, "on-policy distillation (not built here: accepted only off)",
+                                         NoOp(UNUSED_WITHOUT.format("distillation.enabled")))
+    transfer_queue: TransferQueueConfig = S(TransferQueueConfig, "verl's transfer queue (not built here: accepted only off)",
+                                            NoOp(UNUSED_WITHOUT.format("transfer_queue.enable")))
+    skip: SkipConfig = S(SkipConfig, "replaying cached stages (not built here: accepted only off)",
+                         NoOp(UNUSED_WITHOUT.format("skip.<stage>.enable")))
 
+
+DEFAULT_TRAIN_FILES = "builtin:reverse/train"
+VERL_TOTAL_EPOCHS = 30
+
+
+def _default_job_steps(train_files: Any, total_epochs: Any) -> Optional[int]:
+    """``trainer.total_training_steps`` left unset: null (verl's rule, steps from epochs), except for the
+    no-argument job, the embedded task with the default epochs, whose length is the task's own."""
+    if str(train_files) == DEFAULT_TRAIN_FILES and total_epochs == VERL_TOTAL_EPOCHS:
+        return DEFAULT_JOB_STEPS
+    return None
+
+
+OmegaConf.register_new_resolver("grpo_dist.default_job_steps", _default_job_steps, replace=True)
 
 # Interpolated keys have no help metadata of their own (II cannot carry it); documented here.
 INTERPOLATED_HELP = {
@@ -522,8 +875,16 @@ VERL_DEFAULT_DIFFERENCES = {
     "trainer.device": "auto-detect (verl: cuda)",
     "trainer.n_gpus_per_node": "one device (verl: 8)",
     "trainer.logger": "console and metrics.jsonl (verl: console, wandb)",
-    "trainer.total_training_steps": "the embedded job's length (verl: null)",
+    "trainer.total_training_steps": f"null, as verl's, except for the no-argument job (embedded task, total_epochs left at 30): {DEFAULT_JOB_STEPS} steps",
+    "data.seed": "a fixed seed, so that runs repeat (verl: null, a fresh seed)",
+    "actor_rollout_ref.ref.fsdp_config.dtype": "the actor's compute dtype (verl: bfloat16)",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": "rollout.update_weights_bucket_megabytes, 512 (verl: 2048)",
+    "reward.num_workers": "null: reward_model.num_workers, 2 scoring processes (verl: 8)",
+    "reward.reward_manager.name": "null: reward_model.reward_manager, naive (verl: naive)",
+    "reward_manager.name": "null: reward_model.reward_manager (verl: the same, by interpolation)",
     "trainer.test_freq": "validate every 10 steps (verl: -1)",
+    "algorithm.filter_groups.metric": "acc, used once filter_groups is switched on (verl: null)",
+    "custom_reward_function.name": "compute_score (verl's current layout: null, read as compute_score)",
     "trainer.project_name": "(verl: verl_examples)",
     "trainer.experiment_name": "(verl: gsm8k)",
 }

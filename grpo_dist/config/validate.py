@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from grpo_dist.config.schema import ConfigError, CriticConfig, CriticFSDPConfig, CriticOptimConfig, GRPOConfig
+from grpo_dist.config.states import check_states, setting
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.data import TRUNCATION_MODES, as_path_list
 from grpo_dist.rollout import ENGINE_NAMES
 from grpo_dist.tasks import BUILTIN_PREFIX
+from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS
 
 STRATEGIES = ("fsdp2", "fsdp")
@@ -30,7 +32,7 @@ REWARD_MANAGERS = ("naive", "prime", "dapo")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # trainer.dynamic_sampling.FILTER_METRICS
 FILTER_ON_EXHAUSTED = ("error", "train")
 ON_ERROR = ("raise", "zero")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")  # verl's short names too
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
@@ -101,17 +103,25 @@ def _one_of_two(key_a: str, a: Any, key_b: str, b: Any, default: Any) -> Any:
     return a if a != default else b
 
 
-def critic_fsdp(cfg: GRPOConfig) -> CriticFSDPConfig:
+class _EitherLayout:
+    """Attribute access over the critic's two FSDP layouts: each read takes the field from whichever
+    layout changed it (``_one_of_two``), reading both layouts' field only then."""
+
+    def __init__(self, cfg: GRPOConfig) -> None:
+        self._cfg, self._default = cfg, CriticFSDPConfig()
+
+    def __getattr__(self, name: str) -> Any:
+        c = self._cfg.critic
+        return _one_of_two(f"critic.fsdp.{name}", getattr(c.fsdp, name), f"critic.model.fsdp_config.{name}",
+                           getattr(c.model.fsdp_config, name), getattr(self._default, name))
+
+
+def critic_fsdp(cfg: GRPOConfig) -> Any:
     """The critic's FSDP settings from either layout: ``critic.fsdp.*`` (verl's current) or
-    ``critic.model.fsdp_config.*`` (early 2026). Per field, the one changed from the default wins;
-    both changed to different values is a ``ConfigError``."""
-    default = CriticFSDPConfig()
-    current, early = cfg.critic.fsdp, cfg.critic.model.fsdp_config
-    return CriticFSDPConfig(**{
-        f.name: _one_of_two(f"critic.fsdp.{f.name}", getattr(current, f.name), f"critic.model.fsdp_config.{f.name}",
-                            getattr(early, f.name), getattr(default, f.name))
-        for f in fields(CriticFSDPConfig)
-    })
+    ``critic.model.fsdp_config.*`` (early 2026), read field by field. Per field, the one changed from
+    the default wins; both changed to different values is a ``ConfigError`` (raised on reading it;
+    validation reads them all)."""
+    return _EitherLayout(cfg)
 
 
 def critic_grad_clip(cfg: GRPOConfig) -> float:
@@ -132,8 +142,10 @@ def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     c, d, rollout = cfg.critic, cfg.data, cfg.actor_rollout_ref.rollout
     _choice("critic.strategy", c.strategy, STRATEGIES)
     _choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
-    _choice("critic.optim.lr_scheduler_type", c.optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    _choice("critic.optim.lr_scheduler_type", setting(cfg, "critic.optim.lr_scheduler_type"), LR_SCHEDULER_TYPES)
     fsdp = critic_fsdp(cfg)
+    for f in fields(CriticFSDPConfig):
+        getattr(fsdp, f.name)  # two layouts that contradict each other
     where = "critic.fsdp" if fsdp.model_dtype == c.fsdp.model_dtype else "critic.model.fsdp_config"
     _choice(f"{where}.model_dtype", fsdp.model_dtype, DTYPES)
     where = "critic.fsdp" if fsdp.dtype == c.fsdp.dtype else "critic.model.fsdp_config"
@@ -176,7 +188,11 @@ def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
                    f"valid: {', '.join(str(x) for x in _divisors(d.train_batch_size))}")
     dp = data_parallel_size(cfg)
     mini_responses = c.ppo_mini_batch_size * rollout.n
-    micro = c.ppo_micro_batch_size_per_gpu if not c.use_dynamic_bsz else None
+    micro = None if c.use_dynamic_bsz else _micro_per_gpu(
+        "critic.ppo_micro_batch_size", c.ppo_micro_batch_size, "critic.ppo_micro_batch_size_per_gpu",
+        c.ppo_micro_batch_size_per_gpu, dp)
+    _micro_per_gpu("critic.forward_micro_batch_size", c.forward_micro_batch_size,
+                   "critic.forward_micro_batch_size_per_gpu", c.forward_micro_batch_size_per_gpu, dp)
     if mini_responses % (dp * (micro or 1)):
         what = f"{dp} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node)"
         if micro:
@@ -237,6 +253,8 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, rollout, optim = arr.actor, arr.rollout, arr.actor.optim
 
+    check_states(cfg)  # every key's state: refused features, values with no effect, two spellings
+    _validate_verl_extras(cfg)
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
     _positive("trainer.preemption_grace_s", tr.preemption_grace_s, allow_zero=True)
@@ -263,7 +281,8 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     _choice("actor_rollout_ref.rollout.mode", rollout.mode, ("sync",))
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
     _choice("data.truncation", d.truncation, TRUNCATION_MODES)
-    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", setting(cfg, "actor_rollout_ref.actor.optim.lr_scheduler_type"),
+            LR_SCHEDULER_TYPES)
     _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CTRL_TYPES)
     _choice("trainer.resume_mode", tr.resume_mode, RESUME_MODES)
     _choice("trainer.device", tr.device, DEVICES)
@@ -276,12 +295,12 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     _choice("actor_rollout_ref.actor.fsdp_config.model_dtype", actor.fsdp_config.model_dtype, DTYPES)
     for key, val in (
         ("actor_rollout_ref.actor.fsdp_config.dtype", actor.fsdp_config.dtype),
+        ("actor_rollout_ref.ref.fsdp_config.dtype", arr.ref.fsdp_config.dtype),
         ("actor_rollout_ref.rollout.dtype", rollout.dtype),
     ):
         _choice(key, val, ("auto",) + DTYPES)
     _choice("actor_rollout_ref.model.attn_implementation", arr.model.attn_implementation, ATTN_IMPLEMENTATIONS)
-    for c in actor.checkpoint.contents:
-        _choice("actor_rollout_ref.actor.checkpoint.contents", c, CKPT_CONTENTS)
+    _check_actor_checkpoint(cfg)
 
     # --- ranges ------------------------------------------------------------------------------
     spec = get_adv_estimator(alg.adv_estimator)
@@ -343,7 +362,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         _positive(key, val, allow_zero=True)
     for key, val in (
         ("actor_rollout_ref.actor.optim.lr", optim.lr),
-        ("actor_rollout_ref.actor.grad_clip", actor.grad_clip),
+        ("actor_rollout_ref.actor.grad_clip", setting(cfg, "actor_rollout_ref.actor.grad_clip")),
         ("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs),
         ("data.max_prompt_length", d.max_prompt_length),
         ("data.max_response_length", d.max_response_length),
@@ -400,7 +419,14 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, f"expected <= data.train_batch_size ({d.train_batch_size})")
     dp = data_parallel_size(cfg)
     mini_responses = actor.ppo_mini_batch_size * rollout.n
-    micro = actor.ppo_micro_batch_size_per_gpu if not actor.use_dynamic_bsz else None
+    micro = None if actor.use_dynamic_bsz else _micro_per_gpu(
+        "actor_rollout_ref.actor.ppo_micro_batch_size", actor.ppo_micro_batch_size,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, dp)
+    for sec in ("rollout", "ref"):
+        section = getattr(arr, sec)
+        _micro_per_gpu(f"actor_rollout_ref.{sec}.log_prob_micro_batch_size", section.log_prob_micro_batch_size,
+                       f"actor_rollout_ref.{sec}.log_prob_micro_batch_size_per_gpu",
+                       section.log_prob_micro_batch_size_per_gpu, dp)
     per_step = dp * (micro or 1)
     if mini_responses % per_step:
         what = f"{dp} data-parallel ranks (trainer.nnodes x trainer.n_gpus_per_node)"
@@ -433,6 +459,60 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             _check_exists("trainer.resume_from_path", tr.resume_from_path, kind="checkpoint")
 
 
+def _micro_per_gpu(global_key: str, global_size: int | None, key: str, per_gpu: int | None, dp: int) -> int | None:
+    """A micro-batch size per rank from verl's two spellings: ``*_per_gpu``, or the former global size
+    divided by the data-parallel ranks (verl refuses both set)."""
+    if global_size is None:
+        return per_gpu
+    if per_gpu is not None:
+        raise _bad(global_key, global_size, f"it and {key} are two spellings of one size (global, per rank); set only one")
+    if global_size < dp:
+        raise _bad(global_key, global_size, f"it is divided by the {dp} data-parallel ranks; use at least {dp}, "
+                   f"or set {key}")
+    return global_size // dp
+
+
+def _check_actor_checkpoint(cfg: GRPOConfig) -> None:
+    """``actor.checkpoint.save_contents`` / ``load_contents`` (and the former ``checkpoint.contents``)."""
+    c = cfg.actor_rollout_ref.actor.checkpoint
+    pre = "actor_rollout_ref.actor.checkpoint."
+    save = setting(cfg, pre + "save_contents")
+    save_key = pre + ("contents" if c.contents is not None else "save_contents")
+    for key, contents in ((save_key, save), (pre + "load_contents", c.load_contents)):
+        for item in contents:
+            _choice(key, item, CKPT_CONTENTS)
+        if "model" not in contents:
+            raise _bad(key, list(contents), "it lacks model: a checkpoint is resumed from the policy's weights "
+                       "(optimizer and extra may be left out; what is not loaded starts fresh)")
+
+
+def _validate_verl_extras(cfg: GRPOConfig) -> None:
+    """Ranges of the honoured keys that verl's layouts add (sizes, seeds, dtypes, spellings)."""
+    d, arr = cfg.data, cfg.actor_rollout_ref
+    _positive("actor_rollout_ref.nccl_timeout", arr.nccl_timeout)
+    for key, val in (("data.train_max_samples", d.train_max_samples), ("data.val_max_samples", d.val_max_samples)):
+        if val != -1 and val < 1:
+            raise _bad(key, val, "expected -1 (all rows) or a positive number of rows")
+    if not d.reward_fn_key:
+        raise _bad("data.reward_fn_key", d.reward_fn_key, "expected the name of a column (verl: data_source)")
+    _positive("reward.num_workers", setting(cfg, "reward_model.num_workers"))
+    _positive("actor_rollout_ref.actor.optim.num_cycles", arr.actor.optim.num_cycles)
+    _positive("critic.optim.num_cycles", cfg.critic.optim.num_cycles)
+    for key, val in (("actor_rollout_ref.actor.loss_scale_factor", arr.actor.loss_scale_factor),
+                     ("critic.loss_scale_factor", cfg.critic.loss_scale_factor)):
+        _positive(key, val)
+    for role, fsdp in (("actor_rollout_ref.actor", arr.actor.fsdp_config), ("actor_rollout_ref.ref", arr.ref.fsdp_config),
+                       ("critic.fsdp", cfg.critic.fsdp), ("critic.model.fsdp_config", cfg.critic.model.fsdp_config)):
+        pre = f"{role}.fsdp_config" if role.startswith("actor_rollout_ref") else role
+        mp = fsdp.mixed_precision
+        _choice(f"{pre}.mixed_precision.reduce_dtype", mp.reduce_dtype, DTYPES)
+        if mp.param_dtype is not None:
+            _choice(f"{pre}.mixed_precision.param_dtype", mp.param_dtype, DTYPES)
+            if fsdp.dtype != "auto" and to_dtype(fsdp.dtype) != to_dtype(mp.param_dtype):
+                raise _bad(f"{pre}.mixed_precision.param_dtype", mp.param_dtype,
+                           f"it contradicts {pre}.dtype = {fsdp.dtype!r}, the same setting; set only one of them")
+
+
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
@@ -463,7 +543,8 @@ def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
                    "(its function declares no rollout_is_weights_BT keyword); use rollout_is=null or another loss mode")
 
     fg = alg.filter_groups
-    _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
+    if fg.enable or fg.metric is not None:
+        _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
     _choice("algorithm.filter_groups.on_exhausted", fg.on_exhausted, FILTER_ON_EXHAUSTED)
     _positive("data.gen_batch_size", d.gen_batch_size)
     if fg.enable and alg.use_kl_in_reward:

@@ -46,26 +46,31 @@ def resolve_warmup_steps(lr_warmup_steps: int | None, ratio: float, total_traini
     return int(ratio * max(total_training_steps, 0))
 
 
-def lr_lambda(step: int, *, kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+def lr_lambda(step: int, *, kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float,
+              num_cycles: float = 0.5, zero_indexed_step: bool = True) -> float:
     """LR multiplier at scheduler step ``step`` (verl's ``get_{constant,cosine}_schedule_with_warmup``).
 
     constant: ``step / max(1, warmup)`` while ``step < warmup``, then 1.
     (The scheduler steps AFTER each update, so with ``warmup > 0`` the first update runs at
     multiplier 0 and ``actor/lr`` reports the LR the update used.)
-    cosine: warm-up ``min_lr_ratio + (1 - min_lr_ratio) * step / max(1, warmup)``, then
-    ``max(min_lr_ratio, c * cos(pi * progress) + i)`` with ``c = (1 - min_lr_ratio) / 2``,
-    ``i = (1 + min_lr_ratio) / 2``, ``progress = (step - warmup) / max(1, total - warmup)``.
+    cosine: with ``s = step`` (``step + 1`` when not ``zero_indexed_step``), warm-up
+    ``min_lr_ratio + (1 - min_lr_ratio) * s / max(1, warmup)``, then
+    ``max(min_lr_ratio, c * cos(2 pi * num_cycles * progress) + i)`` with ``c = (1 - min_lr_ratio) / 2``,
+    ``i = (1 + min_lr_ratio) / 2``, ``progress = (s - warmup) / max(1, total - warmup)``;
+    ``num_cycles = 0.5`` is one half cosine from 1 down to ``min_lr_ratio``.
 
     ``kind`` must be one of :data:`LR_SCHEDULER_TYPES` (:func:`check_schedule`).
     """
     if kind == "constant":
         return float(step) / float(max(1, warmup_steps)) if step < warmup_steps else 1.0
     assert kind == "cosine", kind
+    if not zero_indexed_step:
+        step += 1
     if step < warmup_steps:
         return min_lr_ratio + (1.0 - min_lr_ratio) * float(step) / float(max(1, warmup_steps))
     progress = float(step - warmup_steps) / float(max(1, total_steps - warmup_steps))
     coef, intercept = (1.0 - min_lr_ratio) * 0.5, (1.0 + min_lr_ratio) * 0.5
-    return max(min_lr_ratio, math.cos(math.pi * progress) * coef + intercept)
+    return max(min_lr_ratio, math.cos(math.pi * 2.0 * num_cycles * progress) * coef + intercept)
 
 
 @dataclass
@@ -80,6 +85,8 @@ class LRMultiplier:
     warmup_steps: int
     total_steps: int
     min_lr_ratio: float
+    num_cycles: float = 0.5
+    zero_indexed_step: bool = True
 
     def __post_init__(self) -> None:
         check_schedule(self.kind, total_steps=self.total_steps, min_lr_ratio=self.min_lr_ratio)
@@ -91,4 +98,6 @@ class LRMultiplier:
             warmup_steps=self.warmup_steps,
             total_steps=self.total_steps,
             min_lr_ratio=self.min_lr_ratio,
+            num_cycles=self.num_cycles,
+            zero_indexed_step=self.zero_indexed_step,
         )

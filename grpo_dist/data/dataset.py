@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal, Sequence, get_args
 
+import numpy as np
 import torch
 
 from grpo_dist.data.readers import DataError
-from grpo_dist.data.rows import load_rows, normalize_row
+from grpo_dist.data.rows import Rows, load_rows, normalize_row
 
 logger = logging.getLogger(__name__)
 
@@ -39,19 +40,34 @@ def truncate_ids(ids: list[int], max_length: int, mode: str) -> list[int]:
     raise ValueError(f"truncation mode {mode!r} cannot cut; expected one of left, right, middle")
 
 
-def tokenize_prompt(tokenizer, messages: list[dict]) -> list[int]:
+def tokenize_prompt(tokenizer, messages: list[dict], chat_template_kwargs: dict | None = None) -> list[int]:
     """Token ids of a prompt.
 
-    With a chat template: the template rendered with ``add_generation_prompt=True`` and encoded
-    without extra special tokens (the template carries them; this is what verl does). Without a
-    template: the message contents joined by newlines, encoded with the tokenizer's usual special
+    With a chat template: the template rendered with ``add_generation_prompt=True`` (and
+    ``chat_template_kwargs``, verl's ``data.apply_chat_template_kwargs``, e.g. ``enable_thinking``) and
+    encoded without extra special tokens (the template carries them; this is what verl does). Without
+    a template: the message contents joined by newlines, encoded with the tokenizer's usual special
     tokens (e.g. a base model's BOS).
     """
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **(chat_template_kwargs or {}))
         return list(tokenizer.encode(text, add_special_tokens=False))
     text = "\n".join(m["content"] for m in messages)
     return list(tokenizer.encode(text, add_special_tokens=True))
+
+
+def select_rows(rows: Rows, max_samples: int, *, seed: int | None, randomly: bool) -> Rows:
+    """At most ``max_samples`` of ``rows`` (all when ``max_samples <= 0``): without replacement from
+    ``numpy.random.default_rng(seed)`` when ``randomly`` (a fresh choice when ``seed`` is None), else
+    the first ``max_samples``; in the order chosen, keeping each row's origin."""
+    if max_samples <= 0 or max_samples >= len(rows):
+        return rows
+    index = (np.random.default_rng(seed).choice(len(rows), size=max_samples, replace=False).tolist() if randomly
+             else list(range(max_samples)))
+    origins = getattr(rows, "origins", None)
+    return Rows([rows[i] for i in index], [origins[i] for i in index] if origins else (),
+                getattr(rows, "skipped_reasons", ()))
 
 
 class PromptDataset:
@@ -64,7 +80,8 @@ class PromptDataset:
     - otherwise ``truncation`` decides: ``"error"`` raises :class:`DataError` naming the row,
       ``"left"`` / ``"right"`` / ``"middle"`` cut as :func:`truncate_ids` (counted in ``num_truncated``).
 
-    Items (``dataset[i]``) are dicts: ``prompt_ids: list[int]``, ``data_source: str``,
+    Items (``dataset[i]``) are dicts: ``prompt_ids: list[int]``, ``data_source: str``, ``reward_source``
+    (the row's ``reward_fn_key`` column, which the reward function gets as its data_source),
     ``ground_truth``, ``extra_info: dict``, ``index`` (``extra_info["index"]`` when present, as in
     verl, else the row's position in this dataset), ``raw_prompt`` (the messages), ``ability``.
     """
@@ -77,6 +94,8 @@ class PromptDataset:
         max_prompt_length: int,
         filter_overlong_prompts: bool,
         truncation: Truncation,
+        reward_fn_key: str = "data_source",
+        chat_template_kwargs: dict | None = None,
     ):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r}; expected one of {', '.join(TRUNCATION_MODES)}")
@@ -93,7 +112,12 @@ class PromptDataset:
         self.num_truncated = 0
         for i, row in enumerate(rows):
             row = normalize_row(row, "prompt")
-            ids = tokenize_prompt(tokenizer, row["prompt"])
+            reward_source = row.get(reward_fn_key)
+            if not isinstance(reward_source, str) or not reward_source:
+                where = f"{origins[i][0]}: row {origins[i][1]}" if origins else f"row {i}"
+                raise DataError(f"{where}: column '{reward_fn_key}' (data.reward_fn_key: the data_source handed to the "
+                                f"reward function) must be a non-empty string, got {reward_source!r}")
+            ids = tokenize_prompt(tokenizer, row["prompt"], chat_template_kwargs)
             if len(ids) > max_prompt_length:
                 if filter_overlong_prompts:
                     self.num_filtered += 1
@@ -111,6 +135,7 @@ class PromptDataset:
             self._items.append({
                 "prompt_ids": ids,
                 "data_source": row["data_source"],
+                "reward_source": reward_source,
                 "ground_truth": row["reward_model"]["ground_truth"],
                 "extra_info": row["extra_info"],
                 "index": index if index is not None else len(self._items),
@@ -140,10 +165,21 @@ class PromptDataset:
         filter_overlong_prompts: bool,
         truncation: Truncation,
         skip_bad_rows: bool = False,
+        reward_fn_key: str = "data_source",
+        chat_template_kwargs: dict | None = None,
+        max_samples: int = -1,
+        sample_seed: int | None = None,
+        sample_randomly: bool = False,
     ) -> "PromptDataset":
-        rows = load_rows(paths, prompt_key=prompt_key, skip_bad_rows=skip_bad_rows)
+        """The prompts of ``paths``; with ``max_samples > 0`` at most that many rows (verl's
+        ``data.train_max_samples`` / ``val_max_samples``): a random choice seeded by ``sample_seed``
+        when ``sample_randomly`` (verl: when the data is shuffled), else the first ones, taken before
+        long prompts are filtered."""
+        rows = select_rows(load_rows(paths, prompt_key=prompt_key, skip_bad_rows=skip_bad_rows), max_samples,
+                           seed=sample_seed, randomly=sample_randomly)
         return cls(rows, tokenizer, max_prompt_length=max_prompt_length,
-                   filter_overlong_prompts=filter_overlong_prompts, truncation=truncation)
+                   filter_overlong_prompts=filter_overlong_prompts, truncation=truncation,
+                   reward_fn_key=reward_fn_key, chat_template_kwargs=chat_template_kwargs)
 
     @property
     def pad_id(self) -> int:

@@ -11,7 +11,7 @@ class EpochSampler:
     """Batches of dataset indices, epoch after epoch, reproducible from ``seed`` and resumable.
 
     Epoch ``e`` visits a permutation of ``range(num_samples)`` drawn from ``(seed, e)`` (or the
-    identity when ``shuffle=False``) in ``steps_per_epoch = num_samples // batch_size`` batches.
+    identity when ``shuffle=False``; ``seed=None`` draws a fresh seed, which a loaded state replaces) in ``steps_per_epoch = num_samples // batch_size`` batches.
     The last ``num_samples % batch_size`` indices of each epoch's order are dropped, as verl's
     dataloader does (``drop_last=True``): every batch has exactly ``batch_size`` prompts, and since
     the order changes each epoch, different rows are left out each time.
@@ -22,7 +22,7 @@ class EpochSampler:
     continues with exactly the batch the original would have produced next.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, *, seed: int, shuffle: bool):
+    def __init__(self, num_samples: int, batch_size: int, *, seed: int | None, shuffle: bool):
         if batch_size <= 0:
             raise ValueError(f"data.train_batch_size={batch_size} must be positive")
         if num_samples < batch_size:
@@ -32,7 +32,9 @@ class EpochSampler:
             )
         self.num_samples = num_samples
         self.batch_size = batch_size
-        self.seed = seed
+        # seed None (verl's data.seed=null): a fresh seed, kept in state_dict() so that a resume continues
+        self.seed_given = seed is not None
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
         self.shuffle = shuffle
         self.epoch = 0
         self.step_in_epoch = 0
@@ -77,6 +79,8 @@ class EpochSampler:
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``. Raises ``ValueError`` if the data or the sampling settings changed
         since it was saved, because the run could then not continue with the same batches."""
+        if not self.seed_given and "seed" in state:
+            self.seed, self._order_epoch = int(state["seed"]), -1  # a drawn seed: continue with the saved one
         changed = [
             f"{key}: saved {state[key]!r}, now {getattr(self, key)!r}"
             for key in ("seed", "shuffle", "num_samples", "batch_size")

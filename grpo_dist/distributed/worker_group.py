@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import ray
@@ -285,7 +286,8 @@ def cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))
 
 
-def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bool, min_cpus: int) -> bool:
+def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bool, min_cpus: int,
+             runtime_env: dict | None = None) -> bool:
     """Attach to ``address`` (or RAY_ADDRESS), or start a local instance. True if started here.
 
     A local instance gets at least ``min_cpus`` CPUs (on CPU a rank is a process, so every rank
@@ -294,6 +296,10 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     listens on the loopback interface (:func:`_local_only`), and a watchdog process ends its
     processes if the driver is killed without shutting Ray down (:mod:`.ray_watchdog`). A cluster
     reached through an address keeps the binding its nodes were started with.
+
+    ``runtime_env`` (``ray_kwargs.ray_init.runtime_env``: ``py_executable``, ``env_vars``,
+    ``working_dir``) is handed to ``ray.init``; its ``env_vars`` are added to the quiet-logging
+    variables set for a local instance.
 
     ``RayStartError`` with one message when Ray cannot be started or reached.
     """
@@ -312,16 +318,18 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     # Ray starts worker processes at niceness 15 by default; training workers should compete for
     # the CPU on equal terms with everything else on the machine.
     os.environ.setdefault("RAY_worker_niceness", "0")
+    user_env = {k: v for k, v in (runtime_env or {}).items() if v}
     if address:
-        # A submitted job brings its own runtime environment; adding ours could conflict with it.
+        # A submitted job brings its own runtime environment; only what the user asked for is added.
         try:
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, log_to_driver=True, **({"runtime_env": user_env} if user_env else {}))
         except Exception as exc:
             raise RayStartError(
                 f"could not connect to the Ray cluster at {address} (ray_kwargs.ray_init.address or RAY_ADDRESS): "
                 f"{_describe(exc)}; check that the cluster is up (ray status --address {address}), that this "
                 "machine reaches it, and that its Ray version and authentication token match this one's") from None
         return True
+    env = {**user_env, "env_vars": {**env["env_vars"], **user_env.get("env_vars", {})}}
     kwargs = dict(
         address="local",  # a new instance even if another Ray runs on this machine (attach with an address)
         num_cpus=max(num_cpus or os.cpu_count() or 1, min_cpus),
@@ -383,6 +391,13 @@ def _local_only() -> None:
 
 def shutdown_ray() -> None:
     ray.shutdown()
+
+
+def write_timeline(path: str) -> None:
+    """Ray's timeline of the run so far (chrome://tracing JSON) into ``path``
+    (``ray_kwargs.timeline_json_file``)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ray.timeline(filename=str(path))
 
 
 def remove_placement_groups(pgs: Sequence[PlacementGroup]) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.states import setting
 from grpo_dist.config.validate import (  # noqa: F401
     critic_enabled,
     critic_fsdp,
@@ -18,6 +19,7 @@ from grpo_dist.config.validate import (  # noqa: F401
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer.dynamic_sampling import DynamicSampling, SingleBatch
+from grpo_dist.training.dtypes import dtype_name
 from grpo_dist.training.settings import ActorSettings, CriticSettings
 
 
@@ -32,9 +34,27 @@ def choose_device(name: str, cluster_gpus: float) -> str:
 
 
 def compute_dtype(name: str, device: str) -> str:
+    """A dtype setting (``auto`` or a name, verl's short names too) as the long name used on ``device``."""
     if name != "auto":
-        return name
+        return dtype_name(name)
     return "bfloat16" if device == "cuda" else "float32"
+
+
+def fsdp_dtypes(fsdp, device: str) -> dict:
+    """``model_dtype``, ``param_dtype``, ``reduce_dtype`` and ``param_offload`` of an ``fsdp_config`` section:
+    the compute dtype is ``mixed_precision.param_dtype`` when set, else ``dtype`` (validation refuses
+    the two set differently); ``offload_policy`` is FSDP2's CPU offload, which ``param_offload`` is here."""
+    mp = fsdp.mixed_precision
+    return dict(model_dtype=dtype_name(fsdp.model_dtype),
+                param_dtype=compute_dtype(mp.param_dtype or fsdp.dtype, device),
+                reduce_dtype=dtype_name(mp.reduce_dtype),
+                param_offload=bool(fsdp.param_offload or fsdp.offload_policy))
+
+
+def per_gpu(global_size: int | None, per_gpu_size: int | None, world_size: int) -> int | None:
+    """verl's two spellings of a micro-batch size: ``*_per_gpu``, or the former global size divided by the
+    data-parallel ranks (validation refuses both set, and a global size below the rank count)."""
+    return per_gpu_size if global_size is None else global_size // world_size
 
 
 def cpu_half_precision_warning(cfg: GRPOConfig, device: str) -> str | None:
@@ -87,6 +107,15 @@ def step_shape(cfg: GRPOConfig) -> StepShape:
     )
 
 
+def checkpoint_contents(cfg: GRPOConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(save, load)`` contents of the actor's checkpoints: ``save_contents`` (or its former spelling
+    ``checkpoint.contents``) and ``load_contents``, which follows what is saved unless set on its own."""
+    c = cfg.actor_rollout_ref.actor.checkpoint
+    save = tuple(setting(cfg, "actor_rollout_ref.actor.checkpoint.save_contents"))
+    load = tuple(c.load_contents)
+    return save, (save if list(load) == list(c.save_contents) else load)
+
+
 def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> ActorSettings:
     a = cfg.actor_rollout_ref.actor
     shape = step_shape(cfg)
@@ -95,14 +124,16 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
     mini_per_gpu = a.ppo_mini_batch_size * shape.n // shape.world_size
     rc = rollout_correction(cfg)
     pl = a.policy_loss
+    scale = a.loss_scale_factor
+    save, load = checkpoint_contents(cfg)
     return ActorSettings(
         ppo_mini_batch_size_per_gpu=mini_per_gpu,
-        ppo_micro_batch_size_per_gpu=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+        ppo_micro_batch_size_per_gpu=None if a.use_dynamic_bsz else per_gpu(
+            a.ppo_micro_batch_size, a.ppo_micro_batch_size_per_gpu, shape.world_size),
         use_dynamic_bsz=a.use_dynamic_bsz,
         ppo_max_token_len_per_gpu=a.ppo_max_token_len_per_gpu,
         ppo_epochs=a.ppo_epochs,
-        shuffle=a.shuffle,
-        seed=cfg.trainer.seed,
+        epochs_in_rows=a.shuffle,
         loss_mode="bypass_mode" if rc.bypass else pl.loss_mode,
         clip_ratio_low=clip_low,
         clip_ratio_high=clip_high,
@@ -114,40 +145,42 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         ppo_kl_coef=pl.ppo_kl_coef,
         rollout_correction=rc if rc.bypass else None,
         loss_agg_mode=a.loss_agg_mode,
-        norm_constant=float(cfg.actor_rollout_ref.rollout.response_length),
+        norm_constant=float(cfg.actor_rollout_ref.rollout.response_length if scale is None else scale),
         entropy_coeff=a.entropy_coeff,
         use_kl_loss=a.use_kl_loss,
         kl_loss_coef=a.kl_loss_coef,
         kl_loss_type=a.kl_loss_type,
         kl_loss_agg_mode=a.kl_loss_agg_mode,
         temperature=cfg.actor_rollout_ref.rollout.temperature or 1.0,
-        grad_clip=a.grad_clip,
+        grad_clip=setting(cfg, "actor_rollout_ref.actor.grad_clip"),
         lr=a.optim.lr,
         weight_decay=a.optim.weight_decay,
         betas=tuple(a.optim.betas),
         lr_warmup_steps=a.optim.lr_warmup_steps,
         lr_warmup_steps_ratio=a.optim.lr_warmup_steps_ratio,
         total_training_steps=total_training_steps,
-        lr_scheduler_type=a.optim.lr_scheduler_type,
+        lr_scheduler_type=setting(cfg, "actor_rollout_ref.actor.optim.lr_scheduler_type"),
         min_lr_ratio=a.optim.min_lr_ratio,
-        model_dtype=a.fsdp_config.model_dtype,
-        param_dtype=compute_dtype(a.fsdp_config.dtype, device),
-        reduce_dtype="float32",
+        num_cycles=a.optim.num_cycles,
+        zero_indexed_step=a.optim.zero_indexed_step,
+        **fsdp_dtypes(a.fsdp_config, device),
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         enable_gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
-        use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        use_remove_padding=a.use_remove_padding,
         reshard_after_forward=a.fsdp_config.reshard_after_forward,
-        param_offload=a.fsdp_config.param_offload,
         optimizer_offload=a.fsdp_config.optimizer_offload,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+        save_contents=tuple(p for p in save if p != "hf_model"),
+        load_contents=tuple(p for p in load if p != "hf_model"),
     )
 
 
 def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
     r = cfg.actor_rollout_ref.ref
+    dtypes = fsdp_dtypes(r.fsdp_config, device)
     return dict(
-        param_dtype=compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, device),
-        param_offload=r.fsdp_config.param_offload,
+        param_dtype=dtypes["param_dtype"],
+        param_offload=dtypes["param_offload"],
         reshard_after_forward=r.fsdp_config.reshard_after_forward,
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
@@ -175,19 +208,23 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
     fsdp = critic_fsdp(cfg)
     override = dict(c.model.override_config)
     attn = override.pop("attn_implementation", cfg.actor_rollout_ref.model.attn_implementation)
+    scale = c.loss_scale_factor
+    W = shape.world_size
     return CriticSettings(
-        ppo_mini_batch_size_per_gpu=c.ppo_mini_batch_size * shape.n // shape.world_size,
-        ppo_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
+        ppo_mini_batch_size_per_gpu=c.ppo_mini_batch_size * shape.n // W,
+        ppo_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else per_gpu(
+            c.ppo_micro_batch_size, c.ppo_micro_batch_size_per_gpu, W),
         use_dynamic_bsz=c.use_dynamic_bsz,
         ppo_max_token_len_per_gpu=c.ppo_max_token_len_per_gpu,
-        forward_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else c.forward_micro_batch_size_per_gpu,
+        forward_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else per_gpu(
+            c.forward_micro_batch_size, c.forward_micro_batch_size_per_gpu, W),
         forward_max_token_len_per_gpu=c.forward_max_token_len_per_gpu,
         ppo_epochs=c.ppo_epochs,
-        shuffle=c.shuffle,
+        epochs_in_rows=c.shuffle,
         seed=cfg.trainer.seed,
         cliprange_value=c.cliprange_value,
         loss_agg_mode=c.loss_agg_mode,
-        norm_constant=float(cfg.actor_rollout_ref.rollout.response_length),
+        norm_constant=float(cfg.actor_rollout_ref.rollout.response_length if scale is None else scale),
         grad_clip=critic_grad_clip(cfg),
         lr=c.optim.lr,
         weight_decay=c.optim.weight_decay,
@@ -195,19 +232,20 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
         lr_warmup_steps=c.optim.lr_warmup_steps,
         lr_warmup_steps_ratio=c.optim.lr_warmup_steps_ratio,
         total_training_steps=total_training_steps,
-        lr_scheduler_type=c.optim.lr_scheduler_type,
+        lr_scheduler_type=setting(cfg, "critic.optim.lr_scheduler_type"),
         min_lr_ratio=c.optim.min_lr_ratio,
-        model_dtype=fsdp.model_dtype,
-        param_dtype=compute_dtype(fsdp.dtype, device),
-        reduce_dtype="float32",
+        num_cycles=c.optim.num_cycles,
+        zero_indexed_step=c.optim.zero_indexed_step,
+        **fsdp_dtypes(fsdp, device),
         attn_implementation=attn,
         override_config=override,
         enable_gradient_checkpointing=c.model.enable_gradient_checkpointing,
         reshard_after_forward=fsdp.reshard_after_forward,
-        param_offload=fsdp.param_offload,
         optimizer_offload=fsdp.optimizer_offload,
         trust_remote_code=c.model.trust_remote_code,
         export_hf="hf_model" in c.checkpoint.save_contents,
+        save_contents=tuple(p for p in c.checkpoint.save_contents if p != "hf_model"),
+        load_contents=tuple(p for p in c.checkpoint.load_contents if p != "hf_model"),
     )
 
 
@@ -223,14 +261,14 @@ def actor_update_due(finished_steps: int, critic_warmup: int) -> bool:
     return finished_steps + 1 >= critic_warmup
 
 
-def forward_batching(section) -> tuple[int | None, int | None]:
+def forward_batching(section, world_size: int) -> tuple[int | None, int | None]:
     """``(micro_batch_size, max_token_len)`` of a no-grad log-prob forward from a config section with
-    verl's ``log_prob_micro_batch_size_per_gpu`` / ``log_prob_use_dynamic_bsz`` /
-    ``log_prob_max_token_len_per_gpu`` keys (rollout: the old-log-prob forward; ref: the reference's);
-    at most one of the two is set, neither: all of a rank's rows at once."""
+    verl's ``log_prob_micro_batch_size_per_gpu`` (or the former global ``log_prob_micro_batch_size``) /
+    ``log_prob_use_dynamic_bsz`` / ``log_prob_max_token_len_per_gpu`` keys (rollout: the old-log-prob
+    forward; ref: the reference's); at most one of the two is set, neither: all of a rank's rows at once."""
     if section.log_prob_use_dynamic_bsz:
         return None, section.log_prob_max_token_len_per_gpu
-    return section.log_prob_micro_batch_size_per_gpu, None
+    return per_gpu(section.log_prob_micro_batch_size, section.log_prob_micro_batch_size_per_gpu, world_size), None
 
 
 def rollout_correction(cfg: GRPOConfig) -> RolloutCorrectionParams:
@@ -345,14 +383,12 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             )
 
 
-def startup_lines(cfg: GRPOConfig, device: str, world: int, placement: dict, transport: str) -> list[str]:
-    """What the run says once its workers are up: ranks, nodes, device, compute dtype, weight-sync
-    transport, and a warning when half precision on this CPU would be slow."""
-    dtype = compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, device)
+def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str) -> list[str]:
+    """What the run says once its workers are up: ranks, nodes, device, the actor's compute dtype,
+    weight-sync transport, and a warning (``cpu_half_precision_warning``) when there is one."""
     lines = [f"{world} rank(s) on {len(set(placement['actor_rank_nodes']))} node(s), device {device}, "
-             f"{dtype} compute, weight sync {transport}"]
-    slow = cpu_half_precision_warning(cfg, device)
-    return lines + ([f"warning: {slow}"] if slow else [])
+             f"{compute} compute, weight sync {transport}"]
+    return lines + ([f"warning: {warning}"] if warning else [])
 
 
 def check_cpu_ranks(cfg: GRPOConfig, cores: int | None) -> None:

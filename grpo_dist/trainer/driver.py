@@ -16,6 +16,7 @@ object of its own (:mod:`grpo_dist.trainer.weight_sync`), and the batch is assem
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,9 @@ from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer import build, checkpoint
-from grpo_dist.trainer.metrics import (
-    NonfiniteGuard,
-    ResponseClipWarning,
-    Timer,
-    critic_data_metrics,
-    data_metrics,
-    reduce_validation,
-    throughput_metrics,
-    token_count,
-)
+from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
+                                       reduce_validation, throughput_metrics, token_count)
+from grpo_dist.trainer.plan import driver_plan
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
@@ -55,33 +49,33 @@ from grpo_dist.workers.common import unwrap_timed
 
 
 class GRPOTrainer:
+    """The loop. It reads its numbers from ``plan`` (:func:`grpo_dist.trainer.plan.driver_plan`); ``cfg``
+    only goes to the role table, which builds the workers' settings from it."""
+
     def __init__(self, cfg: GRPOConfig, *, model_path: str, tokenizer: Any, tokenizer_path: str,
                  train_data: PromptDataset, val_data: PromptDataset | None, device: str, out_dir: str,
                  stop: StopSignal | None = None) -> None:
         """``stop``: the run's SIGTERM handling, installed by the caller before anything started (a
         new, uninstalled one when None)."""
         self.cfg, self.device, self.out_dir = cfg, device, Path(out_dir)
+        self.plan = p = driver_plan(cfg, device, len(train_data))
         self.model_path, self.tokenizer, self.tokenizer_path = model_path, tokenizer, tokenizer_path
         self.train_data, self.val_data, self.pad_id = train_data, val_data, train_data.pad_id
-        self.shape = build.step_shape(cfg)
-        self.sampler = EpochSampler(len(train_data), build.prompts_per_draw(cfg), seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-        t = cfg.trainer
-        self.total_steps = t.total_training_steps or t.total_epochs * self.sampler.steps_per_epoch
-        self.estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
-        kc = cfg.algorithm.kl_ctrl
-        self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.val_sampling = build.val_sampling(cfg)
-        self.clip_warning = ResponseClipWarning(cfg.actor_rollout_ref.rollout.response_length)
-        self.workers: Workers | None = None
-        self.global_step = 0
+        self.shape, self.total_steps = p.shape, p.total_steps
+        self.sampler = EpochSampler(len(train_data), p.prompts_per_draw, seed=p.data_seed, shuffle=p.data_shuffle)
+        self.estimator = get_adv_estimator(p.estimator)
+        self.kl_ctrl = make_kl_controller(*p.kl_ctrl)
+        self.val_sampling, self.clip_warning = p.val_sampling, ResponseClipWarning(p.response_length)
+        self.workers: Workers | None
+        self.workers, self.global_step = None, 0
         self.summary = RunSummary(out_dir=str(self.out_dir))
-        self.nonfinite = NonfiniteGuard(cfg.trainer.max_consecutive_nonfinite_steps)
-        self.stop = stop if stop is not None else StopSignal(cfg.trainer.preemption_grace_s, str(self.out_dir))
-        self.rc, self.sampling, self.overlong = build.rollout_correction(cfg), build.step_sampling(cfg), build.overlong_buffer(cfg)
+        self.nonfinite = NonfiniteGuard(p.max_consecutive_nonfinite_steps)
+        self.stop = stop if stop is not None else StopSignal(out_dir=str(self.out_dir))
+        self.rc, self.sampling, self.overlong = p.rollout_correction, p.step_sampling, p.overlong
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
-        self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
-                          and not cfg.algorithm.use_kl_in_reward and not self.rc.bypass)
-        self.old_logp_forward = not self.rc.bypass and (not self.on_policy or build.rollout_log_probs(cfg))
+        self.on_policy = (self.shape.num_mini_batches == 1 and p.actor_epochs == 1
+                          and not p.use_kl_in_reward and not self.rc.bypass)
+        self.old_logp_forward = not self.rc.bypass and (not self.on_policy or p.rollout_log_probs)
 
     # ================================================================ set-up / tear-down
     def start_workers(self) -> None:
@@ -93,12 +87,11 @@ class GRPOTrainer:
         w = self.workers
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")
-        r = self.cfg.actor_rollout_ref.rollout
+        p = self.plan
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
-                               dtype=build.compute_dtype(r.dtype, dev),
-                               bucket_bytes=int(r.update_weights_bucket_megabytes) * 2**20)
+                               dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes)
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
-        for line in build.startup_lines(self.cfg, dev, world, placement, self.sync.transport):
+        for line in build.startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, self.sync.transport):
             print(f"grpo_dist: {line}", flush=True)
 
     def close(self) -> None:
@@ -110,11 +103,11 @@ class GRPOTrainer:
     def generate(self, items: list[dict], uid_prefix: str, sampling: SamplingSettings) -> tuple[Batch, float]:
         """``sampling.n`` responses per prompt from the rollout ranks, as the step's batch (rows grouped
         by prompt); and the slowest rollout rank's busy seconds."""
-        prompts = prompt_batch(collate_prompts(items, self.pad_id, self.cfg.data.max_prompt_length), uid_prefix)
+        prompts = prompt_batch(collate_prompts(items, self.pad_id, self.plan.max_prompt_length), uid_prefix)
         shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout), sampling)
         outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=shares))
         batch = responses_to_batch(prompts, merge_outputs(outs, sampling), n=sampling.n, pad_id=self.pad_id,
-                                   response_length=self.cfg.actor_rollout_ref.rollout.response_length)
+                                   response_length=self.plan.response_length)
         return batch, busy_s
 
     def score(self, batch: Batch, *, token_level: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
@@ -122,7 +115,7 @@ class GRPOTrainer:
         response token or, with process supervision, each step's reward on the token that ends the step,
         and ``step_end_mask``)."""
         step_rewards = token_level and self.estimator.needs_step_rewards
-        result = self.reward.call("compute", batch["responses"], batch["response_mask"], list(batch["data_source"]),
+        result = self.reward.call("compute", batch["responses"], batch["response_mask"], list(batch["reward_source"]),
                                   list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards)[0]
         if token_level:
             batch["token_level_scores"] = result.token_level_scores_BR
@@ -138,11 +131,11 @@ class GRPOTrainer:
         the greedy response's reward, for estimators that need one); and the reward stats."""
         tag = f"s{self.global_step}" + (f"g{k}" if k else "")
         with timer("gen"):
-            batch, busy_s = self.generate(items, tag, build.train_sampling(self.cfg, seed=self.step_seed() + k * 1_000_003))
+            batch, busy_s = self.generate(items, tag, replace(self.plan.train_sampling, seed=self.step_seed() + k * 1_000_003))
         timer.add("gen/worker", busy_s)
         if self.estimator.needs_baseline_rollout:
             with timer("gen_max"):
-                baseline, _ = self.generate(items, tag + "b", build.baseline_sampling(self.cfg))
+                baseline, _ = self.generate(items, tag + "b", self.plan.baseline_sampling)
                 self.score(baseline)
                 batch["reward_baselines"] = baseline["token_level_scores"].sum(-1).repeat_interleave(self.shape.n)
         with timer("reward"):
@@ -155,14 +148,13 @@ class GRPOTrainer:
     def old_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Log-probs [B, R] under the current policy, and the slowest actor rank's busy seconds."""
         outs, busy_s = sharded_forward(self.actor, "compute_log_prob", batch, self.shape.world_size,
-                                       *build.forward_batching(self.cfg.actor_rollout_ref.rollout))
+                                       *self.plan.old_logp_batching)
         return torch.cat([logp for logp, _ in outs], dim=0), busy_s
 
     def ref_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Log-probs [B, R] under the reference policy, and the slowest reference rank's busy seconds."""
         outs, busy_s = sharded_forward(self.ref, "compute_ref_log_prob", batch, self.shape.world_size,
-                                       *build.forward_batching(self.cfg.actor_rollout_ref.ref),
-                                       self.cfg.actor_rollout_ref.rollout.temperature or 1.0)
+                                       *self.plan.ref_logp_batching, self.plan.logit_temperature)
         return torch.cat(outs, dim=0), busy_s
 
     def values(self, batch: Batch) -> tuple[torch.Tensor, float]:
@@ -171,10 +163,10 @@ class GRPOTrainer:
         return torch.cat(outs, dim=0), busy_s
 
     def advantages(self, batch: Batch) -> None:
-        alg = self.cfg.algorithm
+        p = self.plan
         batch["advantages"], batch["returns"] = self.estimator.fn(
             token_level_rewards_BT=batch["token_level_rewards"], response_mask_BT=batch["response_mask"],
-            index_B=list(batch["uid"]), gamma=alg.gamma, lam=alg.lam, norm_adv_by_std=alg.norm_adv_by_std_in_grpo,
+            index_B=list(batch["uid"]), gamma=p.gamma, lam=p.lam, norm_adv_by_std=p.norm_adv_by_std,
             values_BT=batch["values"] if "values" in batch else None,
             step_end_mask_BT=batch["step_end_mask"] if "step_end_mask" in batch else None,
             **({"reward_baselines_B": batch["reward_baselines"]} if self.estimator.needs_baseline_rollout else {}),
@@ -182,34 +174,36 @@ class GRPOTrainer:
 
     def update_critic(self, batch: Batch) -> tuple[dict[str, float], float]:
         """One value-loss update on the critic ranks: its metrics and the slowest rank's busy seconds."""
-        M = self.cfg.data.train_batch_size // self.cfg.critic.ppo_mini_batch_size
+        p = self.plan
+        M = len(batch) // (p.critic_mini_batch_prompts * self.shape.n)
         metrics, _, busy_s = sharded_update(self.critic, "update_critic", batch, CRITIC_UPDATE_KEYS, num_mini_batches=M,
-                                            world_size=self.shape.world_size, balance=self.cfg.trainer.balance_batch,
-                                            role="critic")
+                                            world_size=self.shape.world_size, balance=p.balance_batch,
+                                            role="critic", shuffle=p.critic_shuffle)
         return metrics, busy_s
 
     def update_actor(self, batch: Batch) -> tuple[dict[str, float], float]:
         """One policy update on the actor ranks: its metrics (with ``global_seqlen/*``) and the slowest
         rank's busy seconds."""
-        keys = update_keys(use_kl_loss=self.cfg.actor_rollout_ref.actor.use_kl_loss, old_log_probs=not self.on_policy,
+        p = self.plan
+        keys = update_keys(use_kl_loss=p.use_kl_loss, old_log_probs=not self.on_policy,
                            rollout_is_weights="rollout_is_weights" in batch)
-        M = len(batch) // (self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.shape.n)
+        M = len(batch) // (p.actor_mini_batch_prompts * self.shape.n)
         metrics, balance, busy_s = sharded_update(self.actor, "update_policy", batch, keys, num_mini_batches=M,
-                                                  world_size=self.shape.world_size,
-                                                  balance=self.cfg.trainer.balance_batch, role="actor")
+                                                  world_size=self.shape.world_size, balance=p.balance_batch,
+                                                  role="actor", shuffle=p.actor_shuffle)
         return metrics | balance, busy_s
 
     def step_seed(self) -> int:
         """Sampling seed of this step: a disjoint range of per-response seeds for every step."""
-        return (self.cfg.actor_rollout_ref.rollout.seed * 100_003 + self.global_step) * (self.shape.responses + 1)
+        return (self.plan.rollout_seed * 100_003 + self.global_step) * (self.shape.responses + 1)
 
     # ================================================================ one step
     def train_step(self, items: list[dict]) -> dict[str, float]:
-        cfg, timer, m = self.cfg, Timer(), {}
+        p, timer, m = self.plan, Timer(), {}
         t0 = time.perf_counter()
         with timer("step"):
             batch, reward_stats = self.sampling.collect(items, self.next_items, lambda it, k: self.scored_rollout(it, k, timer))
-            if cfg.actor_rollout_ref.rollout.free_cache_engine:
+            if p.free_cache_engine:
                 self.rollout.call("sleep")  # colocated: the engine gives its device memory back while the actor trains
             if self.rc.bypass:
                 batch["old_log_probs"] = batch["rollout_log_probs"]
@@ -227,10 +221,10 @@ class GRPOTrainer:
                 timer.add("values/worker", busy_s)
             with timer("adv"):
                 batch["token_level_rewards"] = batch["token_level_scores"]
-                if cfg.algorithm.use_kl_in_reward:
+                if p.use_kl_in_reward:
                     batch["token_level_rewards"], kl = apply_kl_penalty(
                         batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"],
-                        kl_coef=self.kl_ctrl.value, kind=cfg.algorithm.kl_penalty)
+                        kl_coef=self.kl_ctrl.value, kind=p.kl_penalty)
                     m.update({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
                     # the controller advances by the step's responses (verl: the batch size, as in TRL)
                     self.kl_ctrl.update(kl, n_steps=len(batch))
@@ -243,7 +237,7 @@ class GRPOTrainer:
                     critic_metrics, busy_s = self.update_critic(batch)
                 timer.add("update_critic/worker", busy_s)
                 m.update(critic_metrics)
-            if build.actor_update_due(self.global_step, cfg.trainer.critic_warmup):
+            if build.actor_update_due(self.global_step, p.critic_warmup):
                 with timer("update_actor"):
                     actor_metrics, busy_s = self.update_actor(batch)
                 timer.add("update_actor/worker", busy_s)
@@ -251,14 +245,14 @@ class GRPOTrainer:
                 with timer("update_weights"):
                     for name, seconds in self.sync().items():
                         timer.add(name, seconds)
-            elif cfg.actor_rollout_ref.rollout.free_cache_engine:
+            elif p.free_cache_engine:
                 # critic warm-up: the policy did not change, so there is nothing to send; the engine
                 # only gets its memory back
                 self.rollout.call("wake_up")
         step_s = time.perf_counter() - t0
         ntok = token_count(batch)
         self.summary.tokens += ntok
-        m.update(data_metrics(batch, cfg.actor_rollout_ref.rollout.response_length))
+        m.update(data_metrics(batch, p.response_length))
         self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
         if "values" in batch:
             m.update(critic_data_metrics(batch))
@@ -271,7 +265,7 @@ class GRPOTrainer:
     def validate(self) -> dict[str, float]:
         if self.val_data is None:
             return {}
-        bs = self.cfg.data.val_batch_size or len(self.val_data)
+        bs = self.plan.val_batch_size or len(self.val_data)
         sources, scores = [], []
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
@@ -285,11 +279,11 @@ class GRPOTrainer:
     def save(self) -> str:
         """Save the step's checkpoint (:func:`grpo_dist.trainer.checkpoint.save`: the workers' shards,
         then the driver state, published by one rename)."""
-        t, t0 = self.cfg.trainer, time.perf_counter()
-        export_hf = "hf_model" in self.cfg.actor_rollout_ref.actor.checkpoint.contents or self.global_step >= self.total_steps
+        p, t0 = self.plan, time.perf_counter()
+        export_hf = p.export_hf_every_checkpoint or self.global_step >= self.total_steps
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "total_steps": self.total_steps}
-        final = checkpoint.save(t.default_local_dir, self.global_step, state, max_keep=t.max_actor_ckpt_to_keep,
+        final = checkpoint.save(p.checkpoint_root, self.global_step, state, max_keep=p.max_ckpt_to_keep,
                                 write_shards=lambda tmp: self.workers.save(tmp, export_hf=export_hf),
                                 newest=self.stop.last_checkpoint, root_key="trainer.default_local_dir")
         self.summary.last_checkpoint = str(final)
@@ -316,13 +310,13 @@ class GRPOTrainer:
     # ================================================================ the loop
     def fit(self, resume: checkpoint.ResumePoint | None = None) -> RunSummary:
         """Train to ``total_steps``, first loading ``resume`` when given."""
-        t = self.cfg.trainer
+        t = self.plan
         if resume is not None:
             self.resume(resume)
             self.stop.last_checkpoint = str(resume.path)
         self.stop.training()
         self.summary.first_step = self.global_step
-        tracker = Tracker(list(t.logger), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
+        tracker = Tracker(list(t.loggers), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
                           config={}, resume_step=self.global_step, progress_bar=t.progress_bar)
         progress = Progress(t.progress_bar, total=self.total_steps, initial=self.global_step,
                             val_suffix=f"/acc/mean@{self.val_sampling.n}")

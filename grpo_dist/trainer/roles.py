@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.states import setting
 from grpo_dist.distributed.worker_group import (
     CallDeadlines,
     ResourcePlan,
@@ -122,17 +123,23 @@ def _reward_worker():
 
 
 # ---- their arguments ---------------------------------------------------------------------------
+def _timeout(ctx: RoleContext) -> dict:
+    """The process group's collective timeout (verl's ``actor_rollout_ref.nccl_timeout``, every FSDP role)."""
+    return dict(timeout_s=float(ctx.cfg.actor_rollout_ref.nccl_timeout))
+
+
 def _actor_model(ctx: RoleContext) -> dict:
-    return dict(model_path=ctx.model_path, settings=build.actor_settings(ctx.cfg, ctx.device, ctx.total_steps))
+    return dict(model_path=ctx.model_path, settings=build.actor_settings(ctx.cfg, ctx.device, ctx.total_steps),
+                **_timeout(ctx))
 
 
 def _reference_model(ctx: RoleContext) -> dict:
-    return dict(model_path=ctx.model_path, **build.reference_kwargs(ctx.cfg, ctx.device))
+    return dict(model_path=ctx.model_path, **build.reference_kwargs(ctx.cfg, ctx.device), **_timeout(ctx))
 
 
 def _critic_model(ctx: RoleContext) -> dict:
     return dict(model_path=build.critic_model_path(ctx.cfg, ctx.model_path),
-                settings=build.critic_settings(ctx.cfg, ctx.device, ctx.total_steps))
+                settings=build.critic_settings(ctx.cfg, ctx.device, ctx.total_steps), **_timeout(ctx))
 
 
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -146,8 +153,9 @@ def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
     cfg = ctx.cfg
     rm = cfg.reward_model
     return dict(tokenizer_path=ctx.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                custom_path=cfg.custom_reward_function.path, custom_name=cfg.custom_reward_function.name,
-                num_workers=rm.num_workers, timeout_s=rm.timeout_s, on_error=rm.on_error)
+                custom_path=setting(cfg, "custom_reward_function.path"),
+                custom_name=setting(cfg, "custom_reward_function.name") or "compute_score",
+                num_workers=setting(cfg, "reward_model.num_workers"), timeout_s=rm.timeout_s, on_error=rm.on_error)
 
 
 ROLES: tuple[Role, ...] = (
@@ -174,11 +182,13 @@ class Workers:
         self.roles = active_roles(ctx.cfg, roles)
         self.groups: dict[str, WorkerGroup] = {}
         self.pgs: list = []
+        t = ctx.cfg.trainer
+        self.resources = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
+        self._timeouts = (t.worker_call_timeout_s, t.worker_call_timeout_factor)
 
     def _deadlines(self) -> CallDeadlines:
         """Each group's own call deadlines (``trainer.worker_call_timeout_s`` / ``_factor``)."""
-        t = self.ctx.cfg.trainer
-        return CallDeadlines(t.worker_call_timeout_s, t.worker_call_timeout_factor)
+        return CallDeadlines(*self._timeouts)
 
     def __getitem__(self, name: str) -> WorkerGroup:
         return self.groups[name]
@@ -188,8 +198,7 @@ class Workers:
 
     def start(self) -> None:
         """Place and start every active role, then load the FSDP2 models of all roles at once."""
-        ctx, t = self.ctx, self.ctx.cfg.trainer
-        plan = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
+        ctx, plan = self.ctx, self.resources
         self.pgs = create_placement_groups(plan)
         colocated = [r for r in self.roles if r.per_rank]
         share = 1.0 / len(colocated)

@@ -27,20 +27,22 @@ def _fail(msg: str, code: int = 1) -> int:
 
 
 def run(cfg: GRPOConfig) -> int:
+    from grpo_dist.trainer.plan import launch_plan
     from grpo_dist.trainer.stop import Interrupted, StopSignal
 
+    lp = launch_plan(cfg)
     # Installed before anything starts, so that a SIGTERM during start-up ends the run with one message.
-    stop = StopSignal(cfg.trainer.preemption_grace_s, str(cfg.trainer.default_local_dir))
+    stop = StopSignal(lp.preemption_grace_s, str(lp.out_dir))
     stop.install()
     try:
-        return _run(cfg, stop)
+        return _run(cfg, lp, stop)
     except Interrupted as exc:
         return _fail(str(exc), 143)
     finally:
         stop.uninstall()
 
 
-def _run(cfg: GRPOConfig, stop) -> int:
+def _run(cfg: GRPOConfig, lp, stop) -> int:
     from grpo_dist import tasks
     from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
@@ -48,32 +50,34 @@ def _run(cfg: GRPOConfig, stop) -> int:
     from grpo_dist.utils.run_lock import RunLock, RunLockError
 
     t0 = time.perf_counter()
+    for note in lp.noop_notes:
+        print(f"grpo_dist: note: {note}", flush=True)
     try:
-        model_path = tasks.resolve(cfg.actor_rollout_ref.model.path)
-        tok_path = tasks.resolve(cfg.data.tokenizer) if cfg.data.tokenizer else model_path
-        train_files = [tasks.resolve(p) for p in as_path_list(cfg.data.train_files)]
-        val_files = [tasks.resolve(p) for p in as_path_list(cfg.data.val_files)]
+        model_path = tasks.resolve(lp.model)
+        tok_path = tasks.resolve(lp.tokenizer) if lp.tokenizer else model_path
+        train_files = [tasks.resolve(p) for p in as_path_list(lp.train_files)]
+        val_files = [tasks.resolve(p) for p in as_path_list(lp.val_files)]
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=lp.tokenizer_trust_remote_code)
+        if lp.chat_template:
+            tokenizer.chat_template = lp.chat_template
         build.check_model_fits(cfg, model_path, tokenizer)
         note = build.check_cpu_resources(cfg, model_path)
         if note:
             print(f"grpo_dist: warning: {note}", file=sys.stderr, flush=True)
-        if cfg.custom_reward_function.path:  # a wrong path or name is found here, not after the workers start
+        if lp.custom_reward:  # a wrong path or name is found here, not after the workers start
             from grpo_dist.rewards.custom import load_custom_reward_fn
 
-            load_custom_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-        d = cfg.data
-        common = dict(prompt_key=d.prompt_key, max_prompt_length=d.max_prompt_length,
-                      filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
-                      skip_bad_rows=d.skip_bad_rows)
-        train = PromptDataset.from_files(train_files, tokenizer, **common)
-        val = PromptDataset.from_files(val_files, tokenizer, **common) if val_files else None
+            load_custom_reward_fn(*lp.custom_reward)
+        sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
+        train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample)
+        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample)
+               if val_files else None)
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
 
-    out_dir = Path(cfg.trainer.default_local_dir)
+    out_dir = Path(lp.out_dir)
     lock = RunLock(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,39 +92,43 @@ def _run(cfg: GRPOConfig, stop) -> int:
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
     try:
-        return _run_locked(cfg, out_dir, stop, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
+        return _run_locked(cfg, lp, out_dir, stop, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
                            train=train, val=val, t0=t0)
     finally:
         lock.release()
 
 
-def _run_locked(cfg: GRPOConfig, out_dir: Path, stop, *, model_path, tokenizer, tok_path, train, val,
+def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokenizer, tok_path, train, val,
                 t0: float) -> int:
-    from grpo_dist.config.validate import data_parallel_size
-    from grpo_dist.distributed.worker_group import RayStartError, WorkerError, cluster_gpus, init_ray, shutdown_ray
+    from grpo_dist.distributed.worker_group import (
+        RayStartError,
+        WorkerError,
+        cluster_gpus,
+        init_ray,
+        shutdown_ray,
+        write_timeline,
+    )
     from grpo_dist.trainer import build, checkpoint
     from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
     from grpo_dist.trainer.stop import StopRequested
 
     # The checkpoint to resume from is chosen (and verified) before any worker starts.
     try:
-        resume = checkpoint.choose_resume(cfg.trainer)
+        resume = checkpoint.choose_resume(lp.resume)
     except (ValueError, OSError) as exc:
         return _fail(str(exc), 2)
     if resume is not None:
         stop.last_checkpoint = str(resume.path)
         print(f"grpo_dist: resuming from {resume.path} (step {resume.step})", flush=True)
 
-    ri = cfg.ray_kwargs.ray_init
     try:
-        started_ray = init_ray(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
-                               min_cpus=data_parallel_size(cfg))
+        started_ray = init_ray(**lp.ray_init)
     except RayStartError as exc:
         return _fail(str(exc))
     stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
     trainer = None
     try:
-        device = build.choose_device(cfg.trainer.device, cluster_gpus())
+        device = build.choose_device(lp.device, cluster_gpus())
         trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
                               train_data=train, val_data=val, device=device, out_dir=str(out_dir), stop=stop)
         try:
@@ -147,6 +155,11 @@ def _run_locked(cfg: GRPOConfig, out_dir: Path, stop, *, model_path, tokenizer, 
     finally:
         if trainer is not None:
             trainer.close()
+        if lp.timeline_file:
+            try:
+                write_timeline(lp.timeline_file)
+            except Exception as exc:  # a timeline must never fail a run
+                print(f"grpo_dist: could not write ray_kwargs.timeline_json_file: {exc}", file=sys.stderr)
         if started_ray:
             shutdown_ray()
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from grpo_dist.batch import Batch
 from grpo_dist.distributed.worker_group import WorkerGroup
-from grpo_dist.training.micro_batches import balanced_shard_order, rank_shard_indices, seqlen_balance_metrics
+from grpo_dist.training.micro_batches import epoch_orders, update_layout
 from grpo_dist.training.settings import FORWARD_KEYS
 from grpo_dist.workers.common import unwrap_timed
 
@@ -40,23 +40,24 @@ def sharded_update(
     world_size: int,
     balance: bool,
     role: str,
+    shuffle: tuple[int, int] | None = None,
 ) -> tuple[dict[str, float], dict[str, float], float]:
     """``group.<method>(rows)`` on every rank with its share of every mini-batch of ``batch[keys]``.
+
+    ``shuffle = (epochs, seed)`` (``actor.shuffle`` / ``critic.shuffle``): every epoch's rows in their own
+    global order (:func:`~grpo_dist.training.micro_batches.epoch_orders`), one epoch after the other in
+    each rank's rows (whose settings then have ``epochs_in_rows``); balancing applies inside each
+    epoch's mini-batches (its metrics are the first epoch's).
 
     Returns rank 0's metrics (identical on all ranks) with ``perf/max_memory_gb/<role>`` the maximum
     over ranks; the ``global_seqlen/*`` balance metrics (empty without ``balance``); and the slowest
     rank's busy seconds.
     """
     sel = batch.select(*keys)
-    W, M = world_size, num_mini_batches
-    balance_metrics: dict[str, float] = {}
-    if balance:
-        lengths = sel["attention_mask"].sum(-1).tolist()
-        order = balanced_shard_order(lengths, num_mini_batches=M, world_size=W)
-        balance_metrics = seqlen_balance_metrics(lengths, order, num_mini_batches=M, world_size=W)
-        sel = sel.reorder(order)
-    per_rank = [(sel.reorder(rank_shard_indices(len(sel), num_mini_batches=M, rank=r, world_size=W)).tensor_dict(),)
-                for r in range(W)]
+    orders = epoch_orders(len(sel), epochs=shuffle[0], seed=shuffle[1]) if shuffle else None
+    shares, balance_metrics = update_layout(sel["attention_mask"].sum(-1).tolist(), num_mini_batches=num_mini_batches,
+                                            world_size=world_size, balance=balance, orders=orders)
+    per_rank = [(sel.reorder(index).tensor_dict(),) for index in shares]
     metrics, busy_s = unwrap_timed(group.call(method, per_rank=per_rank))
     out = dict(metrics[0])
     memory_key = f"perf/max_memory_gb/{role}"

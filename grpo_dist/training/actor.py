@@ -8,7 +8,10 @@ Data layout for :meth:`FSDPActor.update_policy`
 A step's global batch of ``N`` responses is cut into ``M`` global mini-batches (one optimizer step
 each). Rank ``r`` receives ``N / W`` rows laid out as ``M`` contiguous equal chunks: chunk ``k`` is
 rank ``r``'s share of global mini-batch ``k``, and the union of chunk ``k`` over the ``W`` ranks is
-global mini-batch ``k``. ``M = rows_on_this_rank / settings.ppo_mini_batch_size_per_gpu``.
+global mini-batch ``k``. ``M = rows_on_this_rank / settings.ppo_mini_batch_size_per_gpu``. With
+``settings.epochs_in_rows`` (``actor.shuffle``) the rows hold every PPO epoch's chunks one epoch after
+the other, each epoch's mini-batches cut from its own global permutation of the step's responses
+(:func:`grpo_dist.training.micro_batches.update_layout`), and the update runs over them once.
 :func:`grpo_dist.training.micro_batches.rank_shard_indices` produces exactly this layout from a
 global batch (verl: ``ppo_mini_batch_size_per_gpu = ppo_mini_batch_size * rollout.n // W``).
 
@@ -117,10 +120,11 @@ class FSDPActor:
         self.lr_scheduler = make_lr_scheduler(
             self.optimizer, kind=settings.lr_scheduler_type, warmup_steps=settings.lr_warmup_steps,
             warmup_ratio=settings.lr_warmup_steps_ratio, total_steps=settings.total_training_steps,
-            min_lr_ratio=settings.min_lr_ratio,
+            min_lr_ratio=settings.min_lr_ratio, num_cycles=settings.num_cycles,
+            zero_indexed_step=settings.zero_indexed_step,
         )
         self.update_count = 0
-        """update_policy calls so far (= scheduler steps); seeds the within-mini-batch shuffle."""
+        """update_policy calls so far (= scheduler steps)."""
         self.nonfinite_grad_norm_total = 0
         """Optimizer steps skipped so far because the gradient norm was not finite."""
         self.defer_grad_sync = world_size == 1
@@ -208,7 +212,6 @@ class FSDPActor:
                 f"ppo_mini_batch_size_per_gpu={mini} (ppo_mini_batch_size * rollout.n / world_size)"
             )
         cpu_data = {k: data[k] for k in keys}
-        gen = torch.Generator().manual_seed(s.seed * 1_000_003 + self.update_count)
         micro_kwargs = (
             {"max_token_len": s.ppo_max_token_len_per_gpu}
             if s.use_dynamic_bsz
@@ -238,8 +241,9 @@ class FSDPActor:
         # so the update's log-probs are the ones compute_log_prob gives
         self.model.train()
         lr = self.lr_scheduler.get_last_lr()[0]
+        # with epochs_in_rows the caller laid out every epoch's (shuffled) mini-batches in the rows
         out, nonfinite = run_mini_batches(step, [torch.arange(k * mini, (k + 1) * mini) for k in range(n // mini)],
-                                          epochs=s.ppo_epochs, shuffle=gen if s.shuffle else None)
+                                          epochs=1 if s.epochs_in_rows else s.ppo_epochs)
         with warnings.catch_warnings():
             # torch warns when the schedule steps although every optimizer step was skipped
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
@@ -301,18 +305,22 @@ class FSDPActor:
         return t.full_tensor()
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters."""
+        """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters, as far as
+        ``settings.save_contents`` asks (the counters always)."""
         checkpoint_io.save_train_state(
             directory,
             self.model,
             self.optimizer,
             self.lr_scheduler,
             extra={"update_count": self.update_count, "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total},
+            contents=self.settings.save_contents,
         )
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: restore what :meth:`save_checkpoint` wrote (the world size may differ)."""
-        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler)
+        """Collective: restore the ``settings.load_contents`` parts of what :meth:`save_checkpoint` wrote
+        (the world size may differ); the others keep their fresh state."""
+        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler,
+                                               contents=self.settings.load_contents)
         self.update_count = int(extra["update_count"])
         self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
         if self._offload_optimizer:

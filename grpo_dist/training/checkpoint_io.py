@@ -39,7 +39,13 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint._traverse import set_element
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 from torch.optim.lr_scheduler import LRScheduler
 
 from grpo_dist.training.dtypes import to_dtype
@@ -51,6 +57,8 @@ __all__ = [
     "load_train_state",
     "save_sharded",
     "load_sharded",
+    "saved_parts",
+    "ALL_PARTS",
     "rng_state",
     "set_rng_state",
     "TOKENIZER_FILES",
@@ -199,13 +207,26 @@ def safe_dcp_load(state: dict[str, Any], checkpoint_dir: str | os.PathLike) -> N
 # --------------------------------------------------------------------------------------------------
 # sharded model + optimizer
 # --------------------------------------------------------------------------------------------------
-def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: write the model and optimizer shards with DCP under ``directory/dcp``."""
+ALL_PARTS = ("model", "optimizer", "extra")
+"""What a training-state checkpoint can hold (verl's ``checkpoint.save_contents`` / ``load_contents``
+without ``hf_model``): the model's shards, the optimizer's shards, and ``extra`` (the LR scheduler and
+the RNG states)."""
+
+
+def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 parts: tuple[str, ...] = ("model", "optimizer")) -> None:
+    """Collective: write the ``parts`` (model and/or optimizer) shards with DCP under ``directory/dcp``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    if "optimizer" in parts:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {k: v for k, v in (("model", model_sd), ("optimizer", optim_sd)) if k in parts}
+    else:
+        state = {"model": get_model_state_dict(model)} if "model" in parts else {}
+    if not state:
+        return
     try:
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(directory / "dcp"))
+        dcp.save(state, checkpoint_id=str(directory / "dcp"))
     except CheckpointException as e:
         # DCP gathers every rank's failure into a CheckpointException, a BaseException that would end
         # the worker process instead of reaching the driver as an error: raise the first rank's own
@@ -221,20 +242,43 @@ def _first_failure(e: CheckpointException) -> Exception:
     return RuntimeError(" ".join(str(e).split())[:500])
 
 
-def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: load what :func:`save_sharded` wrote into ``model`` and ``optimizer`` (in place).
+def saved_parts(directory: str | os.PathLike) -> set[str]:
+    """Which of model / optimizer a checkpoint's DCP shards hold (read from DCP's metadata)."""
+    meta = Path(directory) / "dcp" / ".metadata"
+    if not meta.exists():
+        return set()
+    keys = read_dcp_metadata(meta).state_dict_metadata.keys()
+    return {part for part in ("model", "optimizer") if any(k == part or k.startswith(part + ".") for k in keys)}
+
+
+def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 parts: tuple[str, ...] = ("model", "optimizer")) -> None:
+    """Collective: load the ``parts`` (model and/or optimizer) :func:`save_sharded` wrote into ``model``
+    and ``optimizer`` (in place); what is not asked for keeps its current state.
 
     The mesh size may differ from the one that saved (DCP reshards). ``FileNotFoundError`` when
-    ``directory/dcp`` is missing.
+    ``directory/dcp`` is missing or lacks an asked-for part.
     """
     directory = Path(directory)
     if not (directory / "dcp").is_dir():
         raise FileNotFoundError(f"no sharded checkpoint at {directory / 'dcp'}")
-    # get_state_dict initialises the optimizer state (a zero-lr step) so DCP has tensors to load into.
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optimizer": optim_sd}
+    missing = [p for p in parts if p in ("model", "optimizer") and p not in saved_parts(directory)]
+    if missing:
+        raise FileNotFoundError(f"the checkpoint {directory} holds no {' or '.join(missing)} state (it was saved "
+                                "without it: checkpoint.save_contents); leave it out of checkpoint.load_contents")
+    if "optimizer" in parts:
+        # get_state_dict initialises the optimizer state (a zero-lr step) so DCP has tensors to load into.
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {k: v for k, v in (("model", model_sd), ("optimizer", optim_sd)) if k in parts}
+    else:  # the optimizer is left exactly as it is (fresh on a resume)
+        state = {"model": get_model_state_dict(model)} if "model" in parts else {}
     safe_dcp_load(state, directory / "dcp")
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if "model" in state and "optimizer" in state:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    elif "model" in state:
+        set_model_state_dict(model, state["model"])
+    elif "optimizer" in state:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
 def save_train_state(
@@ -243,22 +287,28 @@ def save_train_state(
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler | None,
     extra: Mapping[str, Any],
+    contents: tuple[str, ...] = ALL_PARTS,
 ) -> None:
-    """Collective: everything needed to continue training ``model`` exactly where it is.
+    """Collective: what is needed to continue training ``model`` where it is (``contents``: the parts
+    of :data:`ALL_PARTS` to write; all of them for an exact continuation).
 
-    Writes the model and optimizer shards (:func:`save_sharded`) and, per rank, ``extra_rank{r}.pt``
-    holding ``scheduler.state_dict()`` (when a scheduler is given), this rank's RNG states and the
-    small picklable objects of ``extra`` (counters); ends with a barrier, so the folder is complete
-    on return. ``extra`` may not use the names ``lr_scheduler`` or ``rng`` (``ValueError``).
+    Writes the model and/or optimizer shards (:func:`save_sharded`) and, per rank,
+    ``extra_rank{r}.pt`` holding the small picklable objects of ``extra`` (counters) and, with
+    ``"extra"`` in ``contents``, ``scheduler.state_dict()`` (when a scheduler is given) and this rank's
+    RNG states; ends with a barrier, so the folder is complete on return. ``extra`` may not use the
+    names ``lr_scheduler`` or ``rng`` (``ValueError``).
     """
     clash = sorted({_SCHEDULER_KEY, _RNG_KEY} & set(extra))
     if clash:
         raise ValueError(f"save_train_state: extra may not use the reserved names {clash}")
     directory = Path(directory)
-    save_sharded(directory, model, optimizer)
-    record: dict[str, Any] = {_RNG_KEY: rng_state(), **extra}
-    if scheduler is not None:
-        record[_SCHEDULER_KEY] = scheduler.state_dict()
+    save_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")))
+    directory.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = dict(extra)
+    if "extra" in contents:
+        record[_RNG_KEY] = rng_state()
+        if scheduler is not None:
+            record[_SCHEDULER_KEY] = scheduler.state_dict()
     torch.save(record, _extra_path(directory, _rank()))
     if dist.is_initialized():
         dist.barrier()
@@ -269,16 +319,19 @@ def load_train_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler | None,
+    contents: tuple[str, ...] = ALL_PARTS,
 ) -> dict[str, Any]:
-    """Collective: restore what :func:`save_train_state` wrote; returns the ``extra`` it was given.
+    """Collective: restore the ``contents`` parts of what :func:`save_train_state` wrote; returns the
+    ``extra`` it was given.
 
-    Model and optimizer are loaded in place (the world size may differ from the one that saved).
-    The scheduler state and the counters come from this rank's file; a rank that did not exist when
-    the checkpoint was written reads rank 0's file and keeps its own RNG stream (another rank's
-    would not be its own). ``FileNotFoundError`` when the folder lacks the shards or rank 0's file.
+    Model and optimizer are loaded in place (the world size may differ from the one that saved); a
+    part left out of ``contents`` keeps its fresh state. With ``"extra"``, the scheduler state and the
+    RNG come from this rank's file; a rank that did not exist when the checkpoint was written reads
+    rank 0's file and keeps its own RNG stream (another rank's would not be its own).
+    ``FileNotFoundError`` when the folder lacks an asked-for part or rank 0's file.
     """
     directory = Path(directory)
-    load_sharded(directory, model, optimizer)
+    load_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")))
     mine = _extra_path(directory, _rank())
     if mine.exists():
         record = safe_torch_load(mine)
@@ -288,10 +341,14 @@ def load_train_state(
             raise FileNotFoundError(f"no scheduler/RNG state in {directory} (expected {rank0.name})")
         record = safe_torch_load(rank0)
         record.pop(_RNG_KEY, None)
-    if scheduler is not None:
-        scheduler.load_state_dict(record[_SCHEDULER_KEY])
-    if _RNG_KEY in record:
-        set_rng_state(record[_RNG_KEY])
+    if "extra" in contents:
+        if scheduler is not None:
+            if _SCHEDULER_KEY not in record:
+                raise FileNotFoundError(f"the checkpoint {directory} holds no LR-scheduler state (it was saved without "
+                                        "extra: checkpoint.save_contents); leave extra out of checkpoint.load_contents")
+            scheduler.load_state_dict(record[_SCHEDULER_KEY])
+        if _RNG_KEY in record:
+            set_rng_state(record[_RNG_KEY])
     return {k: v for k, v in record.items() if k not in (_SCHEDULER_KEY, _RNG_KEY)}
 
 

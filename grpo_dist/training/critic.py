@@ -159,10 +159,11 @@ class FSDPCritic:
         self.lr_scheduler = make_lr_scheduler(
             self.optimizer, kind=settings.lr_scheduler_type, warmup_steps=settings.lr_warmup_steps,
             warmup_ratio=settings.lr_warmup_steps_ratio, total_steps=settings.total_training_steps,
-            min_lr_ratio=settings.min_lr_ratio,
+            min_lr_ratio=settings.min_lr_ratio, num_cycles=settings.num_cycles,
+            zero_indexed_step=settings.zero_indexed_step,
         )
         self.update_count = 0
-        """update_critic calls so far (= scheduler steps); seeds the within-mini-batch shuffle."""
+        """update_critic calls so far (= scheduler steps)."""
         self.nonfinite_grad_norm_total = 0
         self.defer_grad_sync = world_size == 1
         """One rank: reduce gradients once per mini-batch, not per micro-batch (as the actor)."""
@@ -229,18 +230,17 @@ class FSDPCritic:
                 f"ppo_mini_batch_size_per_gpu={mini} (critic.ppo_mini_batch_size * rollout.n / world_size)"
             )
         cpu_data = {k: data[k] for k in CRITIC_UPDATE_KEYS}
-        gen = torch.Generator().manual_seed(s.seed * 1_000_003 + self.update_count)
         micro_kwargs = ({"max_token_len": s.ppo_max_token_len_per_gpu} if s.use_dynamic_bsz
                         else {"micro_batch_size": s.ppo_micro_batch_size_per_gpu or mini})
         if self._offload_optimizer:
             move_optimizer_state(self.optimizer, self.device)
         self.model.train()
         lr = self.lr_scheduler.get_last_lr()[0]
+        # with epochs_in_rows the caller laid out every epoch's (shuffled) mini-batches in the rows
         out, nonfinite = run_mini_batches(
             lambda rows: self._mini_batch_step(take_rows(cpu_data, rows), micro_kwargs),
             [torch.arange(k * mini, (k + 1) * mini) for k in range(n // mini)],
-            epochs=s.ppo_epochs,
-            shuffle=gen if s.shuffle else None,
+            epochs=1 if s.epochs_in_rows else s.ppo_epochs,
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
@@ -294,13 +294,15 @@ class FSDPCritic:
         checkpoint_io.save_train_state(
             directory, self.model, self.optimizer, self.lr_scheduler,
             extra={"update_count": self.update_count, "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total},
+            contents=self.settings.save_contents,
         )
         if self.settings.export_hf:
             self.export_hf(os.path.join(directory, "huggingface"))
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: restore what :meth:`save_checkpoint` wrote (the world size may differ)."""
-        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler)
+        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler,
+                                               contents=self.settings.load_contents)
         self.update_count = int(extra["update_count"])
         self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
         if self._offload_optimizer:

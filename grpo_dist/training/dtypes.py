@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DTYPES", "to_dtype"]
+__all__ = ["DTYPES", "to_dtype", "dtype_name"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -28,3 +28,9 @@ def to_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; valid: float32 | bfloat16 | float16")
     return DTYPES[name]
+
+
+def dtype_name(name: str) -> str:
+    """The long name of a dtype name: ``fp32`` -> ``float32``, ``bf16`` -> ``bfloat16``, ``fp16`` ->
+    ``float16`` (long names unchanged); ``ValueError`` for unknown names."""
+    return str(to_dtype(name)).removeprefix("torch.")

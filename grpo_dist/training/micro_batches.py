@@ -36,6 +36,8 @@ __all__ = [
     "balanced_shard_order",
     "shard_token_loads",
     "seqlen_balance_metrics",
+    "epoch_orders",
+    "update_layout",
 ]
 
 
@@ -178,6 +180,52 @@ def plan_micro_batches(
             )
         mbs = split_to_count(mbs, count)
     return mbs
+
+
+def epoch_orders(num_rows: int, *, epochs: int, seed: int) -> list[list[int]]:
+    """The row order of every PPO epoch when the mini-batches are shuffled (verl's ``actor.shuffle`` /
+    ``critic.shuffle`` with ``data_loader_seed``): one generator seeded with ``seed``, one
+    ``torch.randperm(num_rows)`` from it per epoch, as verl's shuffled data loader over the step's
+    responses draws them. Epoch ``e``'s mini-batch ``k`` is rows ``order[e][k * m:(k + 1) * m]`` of the
+    whole step (``m`` = responses per mini-batch), so rows move between mini-batches, and the same for
+    any number of ranks (each rank then takes its share of every mini-batch)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    return [torch.randperm(num_rows, generator=gen).tolist() for _ in range(epochs)]
+
+
+def update_layout(
+    lengths: Sequence[int],
+    *,
+    num_mini_batches: int,
+    world_size: int,
+    balance: bool,
+    orders: Sequence[Sequence[int]] | None = None,
+) -> tuple[list[list[int]], dict[str, float]]:
+    """Which of a step's rows each rank gets for an update, and the ``global_seqlen/*`` metrics.
+
+    ``lengths``: every row's token count. ``orders``: the row order of each epoch
+    (:func:`epoch_orders`, when the mini-batches are shuffled); None: one pass in the given order.
+    For each epoch the rows are taken in its order, cut into ``num_mini_batches`` mini-batches, with
+    ``balance`` reordered inside each mini-batch so the ranks get similar token counts
+    (:func:`balanced_shard_order`), and rank ``r`` gets its share of every mini-batch
+    (:func:`rank_shard_indices`); a rank's epochs follow one another. Returns the row indices of each
+    rank and the balance metrics of the first epoch (empty without ``balance``)."""
+    n = len(lengths)
+    per_rank: list[list[int]] = [[] for _ in range(world_size)]
+    metrics: dict[str, float] = {}
+    for e, order in enumerate(orders if orders is not None else [list(range(n))]):
+        order = list(order)
+        if balance:
+            epoch_lengths = [lengths[i] for i in order]
+            balanced = balanced_shard_order(epoch_lengths, num_mini_batches=num_mini_batches, world_size=world_size)
+            if e == 0:
+                metrics = seqlen_balance_metrics(epoch_lengths, balanced, num_mini_batches=num_mini_batches,
+                                                 world_size=world_size)
+            order = [order[i] for i in balanced]
+        for r in range(world_size):
+            per_rank[r] += [order[i] for i in rank_shard_indices(n, num_mini_batches=num_mini_batches, rank=r,
+                                                                  world_size=world_size)]
+    return per_rank, metrics
 
 
 def rank_shard_indices(num_rows: int, *, num_mini_batches: int, rank: int, world_size: int) -> list[int]:

@@ -25,11 +25,12 @@ def make_adamw(model: nn.Module, *, lr: float, betas: tuple[float, float], weigh
 
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, *, kind: str, warmup_steps: int | None, warmup_ratio: float,
-                      total_steps: int, min_lr_ratio: float) -> LambdaLR:
+                      total_steps: int, min_lr_ratio: float, num_cycles: float = 0.5,
+                      zero_indexed_step: bool = True) -> LambdaLR:
     """Linear warm-up, then ``kind`` (:data:`grpo_dist.core.schedules.LR_SCHEDULER_TYPES`); stepped
     once per training step."""
     warmup = resolve_warmup_steps(warmup_steps, warmup_ratio, total_steps)
-    return LambdaLR(optimizer, LRMultiplier(kind, warmup, total_steps, min_lr_ratio))
+    return LambdaLR(optimizer, LRMultiplier(kind, warmup, total_steps, min_lr_ratio, num_cycles, zero_indexed_step))
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:

@@ -81,11 +81,10 @@ class ActorSettings:
     """Token budget (prompt + response real tokens) of one micro-batch when ``use_dynamic_bsz``."""
     ppo_epochs: int = 1
     """Passes over the step's mini-batches."""
-    shuffle: bool = False
-    """Shuffle the rows WITHIN each of this rank's mini-batch chunks before cutting micro-batches, with
-    a generator seeded by ``(seed, update count)``: the same permutation on every rank; it changes
-    only which rows share a micro-batch, so (by micro-batch invariance) not the update."""
-    seed: int = 0
+    epochs_in_rows: bool = False
+    """The rows already hold all ``ppo_epochs`` passes, one after the other, each a global permutation of
+    the step's responses cut into mini-batches (``actor.shuffle``; the caller lays them out with
+    :func:`grpo_dist.training.micro_batches.epoch_orders`): the update runs over them once."""
 
     # --- loss -----------------------------------------------------------------------------------
     loss_mode: str = "vanilla"
@@ -129,6 +128,10 @@ class ActorSettings:
     """Optimizer schedule length in training steps (update_policy calls); needed for cosine and ratio."""
     lr_scheduler_type: str = "constant"
     min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    """Waves of the cosine schedule (0.5: one half cosine down; :func:`grpo_dist.core.schedules.lr_lambda`)."""
+    zero_indexed_step: bool = True
+    """The cosine schedule counts steps from 0 (False: from 1, as torchtitan)."""
 
     # --- model and FSDP2 ------------------------------------------------------------------------
     model_dtype: str = "float32"
@@ -149,6 +152,12 @@ class ActorSettings:
     optimizer_offload: bool = False
     """Keep the optimizer state in CPU memory between updates (implied by param_offload)."""
     trust_remote_code: bool = False
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    save_contents: tuple[str, ...] = ("model", "optimizer", "extra")
+    """What :meth:`FSDPActor.save_checkpoint` writes (``actor.checkpoint.save_contents`` without hf_model)."""
+    load_contents: tuple[str, ...] = ("model", "optimizer", "extra")
+    """What :meth:`FSDPActor.load_checkpoint` restores (``actor.checkpoint.load_contents``)."""
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:
@@ -187,6 +196,11 @@ class ActorSettings:
         for name in ("model_dtype", "param_dtype", "reduce_dtype"):
             to_dtype(getattr(self, name))
         resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)
+        for name in ("save_contents", "load_contents"):
+            parts = tuple(getattr(self, name))
+            if "model" not in parts or not set(parts) <= {"model", "optimizer", "extra"}:
+                raise ValueError(f"ActorSettings.{name} must hold model and any of optimizer, extra; got {parts!r}")
+            setattr(self, name, parts)
 
     def policy_loss_params(self) -> PolicyLossParams:
         """The numbers handed to the policy-loss function (``params=``)."""
@@ -250,10 +264,10 @@ class CriticSettings:
     forward_max_token_len_per_gpu: int = 32768
     """Token budget of one value forward when ``use_dynamic_bsz``."""
     ppo_epochs: int = 1
-    shuffle: bool = False
+    epochs_in_rows: bool = False
+    """The rows hold all ``ppo_epochs`` shuffled passes (``critic.shuffle``), as :class:`ActorSettings`'."""
     seed: int = 0
-    """Seeds the within-mini-batch shuffle and the value head's initialisation (a new head is drawn
-    the same on every rank)."""
+    """Seeds the value head's initialisation (a new head is drawn the same on every rank)."""
 
     # --- loss -----------------------------------------------------------------------------------
     cliprange_value: float = 0.5
@@ -271,6 +285,8 @@ class CriticSettings:
     total_training_steps: int = -1
     lr_scheduler_type: str = "constant"
     min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    zero_indexed_step: bool = True
 
     # --- model and FSDP2 ------------------------------------------------------------------------
     model_dtype: str = "float32"
@@ -286,6 +302,10 @@ class CriticSettings:
     trust_remote_code: bool = False
     export_hf: bool = False
     """Every checkpoint also writes a Hugging Face export of the value model (``<dir>/huggingface``)."""
+    save_contents: tuple[str, ...] = ("model", "optimizer", "extra")
+    """What :meth:`FSDPCritic.save_checkpoint` writes (``critic.checkpoint.save_contents`` without hf_model)."""
+    load_contents: tuple[str, ...] = ("model", "optimizer", "extra")
+    """What :meth:`FSDPCritic.load_checkpoint` restores (``critic.checkpoint.load_contents``)."""
 
     def __post_init__(self) -> None:
         for name in ("ppo_mini_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):

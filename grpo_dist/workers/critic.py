@@ -29,12 +29,13 @@ class CriticWorker:
     def node_id(self) -> str:
         return current_node_id()
 
-    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any) -> None:
+    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any,
+                   timeout_s: float = 600.0) -> None:
         from grpo_dist.distributed.process_group import init_process_group
         from grpo_dist.training.critic import FSDPCritic
 
         init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
-                           master_addr=master_addr, master_port=master_port)
+                           master_addr=master_addr, master_port=master_port, timeout_s=timeout_s)
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.critic = FSDPCritic(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
 

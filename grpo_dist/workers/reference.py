@@ -23,12 +23,13 @@ class ReferenceWorker:
     def address(self) -> tuple[str, int]:
         return node_ip(), free_port()
 
-    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, **kwargs) -> None:
+    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str,
+                   timeout_s: float = 600.0, **kwargs) -> None:
         from grpo_dist.distributed.process_group import init_process_group
         from grpo_dist.training.reference import FSDPReference
 
         init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
-                           master_addr=master_addr, master_port=master_port)
+                           master_addr=master_addr, master_port=master_port, timeout_s=timeout_s)
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.ref = FSDPReference(model_path, rank=self.rank, world_size=self.world_size, device=dev, **kwargs)
 

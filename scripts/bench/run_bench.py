@@ -71,7 +71,7 @@ def grpo_overrides(w: dict, out_dir: Path) -> list[str]:
         f"actor_rollout_ref.actor.kl_loss_coef={w['kl_coef']}",
         f"actor_rollout_ref.actor.optim.lr={w['lr']}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={str(w['gradient_checkpointing']).lower()}",
-        "actor_rollout_ref.actor.checkpoint.contents=[model]",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
         f"trainer.device={w.get('device', 'cpu')}",

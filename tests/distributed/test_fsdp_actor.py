@@ -7,6 +7,7 @@ below assert on them. Module-scoped fixtures run each job once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -56,15 +57,28 @@ def full_params(actor) -> dict[str, torch.Tensor]:
 
 def cross_rank_config(mode: str, world_size: int):
     """Same update on 1 and 2 ranks: 2 mini-batches, 2 epochs, KL loss and entropy bonus on.
-    1 rank cuts padded micro-batches of 1 row; 2 ranks cut by token budget, shuffle and run packed
-    forwards (use_remove_padding)."""
+    1 rank cuts padded micro-batches of 1 row; 2 ranks cut by token budget and run packed forwards
+    (use_remove_padding)."""
     common = dict(loss_agg_mode=mode, ppo_epochs=2, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
     if world_size == 1:
         return settings(ppo_mini_batch_size_per_gpu=4, ppo_micro_batch_size_per_gpu=1, **common)
     return settings(
-        ppo_mini_batch_size_per_gpu=2, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40, shuffle=True, seed=3,
+        ppo_mini_batch_size_per_gpu=2, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40,
         use_remove_padding=True, **common
     )
+
+
+def shuffled_update(make, data, world_size: int, rank: int) -> dict:
+    """actor.shuffle: 2 epochs, each a global permutation of the 8 rows (seeded) cut into 2 mini-batches,
+    laid out by the driver's function; the rows hold both epochs (epochs_in_rows)."""
+    from grpo_dist.training.micro_batches import epoch_orders, update_layout
+
+    orders = epoch_orders(8, epochs=2, seed=5)
+    shares, _ = update_layout(data["attention_mask"].sum(-1).tolist(), num_mini_batches=2, world_size=world_size,
+                              balance=False, orders=orders)
+    actor = make(dataclasses.replace(cross_rank_config(MODES_ABC[0], world_size), epochs_in_rows=True))
+    metrics = actor.update_policy(rows(data, shares[rank]))
+    return {"metrics": metrics, "params": actor.state_dict_for_sync(), "orders": orders}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,6 +110,7 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
     actor = make(cross_rank_config(MODES_ABC[0], world_size))
     metrics = actor.update_policy(sharded_rows(rows(data, order), num_mini_batches=2, rank=rank, world_size=world_size))
     out["cross_balanced"] = {"metrics": metrics, "params": actor.state_dict_for_sync()}
+    out["shuffled"] = shuffled_update(make, data, world_size, rank)
 
     # (c) compute_log_prob / compute_ref_log_prob vs a plain HF forward; rank 0 gets long rows and
     # rank 1 short ones, so a token budget gives them different micro-batch counts (must be aligned)
@@ -173,7 +188,6 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
         lr_scheduler_type="cosine",
         total_training_steps=4,
         min_lr_ratio=0.1,
-        shuffle=True,
     )
     b1 = sharded_rows(update_batch(3), num_mini_batches=2, rank=rank, world_size=world_size)
     b2 = sharded_rows(update_batch(4), num_mini_batches=2, rank=rank, world_size=world_size)
@@ -225,6 +239,7 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
     for mode in MODES_ABC:
         actor = make(cross_rank_config(mode, world_size))
         out["cross"][mode] = {"metrics": actor.update_policy(data), "params": actor.state_dict_for_sync()}
+    out["shuffled"] = shuffled_update(make, data, world_size, rank)
 
     # (f) KL loss with ref_log_prob == old_log_probs == the current policy's log-probs
     kl_data = make_batch(5, rows=8)
@@ -408,6 +423,18 @@ def test_balanced_rank_shards_give_the_same_update(one_rank, two_rank):
     for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy"):
         assert got["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5, abs=1e-7), key
     assert max_param_diff(got["params"], single["params"]) < 1e-6
+
+
+def test_global_shuffle_is_the_same_update_on_any_rank_count(one_rank, two_rank):
+    """actor.shuffle permutes the whole step's rows every epoch (rows move between mini-batches): the
+    update then differs from the unshuffled one, and is the same on 2 ranks as on 1."""
+    single, got = one_rank["shuffled"], two_rank["ranks"][0]["shuffled"]
+    orders = single["orders"]
+    assert orders[0] != orders[1] and sorted(orders[0][:4]) != [0, 1, 2, 3], "rows should move between mini-batches"
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        assert got["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5, abs=1e-7), key
+    assert max_param_diff(got["params"], single["params"]) < 1e-6
+    assert max_param_diff(single["params"], one_rank["cross"][MODES_ABC[0]]["params"]) > 1e-7
 
 
 def test_compute_log_prob_matches_plain_hf_forward(two_rank):

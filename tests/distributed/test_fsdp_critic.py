@@ -67,13 +67,13 @@ def full_params(critic) -> dict[str, torch.Tensor]:
 
 def cross_rank_config(mode: str, world_size: int):
     """The same update on 1 and 2 ranks: 2 mini-batches, 2 epochs. 1 rank: forwards of 3 rows and
-    micro-batches of 1 row; 2 ranks: forwards and micro-batches by token budget, shuffled."""
+    micro-batches of 1 row; 2 ranks: forwards and micro-batches by token budget."""
     common = dict(loss_agg_mode=mode, ppo_epochs=2)
     if world_size == 1:
         return settings(ppo_mini_batch_size_per_gpu=4, ppo_micro_batch_size_per_gpu=1,
                         forward_micro_batch_size_per_gpu=3, **common)
     return settings(ppo_mini_batch_size_per_gpu=2, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40,
-                    forward_max_token_len_per_gpu=20, shuffle=True, **common)
+                    forward_max_token_len_per_gpu=20, **common)
 
 
 def gae_and_update(critic, data, *, rank: int, world_size: int, num_mini_batches: int) -> dict:
@@ -128,7 +128,7 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
     # checkpoint: A updates on batch 1, saves (with a Hugging Face export), updates on batch 2; B loads
     # A's checkpoint and updates on batch 2; C updates on batch 2 from scratch (the checkpoint matters)
     resume = settings(ppo_mini_batch_size_per_gpu=2, ppo_micro_batch_size_per_gpu=1, lr_scheduler_type="cosine",
-                      total_training_steps=4, min_lr_ratio=0.1, shuffle=True, export_hf=True)
+                      total_training_steps=4, min_lr_ratio=0.1, export_hf=True)
     b1, b2 = scored_batch(3), scored_batch(4)
     a = make(resume)
     gae_and_update(a, b1, rank=rank, world_size=world_size, num_mini_batches=2)
@@ -200,7 +200,7 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
 
     # the 2-rank checkpoint loaded on 1 rank continues like the 2-rank run
     resume = settings(ppo_mini_batch_size_per_gpu=4, ppo_micro_batch_size_per_gpu=2, lr_scheduler_type="cosine",
-                      total_training_steps=4, min_lr_ratio=0.1, shuffle=True)
+                      total_training_steps=4, min_lr_ratio=0.1)
     critic = make(resume)
     critic.load_checkpoint(ckpt_dir)
     out["resumed_on_one_rank"] = gae_and_update(critic, scored_batch(4), rank=rank, world_size=world_size,

@@ -126,9 +126,7 @@ def trainer_at_step(root: Path, step: int, workers) -> "GRPOTrainer":  # noqa: F
     from grpo_dist.trainer.summary import RunSummary
 
     t = GRPOTrainer.__new__(GRPOTrainer)
-    t.cfg = SimpleNamespace(trainer=SimpleNamespace(default_local_dir=str(root), max_actor_ckpt_to_keep=None),
-                            actor_rollout_ref=SimpleNamespace(actor=SimpleNamespace(
-                                checkpoint=SimpleNamespace(contents=["model"]))))
+    t.plan = SimpleNamespace(checkpoint_root=str(root), max_ckpt_to_keep=None, export_hf_every_checkpoint=False)
     t.global_step, t.total_steps, t.workers = step, 10, workers
     t.sampler = SimpleNamespace(state_dict=lambda: {"epoch": 0})
     t.kl_ctrl = SimpleNamespace(value=0.0)

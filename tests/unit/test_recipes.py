@@ -60,7 +60,7 @@ VERL_GRPO = {
     "trainer.n_gpus_per_node": 8,
     "trainer.nnodes": 1,
     "trainer.total_epochs": 15,
-    "trainer.total_training_steps": None,  # the project's default (60) would cut the 15 epochs short
+    "trainer.total_training_steps": None,  # verl's: the steps come from the 15 epochs
     "trainer.test_freq": 5,
     "trainer.save_freq": 20,
 }

@@ -84,6 +84,32 @@ def test_lr_schedule_follows_verl():
         resolve_warmup_steps(-1, 0.1, -1)
 
 
+def test_cosine_cycles_and_step_indexing_follow_verl():
+    """verl's optim.num_cycles (waves of the cosine) and optim.zero_indexed_step (count from 1 when false)."""
+    full = [lr_lambda(s, kind="cosine", warmup_steps=0, total_steps=4, min_lr_ratio=0.0, num_cycles=1.0) for s in range(5)]
+    assert full == pytest.approx([1.0, 0.5, 0.0, 0.5, 1.0], abs=1e-12)  # one whole wave: down and back up
+    shifted = [lr_lambda(s, kind="cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1, zero_indexed_step=False)
+               for s in range(10)]
+    assert shifted[0] == pytest.approx(0.55) and shifted[1] == pytest.approx(1.0) and shifted[5] == pytest.approx(0.55)
+
+    def reference(step, warmup, total, floor, cycles, zero_indexed):  # verl's formula, written out again
+        s = step if zero_indexed else step + 1
+        if s < warmup:
+            return floor + (1 - floor) * s / max(1, warmup)
+        p = (s - warmup) / max(1, total - warmup)
+        return max(floor, (1 - floor) / 2 * math.cos(2 * math.pi * cycles * p) + (1 + floor) / 2)
+
+    for cycles in (0.25, 0.5, 1.5):
+        for zero_indexed in (True, False):
+            for step in range(12):
+                got = lr_lambda(step, kind="cosine", warmup_steps=3, total_steps=11, min_lr_ratio=0.2,
+                                num_cycles=cycles, zero_indexed_step=zero_indexed)
+                assert got == pytest.approx(reference(step, 3, 11, 0.2, cycles, zero_indexed))
+    # the constant schedule has no cosine: both keys leave it alone
+    assert lr_lambda(3, kind="constant", warmup_steps=4, total_steps=10, min_lr_ratio=0.0, num_cycles=2.0,
+                     zero_indexed_step=False) == 0.75
+
+
 @pytest.mark.parametrize(
     ("kind", "total_steps", "min_lr_ratio", "message"),
     [
