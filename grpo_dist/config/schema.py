@@ -182,9 +182,53 @@ class ValKwargsConfig:
 
 
 @dataclass
+class EngineKwargsConfig:
+    vllm: Dict[str, Any] = F(
+        {}, "keyword arguments added to vLLM's LLM(...) (e.g. swap_space, enable_prefix_caching); null values are dropped"
+    )
+    sglang: Dict[str, Any] = F({}, "SGLang's arguments: SGLang is not an engine here; only {} is accepted")
+    trtllm: Dict[str, Any] = F({}, "TensorRT-LLM's arguments: not an engine here; only {} is accepted")
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = F(False, "multi-turn rollouts with tools or interactions: not built here; only false is accepted")
+    max_assistant_turns: Optional[int] = F(None, "multi-turn only (accepted at the default, null)")
+    tool_config_path: Optional[str] = F(None, "multi-turn only (accepted at the default, null)")
+    function_tool_path: Optional[str] = F(None, "multi-turn only (accepted at the default, null)")
+    max_user_turns: Optional[int] = F(None, "multi-turn only (accepted at the default, null)")
+    max_parallel_calls: int = F(1, "multi-turn only (accepted at the default, 1)")
+    max_tool_response_length: int = F(256, "multi-turn only (accepted at the default, 256)")
+    tool_response_truncate_side: str = F("middle", "multi-turn only (accepted at the default, middle)")
+    interaction_config_path: Optional[str] = F(None, "multi-turn only (accepted at the default, null)")
+    use_inference_chat_template: bool = F(False, "multi-turn only (accepted at the default, false)")
+    tokenization_sanity_check_mode: str = F("strict", "multi-turn only (accepted at the default, strict)")
+    format: str = F("hermes", "multi-turn only: the tool-call format (accepted at the default, hermes)")
+    num_repeat_rollouts: Optional[int] = F(None, "multi-turn only (accepted at the default, null)")
+
+
+@dataclass
+class CustomAsyncServerConfig:
+    path: Optional[str] = F(None, "a custom async rollout server: not supported; only null is accepted")
+    name: Optional[str] = F(None, "a custom async rollout server: not supported; only null is accepted")
+
+
+@dataclass
+class AgentConfig:
+    num_workers: int = F(8, "verl's agent-loop workers: a parallelism knob of verl's async server; no effect here (any value >= 1)")
+    default_agent_loop: str = F("single_turn_agent", "the agent loop: single_turn_agent only (tool_agent needs multi-turn)")
+    agent_loop_config_path: Optional[str] = F(None, "custom agent loops: not supported; only null is accepted")
+    custom_async_server: CustomAsyncServerConfig = S(CustomAsyncServerConfig, "a custom async rollout server (not supported)")
+
+
+@dataclass
 class RolloutConfig:
     name: str = F("vllm", "rollout engine: vllm | hf (Hugging Face generate)")
-    mode: str = F("sync", "rollout mode (sync only)")
+    mode: str = F(
+        "sync",
+        "sync | async (verl's agent-loop mode; for single-turn rollouts it runs the same generation path and gives "
+        "the same responses as sync)",
+    )
     n: int = F(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = F(1.0, "sampling temperature")
     top_p: float = F(1.0, "nucleus sampling")
@@ -198,6 +242,11 @@ class RolloutConfig:
     tensor_model_parallel_size: int = F(1, "tensor-parallel ranks per rollout engine (only 1 for now)")
     max_num_seqs: int = F(1024, "most sequences the engine batches at once")
     max_num_batched_tokens: int = F(8192, "most tokens the engine schedules in one iteration")
+    enable_chunked_prefill: bool = F(
+        True,
+        "let vLLM prefill long prompts in chunks (passed to vLLM on GPU; always off on CPU, where chunked prefill "
+        "breaks per-request sampling seeds)",
+    )
     max_model_len: Optional[int] = F(None, "engine context length; null = prompt_length + response_length")
     enforce_eager: bool = F(True, "disable CUDA graphs in the engine")
     free_cache_engine: bool = F(True, "release the engine's KV cache while the actor trains (where supported)")
@@ -208,6 +257,9 @@ class RolloutConfig:
     seed: int = F(0, "engine sampling seed (each rollout rank adds its rank)")
     calculate_log_probs: bool = F(False, "also return the rollout engine's log-prob of every sampled token (batch key rollout_log_probs) and, when the old-log-prob forward runs, log training/rollout_probs_diff_{max,mean,std} against the actor's; costs 10-20 % of vLLM's generation time on CPU, and the hf engine keeps every step's scores (responses x vocab float32 per token)")
     val_kwargs: ValKwargsConfig = S(ValKwargsConfig, "sampling for validation")
+    engine_kwargs: EngineKwargsConfig = S(EngineKwargsConfig, "extra constructor arguments of the rollout engine")
+    multi_turn: MultiTurnConfig = S(MultiTurnConfig, "multi-turn (tool-calling) rollouts: not built; accepted only at verl's defaults (off)")
+    agent: AgentConfig = S(AgentConfig, "verl's agent loop (rollout.mode=async): the single-turn loop only")
 
 
 @dataclass
@@ -415,13 +467,22 @@ class TrainerConfig:
     total_training_steps: Optional[int] = F(60, "training steps; null = total_epochs x steps per epoch")
     project_name: str = F("grpo_dist", "project name (loggers, default output folder)")
     experiment_name: str = F("reverse_tiny", "experiment name (loggers, default output folder)")
-    logger: List[str] = F(["console", "file"], "loggers: console | file (metrics.jsonl) | tensorboard | wandb")
+    logger: Any = F(
+        ["console", "file"],
+        "loggers, a list or one name: console | file (metrics.jsonl) | tensorboard | wandb | mlflow",
+    )
+    log_val_generations: int = F(
+        0,
+        "log this many validation samples (input, output, score; the same fixed-seed choice every time) as a table: "
+        "console, file (val_generations.jsonl), tensorboard, wandb, mlflow; 0 = none",
+    )
     nnodes: int = F(1, "nodes in the Ray cluster used for training")
     n_gpus_per_node: int = F(1, "devices per node (with trainer.device=cpu: ranks per node)")
     device: str = F("auto", "cuda | cpu | auto (cuda when available)")
     save_freq: int = F(-1, "save a checkpoint every N steps (-1 = only at the end)")
     test_freq: int = F(10, "validate every N steps (-1 = never during training)")
     val_before_train: bool = F(True, "validate before the first step")
+    val_only: bool = F(False, "validate (the resumed checkpoint, else the initial model), log the scores and exit without training")
     resume_mode: str = F("auto", "auto (latest checkpoint in default_local_dir) | disable | resume_path")
     resume_from_path: Optional[str] = F(None, "checkpoint folder (global_step_N) for resume_mode=resume_path")
     default_local_dir: str = F(

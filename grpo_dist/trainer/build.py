@@ -12,6 +12,7 @@ from grpo_dist.config.validate import (  # noqa: F401
     critic_fsdp,
     critic_grad_clip,
     data_parallel_size,
+    needs_reference,
     overlong_buffer,
     rollout_correction_params,
 )
@@ -281,10 +282,6 @@ def val_sampling(cfg: GRPOConfig) -> SamplingSettings:
         n=v.n, temperature=0.0 if greedy else v.temperature, top_p=v.top_p, top_k=v.top_k,
         max_tokens=r.response_length, do_sample=not greedy, seed=None, logprobs=False,
     )
-
-
-def needs_reference(cfg: GRPOConfig) -> bool:
-    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
 def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:

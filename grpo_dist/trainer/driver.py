@@ -23,6 +23,7 @@ import torch
 
 from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import get_adv_estimator
 from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
@@ -312,7 +313,7 @@ class GRPOTrainer:
         t = self.cfg.trainer
         self.maybe_resume()
         self.summary.first_step = self.global_step
-        tracker = Tracker(list(t.logger), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
+        tracker = Tracker(logger_names(t.logger), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
                           config={}, resume_step=self.global_step, progress_bar=t.progress_bar)
         progress = Progress(t.progress_bar, total=self.total_steps, initial=self.global_step,
                             val_suffix=f"/acc/mean@{self.val_sampling.n}")

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from grpo_dist.config.schema import GRPOConfig
 
@@ -19,7 +20,9 @@ def _fail(msg: str, code: int = 1) -> int:
     return code
 
 
-def run(cfg: GRPOConfig) -> int:
+def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
+    """Train with a validated configuration; ``on_start`` runs once the output directory is this run's
+    (its lock taken), before any worker starts (the command line writes Hydra's files there)."""
     from grpo_dist import tasks
     from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
@@ -56,6 +59,8 @@ def run(cfg: GRPOConfig) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire()
         save_config(cfg, out_dir)
+        if on_start is not None:
+            on_start()
     except RunLockError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:
