@@ -25,7 +25,7 @@ STRATEGIES = ("fsdp2", "fsdp")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
-LOGGERS = ("console", "file", "tensorboard", "wandb")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
 #: verl's tracking backends that grpo_dist does not have, and what to use instead.
 OTHER_VERL_LOGGERS = ("swanlab", "vemlp_wandb", "clearml", "trackio")
 ROLLOUT_MODES = ("sync", "async")

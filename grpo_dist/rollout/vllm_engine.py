@@ -41,6 +41,10 @@ from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
+#: Arguments of ``vllm.LLM`` that the engine always sets (``extra_kwargs`` may not repeat them).
+_OWN_LLM_ARGS = frozenset({"model", "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size",
+                           "max_num_seqs", "enforce_eager", "seed", "enable_sleep_mode", "logprobs_mode",
+                           "distributed_executor_backend"})
 
 
 class _DropRotaryReloadWarning(logging.Filter):
@@ -76,7 +80,11 @@ class VLLMEngine:
         kv_cache_gib: KV cache size in GiB; None means 1 GiB on CPU, and on GPU whatever
             ``gpu_memory_utilization`` leaves.
         max_num_batched_tokens: the most tokens scheduled in one engine step (at least
-            ``max_model_len``). On CPU prompts are never prefilled in chunks (see the constructor).
+            ``max_model_len``).
+        enable_chunked_prefill: let vLLM prefill a long prompt in chunks. Always off on CPU (see the
+            constructor).
+        extra_kwargs: more keyword arguments for ``vllm.LLM`` (``rollout.engine_kwargs.vllm``); they
+            may not repeat the ones set here.
     """
 
     def __init__(
@@ -93,6 +101,8 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         kv_cache_gib: float | None = None,
         max_num_batched_tokens: int = 8192,
+        enable_chunked_prefill: bool = True,
+        extra_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -137,12 +147,15 @@ class VLLMEngine:
                 )
         if kv_cache_gib is not None:
             engine_kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GIB)
-        if not on_gpu:
-            # A prompt prefilled in chunks makes vLLM rewind the request's seeded generator
-            # (Generator.set_offset), which CPU generators do not support ("CPU Generator does not
-            # use offset"). Whole-prompt prefill keeps per-request seeds working on CPU.
-            engine_kwargs["enable_chunked_prefill"] = False
+        # A prompt prefilled in chunks makes vLLM rewind the request's seeded generator
+        # (Generator.set_offset), which CPU generators do not support ("CPU Generator does not
+        # use offset"). Whole-prompt prefill keeps per-request seeds working on CPU.
+        engine_kwargs["enable_chunked_prefill"] = bool(enable_chunked_prefill and on_gpu)
         engine_kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens, max_model_len)
+        clash = sorted(set(extra_kwargs or {}) & (set(engine_kwargs) | _OWN_LLM_ARGS))
+        if clash:
+            raise ValueError(f"extra_kwargs repeat arguments the engine sets itself: {', '.join(clash)}")
+        engine_kwargs.update(extra_kwargs or {})
 
         from vllm import LLM
 

@@ -298,6 +298,8 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
         tensor_parallel_size=r.tensor_model_parallel_size,
         max_num_seqs=r.max_num_seqs,
         max_num_batched_tokens=r.max_num_batched_tokens,
+        enable_chunked_prefill=r.enable_chunked_prefill,
+        extra_kwargs={k: v for k, v in r.engine_kwargs.vllm.items() if v is not None},
         enforce_eager=r.enforce_eager,
         enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
         kv_cache_gib=r.kv_cache_gib if device == "cpu" else None,

@@ -16,6 +16,7 @@ object of its own (:mod:`grpo_dist.trainer.weight_sync`), and the batch is assem
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from grpo_dist.trainer.metrics import (
     Timer,
     critic_data_metrics,
     data_metrics,
+    decode_rows,
+    pick_val_generations,
     reduce_validation,
     throughput_metrics,
     token_count,
@@ -265,18 +268,35 @@ class GRPOTrainer:
         return m
 
     # ================================================================ validation
-    def validate(self) -> dict[str, float]:
+    def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
+        """Scores of the validation set (``val-core/<source>/acc/mean@n``); with
+        ``trainer.log_val_generations`` N > 0 also N samples (input, output, score; verl's fixed-seed
+        choice) logged to ``tracker`` as a table at the current step."""
         if self.val_data is None:
             return {}
         bs = self.cfg.data.val_batch_size or len(self.val_data)
-        sources, scores = [], []
+        n_log = self.cfg.trainer.log_val_generations
+        sources, scores, inputs, outputs = [], [], [], []
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
             batch, _ = self.generate(items, f"v{start}", self.val_sampling)
             s, _ = self.score(batch, token_level=False)
             sources += [str(x) for x in batch["data_source"]]
             scores += s.tolist()
+            if n_log > 0:
+                inputs += decode_rows(self.tokenizer, batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]])
+                outputs += decode_rows(self.tokenizer, batch["responses"], batch["response_mask"])
+        if n_log > 0 and tracker is not None:
+            tracker.log_generations(pick_val_generations(inputs, outputs, scores, n_log), step=self.global_step)
         return reduce_validation(sources, scores, self.val_sampling.n)
+
+    def validate_only(self, tracker: Tracker) -> RunSummary:
+        """``trainer.val_only`` (verl): validate the resumed checkpoint (else the initial model), log, stop."""
+        t_start = time.perf_counter()
+        self.summary.val_before = self.summary.val_after = self.validate(tracker)
+        tracker.log(self.summary.val_before, step=self.global_step)
+        self.summary.steps, self.summary.wall_s, self.summary.val_only = self.global_step, time.perf_counter() - t_start, True
+        return self.summary
 
     # ================================================================ checkpoints
     def save(self) -> str:
@@ -313,14 +333,20 @@ class GRPOTrainer:
         t = self.cfg.trainer
         self.maybe_resume()
         self.summary.first_step = self.global_step
-        tracker = Tracker(logger_names(t.logger), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
-                          config={}, resume_step=self.global_step, progress_bar=t.progress_bar)
+        tracker = Tracker(logger_names(t.logger), out_dir=self.out_dir, project=t.project_name,
+                          experiment=t.experiment_name, config=asdict(self.cfg), resume_step=self.global_step,
+                          progress_bar=t.progress_bar and not t.val_only)
+        if t.val_only:
+            try:
+                return self.validate_only(tracker)
+            finally:
+                tracker.close()
         progress = Progress(t.progress_bar, total=self.total_steps, initial=self.global_step,
                             val_suffix=f"/acc/mean@{self.val_sampling.n}")
         try:
             t_start = time.perf_counter()
             if t.val_before_train and self.val_data is not None and self.global_step == 0:
-                self.summary.val_before = self.validate()
+                self.summary.val_before = self.validate(tracker)
                 tracker.log(self.summary.val_before, step=0)
             last_val: dict[str, float] = {}
             while self.global_step < self.total_steps:
@@ -333,7 +359,7 @@ class GRPOTrainer:
                 timer = Timer()
                 if self.val_data is not None and t.test_freq > 0 and (self.global_step % t.test_freq == 0 or is_last):
                     with timer("testing"):
-                        last_val = self.validate()
+                        last_val = self.validate(tracker)
                     metrics.update(last_val)
                 if (t.save_freq > 0 and self.global_step % t.save_freq == 0) or is_last or self.stop.requested:
                     with timer("save_checkpoint"):

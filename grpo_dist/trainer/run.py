@@ -24,9 +24,11 @@ def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
     """Train with a validated configuration; ``on_start`` runs once the output directory is this run's
     (its lock taken), before any worker starts (the command line writes Hydra's files there)."""
     from grpo_dist import tasks
+    from grpo_dist.config.validate import logger_names
     from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
     from grpo_dist.trainer import build
+    from grpo_dist.trainer.tracking import missing_backends
     from grpo_dist.utils.run_lock import RunLock, RunLockError
 
     t0 = time.perf_counter()
@@ -40,6 +42,9 @@ def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
         build.check_model_fits(cfg, model_path, tokenizer)
         build.check_cpu_ranks(cfg, os.cpu_count())
+        missing = missing_backends(logger_names(cfg.trainer.logger))
+        if missing:
+            raise ValueError(missing)
         if cfg.custom_reward_function.path:  # a wrong path or name is found here, not after the workers start
             from grpo_dist.rewards.custom import load_custom_reward_fn
 
@@ -136,6 +141,13 @@ def save_config(cfg: GRPOConfig, out_dir: Path) -> None:
 
 
 def _print_summary(s, total_s: float) -> None:
+    if s.val_only:
+        lines = ["", f"grpo_dist: validation finished (trainer.val_only), at step {s.steps}"]
+        lines += [f"  {k:<16} {v:.3f}" for k, v in sorted(s.val_after.items())]
+        lines.append(f"  wall time        {total_s:.0f} s (validation {s.wall_s:.0f} s)")
+        lines.append(f"  metrics          {s.out_dir}/metrics.jsonl")
+        print("\n".join(lines), flush=True)
+        return
     lines = ["", "grpo_dist: training finished"]
     lines.append(f"  steps            {s.first_step} -> {s.steps}")
     for k in sorted(set(s.val_before) | set(s.val_after)):
