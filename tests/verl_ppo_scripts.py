@@ -15,7 +15,7 @@ they are dropped from ``overrides``:
   ``ray_kwargs.ray_init.runtime_env.py_executable`` (running Ray workers under uv): not accepted yet.
 
 ``actor_rollout_ref.rollout.tensor_model_parallel_size`` is kept (it is accepted) and scaled to 1
-with the other sizes: one engine per rank is what runs on a CPU.
+with the other sizes for the two-rank CPU runs.
 """
 
 from __future__ import annotations

@@ -139,28 +139,42 @@ def _rows_in(path: str) -> int:
     raise ValueError("unsupported file type (expected .parquet, .jsonl or .json)")
 
 
+def _noop_state(meta: Any) -> tuple[bool, str, tuple | None]:
+    """Whether field metadata marks a key as accepted without effect, the reason, and the values that are
+    no-ops (None: every value). Reads ``metadata["state"]`` either as a state object with
+    ``kind == "no-op"`` (and ``reason`` / ``values``) or as a plain string with ``metadata["reason"]``."""
+    state = meta.get("state")
+    kind = getattr(state, "kind", state)
+    if str(kind or "").lower() not in NOOP_STATES:
+        return False, "", None
+    reason = getattr(state, "reason", None) or meta.get("reason") or meta.get("help", "")
+    return True, str(reason), getattr(state, "values", None)
+
+
 def noop_keys(cfg: GRPOConfig) -> tuple[list[tuple[str, Any, str]], int]:
-    """The keys the schema marks as accepted without effect (``metadata["state"]`` in
-    :data:`NOOP_STATES`, reason in ``metadata["reason"]``, else the help text): those this
-    configuration sets to a value other than the default, and how many the schema marks in all.
-    Plus the no-ops that depend on the configuration (:func:`situational_noops`)."""
+    """The keys the schema marks as accepted without effect (:func:`_noop_state`; a section's state
+    holds for the leaves below it that have none): those this configuration sets to a value other than
+    the default, and how many the schema marks in all. Plus the no-ops that depend on the
+    configuration (:func:`situational_noops`)."""
     found: list[tuple[str, Any, str]] = []
     total = 0
 
-    def walk(obj: Any, default: Any, prefix: str) -> None:
+    def walk(obj: Any, default: Any, prefix: str, inherited: dict) -> None:
         nonlocal total
         for f in fields(obj):
             val, dflt = getattr(obj, f.name), getattr(default, f.name)
             key = prefix + f.name
+            meta = f.metadata if f.metadata.get("state") is not None else {**inherited, "help": f.metadata.get("help", "")}
             if is_dataclass(val):
-                walk(val, dflt, key + ".")
+                walk(val, dflt, key + ".", meta if f.metadata.get("state") is not None else inherited)
                 continue
-            if str(f.metadata.get("state", "")).lower() in NOOP_STATES:
+            noop, reason, values = _noop_state(meta)
+            if noop:
                 total += 1
-                if val != dflt:
-                    found.append((key, val, f.metadata.get("reason") or f.metadata.get("help", "")))
+                if val != dflt and (values is None or val in values):
+                    found.append((key, val, reason))
 
-    walk(cfg, GRPOConfig(), "")
+    walk(cfg, GRPOConfig(), "", {})
     seen = {k for k, _, _ in found}
     found += [x for x in situational_noops(cfg) if x[0] not in seen]
     return found, total

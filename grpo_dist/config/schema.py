@@ -239,7 +239,11 @@ class RolloutConfig:
     dtype: str = F("auto", "engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
     gpu_memory_utilization: float = F(0.5, "fraction of device memory the engine may take")
     kv_cache_gib: float = F(1.0, "KV-cache size in GiB on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)")
-    tensor_model_parallel_size: int = F(1, "tensor-parallel ranks per rollout engine (only 1 for now)")
+    tensor_model_parallel_size: int = F(
+        1,
+        "ranks per rollout engine: each group of this many consecutive ranks of a node runs one vLLM engine, a "
+        "shard on each (vLLM's external launcher); the step's prompts are split over the engines; 1 = an engine per rank",
+    )
     max_num_seqs: int = F(1024, "most sequences the engine batches at once")
     max_num_batched_tokens: int = F(8192, "most tokens the engine schedules in one iteration")
     enable_chunked_prefill: bool = F(

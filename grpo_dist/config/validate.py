@@ -139,6 +139,21 @@ def _check_rollout_extras(cfg: GRPOConfig) -> None:
             raise _bad(pre + f"engine_kwargs.vllm.{k}", vllm_kwargs[k], VLLM_KWARGS_OWNED[k])
 
 
+def _check_rollout_tp(cfg: GRPOConfig, dp: int) -> None:
+    """``rollout.tensor_model_parallel_size``: engines of tp consecutive ranks, never across nodes."""
+    r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
+    tp, key = r.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    if tp == 1:
+        return
+    if r.name != "vllm":
+        raise _bad(key, tp, f"tensor parallelism needs rollout.name=vllm (the {r.name} engine runs on one rank); use 1")
+    if t.n_gpus_per_node % tp:
+        fits = [k for k in _divisors(t.n_gpus_per_node)]
+        raise _bad(key, tp, f"an engine spans {tp} consecutive ranks of one node, so trainer.n_gpus_per_node "
+                   f"({t.n_gpus_per_node}) must be divisible by it; valid: {', '.join(str(k) for k in fits)}")
+    assert dp % tp == 0  # dp = nnodes x n_gpus_per_node
+
+
 #: vLLM arguments that grpo_dist sets itself; passing them through engine_kwargs.vllm is refused.
 VLLM_KWARGS_OWNED = {
     "model": "the model is actor_rollout_ref.model.path",
@@ -491,9 +506,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             micro if micro else actor.ppo_mini_batch_size,
             f"a mini-batch of ppo_mini_batch_size x rollout.n = {mini_responses} responses must split evenly over {what}",
         )
-    if rollout.tensor_model_parallel_size > 1:
-        raise _bad("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
-                   "only 1 is supported for now (one engine per rank, updated in place); use 1")
+    _check_rollout_tp(cfg, dp)
 
     if critic_enabled(cfg):
         validate_critic(cfg, check_paths=check_paths)

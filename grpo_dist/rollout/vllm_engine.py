@@ -71,8 +71,16 @@ class VLLMEngine:
         max_model_len: the longest prompt + response, in tokens.
         gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); on GPU
             it sizes the KV cache unless ``kv_cache_gib`` is given. Unused on CPU.
-        tensor_parallel_size: GPUs per engine. ``update_weights`` passes tensors by reference,
-            which needs the in-process executor: only 1 is supported for now.
+        tensor_parallel_size: processes (devices) per engine. With more than one, every process of the
+            engine builds this object with the same arguments and its own ``tp_rank``; vLLM's
+            external-launcher executor forms the tensor-parallel group over torch.distributed (gloo
+            on CPU, NCCL on GPU) at ``tp_master``, each process holds one shard, and all of them run
+            the same requests in lock step (so they must be given the same prompts and seeds).
+            ``update_weights`` takes full tensors in every process; vLLM's weight loaders cut each
+            process's shard.
+        tp_rank: this process's place in the engine's group, ``0 .. tensor_parallel_size - 1``.
+        tp_master: ``(host, port)`` of the group's rendezvous (the same for every process of the
+            engine); needed when ``tensor_parallel_size > 1``.
         max_num_seqs: the most sequences decoded at once.
         enforce_eager: no CUDA graphs / compilation (faster start; the CPU path always wants True).
         seed: seed of the engine's sampling noise when ``SamplingSettings.seed`` is None.
@@ -103,6 +111,8 @@ class VLLMEngine:
         max_num_batched_tokens: int = 8192,
         enable_chunked_prefill: bool = True,
         extra_kwargs: dict[str, Any] | None = None,
+        tp_rank: int = 0,
+        tp_master: tuple[str, int] | None = None,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -110,11 +120,10 @@ class VLLMEngine:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
             )
-        if tensor_parallel_size != 1:
-            raise ValueError(
-                f"tensor_parallel_size={tensor_parallel_size} is not supported yet: the in-process "
-                "engine used for in-place weight updates runs one worker; use 1"
-            )
+        if tensor_parallel_size < 1 or not 0 <= tp_rank < tensor_parallel_size:
+            raise ValueError(f"tp_rank={tp_rank} is not a rank of a tensor-parallel group of {tensor_parallel_size}")
+        if tensor_parallel_size > 1 and tp_master is None:
+            raise ValueError("tensor_parallel_size > 1 needs tp_master=(host, port), the group's rendezvous")
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if kv_cache_gib is not None and not kv_cache_gib > 0:
@@ -136,6 +145,8 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         engine_kwargs: dict[str, Any] = {}
+        if tensor_parallel_size > 1:
+            engine_kwargs.update(tp_launcher_env(tensor_parallel_size, tp_rank, tp_master, on_gpu=on_gpu))
         if not on_gpu:
             kv_cache_gib = 1.0 if kv_cache_gib is None else kv_cache_gib
             legacy = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -324,6 +335,18 @@ class VLLMEngine:
             raise RuntimeError("VLLMEngine is closed")
         if self._asleep:
             raise RuntimeError("VLLMEngine is asleep; call wake_up() first")
+
+
+def tp_launcher_env(tp: int, tp_rank: int, master: tuple[str, int], *, on_gpu: bool) -> dict[str, Any]:
+    """Set up this process for vLLM's external-launcher executor (the torchrun convention: RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the environment) and return the engine
+    argument that selects it. On GPU every rollout process sees only its own device (Ray's
+    CUDA_VISIBLE_DEVICES), so its local rank is 0; on CPU the local rank spreads the engine's
+    processes over the cores."""
+    host, port = master
+    os.environ.update(RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_RANK="0" if on_gpu else str(tp_rank),
+                      LOCAL_WORLD_SIZE=str(tp), MASTER_ADDR=str(host), MASTER_PORT=str(int(port)))
+    return {"distributed_executor_backend": "external_launcher"}
 
 
 def _check_prompts(prompt_token_ids: list[list[int]]) -> None:

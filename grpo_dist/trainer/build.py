@@ -325,6 +325,14 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}: they do not belong "
             f"together (data.tokenizer = {cfg.data.tokenizer!r}, actor_rollout_ref.model.path = {model_path!r})"
         )
+    tp = r.tensor_model_parallel_size
+    heads, kv_heads = getattr(mc, "num_attention_heads", None), getattr(mc, "num_key_value_heads", None)
+    if tp > 1 and heads is not None and (heads % tp or (kv_heads and kv_heads % tp and tp % kv_heads)):
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp} does not divide the model's attention heads "
+            f"(num_attention_heads = {heads}, num_key_value_heads = {kv_heads} in {model_path}/config.json): each of "
+            f"an engine's {tp} ranks holds a whole number of heads; use a divisor of {heads}"
+        )
     if needs_critic(cfg):
         path = critic_model_path(cfg, model_path)
         cc = AutoConfig.from_pretrained(path, trust_remote_code=cfg.critic.model.trust_remote_code)

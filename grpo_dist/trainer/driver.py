@@ -34,6 +34,7 @@ from grpo_dist.distributed.worker_group import cluster_cpus
 from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
+from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import (
     NonfiniteGuard,
@@ -111,8 +112,10 @@ class GRPOTrainer:
         """``sampling.n`` responses per prompt from the rollout ranks, as the step's batch (rows grouped
         by prompt); and the slowest rollout rank's busy seconds."""
         prompts = prompt_batch(collate_prompts(items, self.pad_id, self.cfg.data.max_prompt_length), uid_prefix)
-        shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout), sampling)
-        outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=shares))
+        tp = self.cfg.actor_rollout_ref.rollout.tensor_model_parallel_size  # one engine per tp ranks
+        shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout) // tp, sampling)
+        outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=engine_shares(shares, tp)))
+        outs = engine_outputs(outs, tp)
         batch = responses_to_batch(prompts, merge_outputs(outs, sampling), n=sampling.n, pad_id=self.pad_id,
                                    response_length=self.cfg.actor_rollout_ref.rollout.response_length)
         return batch, busy_s

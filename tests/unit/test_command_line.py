@@ -83,14 +83,15 @@ def write_rows(path: Path, n: int) -> Path:
 def test_check_prints_the_plan_without_starting_anything(tmp_path):
     """Sizes worked out by hand: 2 nodes x 4 GPUs = 8 ranks; 16 prompts x n=4 = 64 responses; mini-batches
     of 8 prompts = 2 per step, 8 x 4 / 8 = 4 responses per rank each, micro-batches of 2 -> 2; 40 rows
-    // 16 = 2 steps per epoch x 3 epochs = 6 steps; one engine per rank: 16 / 8 = 2 prompts each."""
+    // 16 = 2 steps per epoch x 3 epochs = 6 steps; tensor parallel 2: 8 / 2 = 4 engines, 16 / 4 = 4 prompts each."""
     train = write_rows(tmp_path / "train.jsonl", 40)
     out = tmp_path / "never_created"
     args = [f"data.train_files={train}", "data.val_files=null", "trainer.nnodes=2", "trainer.n_gpus_per_node=4",
             "trainer.device=cuda", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "trainer.total_training_steps=null", "trainer.total_epochs=3", "data.max_prompt_length=10",
-            "data.max_response_length=6", "actor_rollout_ref.rollout.mode=async", f"trainer.default_local_dir={out}"]
+            "data.max_response_length=6", "actor_rollout_ref.rollout.mode=async",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2", f"trainer.default_local_dir={out}"]
     # the real entry point, reporting at exit which heavy libraries it had imported
     probe = ("import atexit, sys\n"
              "atexit.register(lambda: print('LOADED', sorted(m for m in ('ray', 'vllm', 'transformers') if m in sys.modules)))\n"
@@ -107,7 +108,7 @@ def test_check_prints_the_plan_without_starting_anything(tmp_path):
     assert "2 node(s) x 4 GPU(s) = 8 data-parallel rank(s)" in text
     assert "node 0: ranks 0-3: actor, reference, rollout" in text and "node 1: ranks 4-7" in text
     assert "reward: 1 scoring worker" in text
-    assert "8 engine(s), one per rank; 2 prompt(s) x n=4 per engine" in text
+    assert "tensor parallel 2: 4 engine(s), each over 2 consecutive ranks" in text and "4 prompt(s) x n=4 per engine" in text
     assert "40 training prompt(s)" in text and "2 step(s) per epoch" in text
     assert "6 = trainer.total_epochs 3 x 2 step(s) per epoch" in text
     assert "16 prompt(s) x rollout.n 4 = 64 responses" in text
@@ -295,3 +296,30 @@ def test_parse_argv_keeps_its_shape():
     flags, overrides = parse_argv(["-cn", "recipes/x.yaml", "a=1", "--cfg=job", "-m", "b=2,3"])
     assert flags["config_name"] == "recipes/x" and flags["cfg"] == "job" and flags["multirun"] is True
     assert overrides == ["a=1", "b=2,3"]
+
+
+def test_plan_lists_keys_the_schema_marks_as_no_ops(monkeypatch):
+    """No-op keys come from the schema's field metadata (a state object of kind "no-op" with a reason and
+    the values that are no-ops, or a plain "no-op" string); a schema made up here stands in for the real one."""
+    from dataclasses import dataclass, field
+    from types import SimpleNamespace
+
+    from grpo_dist.config import plan
+
+    @dataclass
+    class Sub:
+        knob: int = field(default=1, metadata={"help": "h", "state": SimpleNamespace(kind="no-op", reason="why not", values=None)})
+        other: int = field(default=2, metadata={"help": "h"})
+
+    @dataclass
+    class Top:
+        sub: Sub = field(default_factory=Sub, metadata={"help": "s"})
+        flag: bool = field(default=False, metadata={"help": "h", "state": "no-op", "reason": "a plain string state"})
+        only: int = field(default=0, metadata={"help": "h", "state": SimpleNamespace(kind="no-op", reason="r", values=(3,))})
+
+    monkeypatch.setattr(plan, "GRPOConfig", Top)
+    monkeypatch.setattr(plan, "situational_noops", lambda cfg: [])
+    noops, total = plan.noop_keys(Top(sub=Sub(knob=5, other=9), flag=True, only=4))
+    assert total == 3
+    # only=4 is not one of its no-op values (validation refuses it; the plan does not list it)
+    assert noops == [("sub.knob", 5, "why not"), ("flag", True, "a plain string state")]
