@@ -1,82 +1,187 @@
-"""Entry point: ``python -m grpo_dist.main [key=value ...]``.
+"""Entry point: ``python -m grpo_dist.main [flags] [key=value ...]``.
 
-Parse, compose and validate the configuration, build the trainer, train, close.
-Command-line overrides use Hydra's syntax and verl's keys. Flags:
+Compose and validate the configuration (every job of a sweep, before the first starts), then check,
+print or run it. Overrides use Hydra's syntax and verl's keys; the command line is Hydra's, as
+verl's ``@hydra.main`` entry point gives it (docs/command_line.md lists the differences).
 
-  --cfg job          print the composed configuration and exit (add --resolve to resolve ${...})
-  --config-path DIR  folder of the primary config (default: the project's conf/)
-  --config-name NAME primary config name (default: grpo_trainer)
+  --check            validate and print the plan (ranks, placement, derived sizes, no-op keys);
+                     starts nothing; exit 0, or 2 with the error. --check=config: the configuration
+                     only (no file-existence checks, no data row counts; for a machine without the files)
+  -m, --multirun     one job per combination of comma-separated values (key=a,b, key=range(1,4)),
+                     run one after another, each in its own folder under hydra.sweep.dir
+  --cfg job|hydra|all  print the composed configuration and exit (--resolve: resolve ${...};
+                     --package/-p NODE: only that node)
+  --info [TOPIC]     Hydra's information: all | config | defaults | defaults-tree | plugins | searchpath
+  -cp, --config-path DIR   folder of the primary config (default: the project's conf/)
+  -cn, --config-name NAME  primary config (default: grpo_trainer; e.g. recipes/gsm8k_qwen2.5_0.5b)
+  -cd, --config-dir DIR    another folder to find configs in (Hydra's search path)
+  --hydra-help       which hydra.* overrides grpo_dist honours
+  --version          grpo_dist's and Hydra's versions
   -h, --help         this text
+
+Overrides: key=value (an existing key), +key=value (add; for keys the schema has it is the same as
+key=value), ++key=value (add or override), ~key (remove), hydra.run.dir=DIR, hydra.job.chdir=true, ...
 """
 
 from __future__ import annotations
 
 import sys
 
+from grpo_dist.config.hydra_cli import UsageError, parse_args
+
 USAGE = __doc__
 
 
-class UsageError(ValueError):
-    pass
-
-
 def parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
-    """Split flags (--cfg, --resolve, --config-path, --config-name, --help) from overrides."""
-    flags: dict = {"cfg": None, "resolve": False, "config_path": None, "config_name": "grpo_trainer", "help": False}
-    overrides: list[str] = []
-    it = iter(argv)
-    for arg in it:
-        name, eq, val = arg.partition("=")
-        if arg in ("-h", "--help"):
-            flags["help"] = True
-        elif name in ("--cfg", "-c", "--config-path", "-cp", "--config-name", "-cn"):
-            if not eq:
-                val = next(it, None)
-                if val is None:
-                    raise UsageError(f"{name} needs a value")
-            key = {"--cfg": "cfg", "-c": "cfg", "--config-path": "config_path", "-cp": "config_path"}.get(name, "config_name")
-            flags[key] = val
-        elif arg == "--resolve":
-            flags["resolve"] = True
-        elif arg.startswith("-"):
-            raise UsageError(f"unknown flag {arg!r}; valid flags: --cfg job, --resolve, --config-path, --config-name, --help")
-        elif "=" not in arg:
-            raise UsageError(f"argument {arg!r} is not an override; write key=value, e.g. data.train_batch_size=64")
-        else:
-            overrides.append(arg)
-    if flags["cfg"] not in (None, "job", "all"):
-        raise UsageError(f"--cfg {flags['cfg']!r}: valid values are job, all")
-    if flags["config_name"].endswith((".yaml", ".yml")):
-        flags["config_name"] = flags["config_name"].rsplit(".", 1)[0]
-    return flags, overrides
+    """The flags as a dict and the overrides (kept for scripts that read a command line)."""
+    args = parse_args(argv)
+    flags = {k: getattr(args, k) for k in args.__dataclass_fields__ if k != "overrides"}
+    return flags, list(args.overrides)
+
+
+def _hydra_help() -> str:
+    from grpo_dist.config.hydra_cli import HONOURED_GROUPS, HONOURED_HYDRA
+
+    lines = ["hydra.* overrides honoured by grpo_dist (any other is refused with a message):"]
+    lines += [f"  {k:<36} {v}" for k, v in HONOURED_HYDRA.items()]
+    lines += [f"  {g}=<choice>  (Hydra's choices: default, disabled, none, ...)" for g in sorted(HONOURED_GROUPS)]
+    lines += ["  hydra/launcher=basic, hydra/sweeper=basic (the only ones: a sweep's jobs run one after another)",
+              "See docs/command_line.md for the output directories and the differences from Hydra."]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo_dist.config.loader import compose, to_typed
-    from grpo_dist.config.schema import ConfigError
-    from grpo_dist.config.validate import validate_config
-
     argv = sys.argv[1:] if argv is None else argv
     try:
-        flags, overrides = parse_argv(argv)
-        if flags["help"]:
+        args = parse_args(argv)
+        if args.help:
             print(USAGE)
             return 0
-        raw = compose(overrides, config_dir=flags["config_path"], config_name=flags["config_name"])
-        if flags["cfg"]:
-            from omegaconf import OmegaConf
-
-            print(OmegaConf.to_yaml(raw, resolve=flags["resolve"]), end="")
+        if args.hydra_help:
+            print(_hydra_help())
             return 0
-        cfg = to_typed(raw, overrides)
-        validate_config(cfg)
-    except (ConfigError, UsageError) as exc:
+        if args.version:
+            from importlib.metadata import PackageNotFoundError, version
+
+            import hydra
+
+            try:
+                ours = version("grpo_dist")
+            except PackageNotFoundError:  # run from a checkout that is not installed
+                ours = "(not installed)"
+            print(f"grpo_dist {ours}, Hydra {hydra.__version__}")
+            return 0
+        jobs = compose_jobs(args)
+        if jobs is None:
+            return 0
+    except (UsageError, ValueError) as exc:  # ConfigError is a ValueError
         print(f"grpo_dist: configuration error: {exc}", file=sys.stderr)
         return 2
 
+    if args.check:
+        return print_plans(jobs, full=args.check is True)
+    return run_jobs(jobs)
+
+
+def compose_jobs(args):
+    """Every job of the command line, composed and validated; None when a flag (``--cfg``,
+    ``--info``) printed what was asked instead."""
+    import os
+
+    from grpo_dist.config import hydra_cli as hc
+    from grpo_dist.config.loader import compose, show_info, to_typed
+    from grpo_dist.config.validate import validate_config
+
+    overrides = list(args.overrides)
+    parsed = hc.parse_overrides(overrides)
+    hc.check_hydra_overrides(parsed)
+    where = dict(config_dir=args.config_path, config_name=args.config_name,
+                 extra_dirs=[args.config_dir] if args.config_dir else [])
+    if args.info:
+        show_info(args.info, overrides, **where)
+        return None
+    multirun = args.multirun or any(o.key_or_group == "hydra.mode" and str(o.value()) == "MULTIRUN" for o in parsed)
+    if multirun:
+        base = compose([o.input_line for o in parsed if not o.is_sweep_override() and not hc.is_sweep_param(o)],
+                       return_hydra_config=True, **where)
+        job_overrides = hc.expand_sweeps(parsed, hc.sweep_params(base, parsed))
+        sweep_dir = os.path.abspath(str(base.hydra.sweep.dir))
+    else:
+        job_overrides, sweep_dir = [overrides], None
+    jobs = []
+    for num, ovr in enumerate(job_overrides):
+        try:
+            full = compose(ovr, return_hydra_config=True, **where)
+            if args.cfg:
+                hc.set_output_dir(full, num=num if multirun else None, sweep_dir=sweep_dir)
+                print(hc.print_config(full, args.cfg, args.package, args.resolve), end="")
+                return None
+            job = hc.prepare_job(full, ovr, num=num if multirun else None, sweep_dir=sweep_dir, to_typed=to_typed)
+            validate_config(job.cfg, check_paths=args.check != "config")
+        except ValueError as exc:
+            if multirun:
+                raise type(exc)(f"sweep job #{num} ({' '.join(ovr)}): {exc}") from None
+            raise
+        jobs.append(job)
+    if multirun:
+        hc.check_distinct_outputs(jobs)
+        for job in jobs:
+            job.sweep = (sweep_dir, base)
+    return jobs
+
+
+def print_plans(jobs, full: bool = True) -> int:
+    """``--check``: the plan of every job; exit 0 (every job validated already)."""
+    import os
+
+    from grpo_dist.config.plan import build_plan
+    from grpo_dist.trainer.build import check_cpu_ranks
+
+    for job in jobs:
+        try:
+            if full:  # the run happens on this machine's files; --check=config may be elsewhere
+                check_cpu_ranks(job.cfg, os.cpu_count())
+        except ValueError as exc:
+            print(f"grpo_dist: configuration error: {exc}", file=sys.stderr)
+            return 2
+        head = f"sweep job #{job.num}: {job.label or '(no overrides)'}" if job.sweep else "run"
+        print(f"grpo_dist --check: {head}: the configuration is valid")
+        for line in build_plan(job.cfg, count_rows=full).lines():
+            print(f"  {line}")
+        out = job.cfg.trainer.default_local_dir
+        where = "" if out == job.output_dir else f"; Hydra's .hydra/ and log in {job.output_dir}"
+        print(f"  output      {out} (checkpoints, metrics{', Hydra' + chr(39) + 's .hydra/ and log' if not where else ''}){where}")
+    return 0
+
+
+def run_jobs(jobs) -> int:
+    """Run the jobs one after another (Hydra's basic launcher). A sweep goes on after a failed job
+    and ends with the first failure's exit code; an interrupted or stopped job ends the sweep."""
+    import logging
+
+    from grpo_dist.config import hydra_cli as hc
     from grpo_dist.trainer.run import run
 
-    return run(cfg)
+    if jobs[0].sweep is None:
+        return hc.run_job(jobs[0], run)
+    sweep_dir, base = jobs[0].sweep
+    hc.start_sweep(sweep_dir, base)
+    log = logging.getLogger("hydra")
+    log.info(f"Launching {len(jobs)} jobs locally")
+    first_failure = 0
+    results = []
+    for job in jobs:
+        log.info(f"\t#{job.num} : {job.label}")
+        rc = hc.run_job(job, run)
+        results.append((job, rc))
+        if rc and not first_failure:
+            first_failure = rc
+        if rc in (130, 143):
+            break
+    if first_failure:
+        failed = ", ".join(f"#{j.num} ({j.label}) exit {rc}" for j, rc in results if rc)
+        print(f"grpo_dist: sweep: {len(results)} of {len(jobs)} job(s) ran; failed: {failed}", file=sys.stderr)
+    return first_failure
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Submit a grpo_dist run to a running Ray cluster as a Ray job (ray job submit):
 # the entrypoint, python -m grpo_dist.main, runs on the cluster's head node and attaches to it.
+# First, here, `python -m grpo_dist.main --check=config` validates the configuration and prints the
+# plan; nothing is submitted when it fails (the files it names are checked on the cluster, by the
+# run itself, before any worker starts).
 #
 #   bash scripts/ray_submit.sh --address http://127.0.0.1:8265 --nnodes 2 --gpus-per-node 8 -- \
 #       actor_rollout_ref.model.path=/shared/models/Qwen2.5-0.5B-Instruct \
@@ -24,10 +27,13 @@
 #   --submission-id ID   name of the job (default: Ray picks one)
 #   --no-wait            return after submitting (default: follow the logs until it ends;
 #                        Ctrl-C stops following, not the job: `ray job stop ID` does)
+#   --no-check           submit without checking the configuration here first
 #   -h, --help           this text
 # Everything else is a key=value override for python -m grpo_dist.main; what follows -- is
 # handed to it unchecked (e.g. -- --cfg job).
-# GRPO_DIST_DRY_RUN=1 prints the ray job submit command instead of running it.
+# GRPO_DIST_DRY_RUN=1 prints the check and the ray job submit commands instead of running them.
+# GRPO_DIST_CHECK_PYTHON: the python that runs the check here (default: .venv/bin/python of this
+# checkout, else python3); without grpo_dist importable there, the check is skipped with a note.
 # GRPO_DIST_RAY: the ray CLI here (default: .venv/bin/ray of this checkout, else ray).
 # Ray token authentication: the cluster's token is read from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH
 # or ~/.ray/auth_token; RAY_AUTH_MODE=token is set when one is there (RAY_AUTH_MODE=disabled: never).
@@ -50,6 +56,7 @@ working_dir=$root
 python=python
 submission_id=""
 no_wait=0
+no_check=0
 env_names=(NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME NCCL_IB_HCA NCCL_DEBUG HF_HOME HF_HUB_OFFLINE)
 env_pairs=()
 overrides=()
@@ -62,6 +69,7 @@ while [ $# -gt 0 ]; do
     -h | --help) usage; exit 0 ;;
     --no-working-dir) working_dir=""; shift; continue ;;
     --no-wait) no_wait=1; shift; continue ;;
+    --no-check) no_check=1; shift; continue ;;
     --address | --nnodes | --gpus-per-node | --working-dir | --env | --python | --submission-id)
       [ $# -ge 2 ] || die "$arg needs a value"
       name=$arg value=$2
@@ -143,13 +151,39 @@ if [ -n "$nnodes" ]; then cmd+=("trainer.nnodes=$nnodes"); fi
 if [ -n "$gpus" ]; then cmd+=("trainer.n_gpus_per_node=$gpus"); fi
 cmd+=("${overrides[@]}")
 
-if [ "${GRPO_DIST_DRY_RUN:-0}" = 1 ]; then
-  line=""
-  for a in "${cmd[@]}"; do
+# The check, here: the same arguments as the job's entrypoint.
+check_python=${GRPO_DIST_CHECK_PYTHON:-}
+if [ -z "$check_python" ]; then
+  if [ -x "$root/.venv/bin/python" ]; then check_python=$root/.venv/bin/python; else check_python=python3; fi
+fi
+n=${#cmd[@]}
+for ((i = 0; i < n; i++)); do if [ "${cmd[$i]}" = grpo_dist.main ]; then break; fi; done
+check_cmd=("$check_python" -m grpo_dist.main --check=config "${cmd[@]:i+1}")
+
+quote() {
+  local a line=""
+  for a in "$@"; do
     if [[ $a =~ ^[A-Za-z0-9_./:=,+@%^-]+$ ]]; then line+=" $a"; else line+=" '${a//\'/\'\\\'\'}'"; fi
   done
   echo "${line# }"
+}
+
+if [ "${GRPO_DIST_DRY_RUN:-0}" = 1 ]; then
+  if [ "$no_check" = 0 ]; then echo "check: $(quote "${check_cmd[@]}")"; fi
+  quote "${cmd[@]}"
   exit 0
+fi
+if [ "$no_check" = 0 ]; then
+  if (cd "$root" && "$check_python" -c 'import grpo_dist.main' 2>/dev/null); then
+    rc=0
+    (cd "$root" && "${check_cmd[@]}") || rc=$?
+    if [ "$rc" != 0 ]; then
+      printf 'ray_submit.sh: the configuration check failed (exit code %s); nothing was submitted\n' "$rc" >&2
+      exit "$rc"
+    fi
+  else
+    printf 'ray_submit.sh: note: %s cannot import grpo_dist here, so the configuration is checked on the cluster only (GRPO_DIST_CHECK_PYTHON)\n' "$check_python" >&2
+  fi
 fi
 command -v "$ray" >/dev/null 2>&1 || die "'$ray' not found: run bash scripts/setup.sh, or set GRPO_DIST_RAY (GRPO_DIST_DRY_RUN=1 prints the command)"
 exec "${cmd[@]}"

@@ -4,13 +4,9 @@ overrides they pass (verl as of early 2026 and its current layout); the PPO ones
 
 Each entry holds a script's overrides in verl's order with only the model and data paths made
 placeholders (``{model}``, ``{train}``, ``{test}``, ``{train2}``, ``{test2}``, ``{out}``); nothing else
-is changed. ``pending`` lists the overrides that wait on features being built elsewhere, which are
-left out until they land:
-
-- ``actor_rollout_ref.rollout.tensor_model_parallel_size`` > 1: one engine over several ranks;
-- ``actor_rollout_ref.rollout.mode=async`` and ``enable_chunked_prefill``: the agent-loop rollout and
-  vLLM's pass-through keys;
-- ``trainer.log_val_generations``: the table of validation samples.
+is changed: every override a script passes is accepted, tensor parallelism of the rollout, the
+asynchronous agent-loop mode, vLLM's pass-through keys and the table of validation generations
+included.
 
 ``cpu_sizes`` scales a script down for a CPU run, and ``environment`` replaces what names this
 machine's setup rather than the training (verl's ``uv`` launcher, the wandb logger): both are appended
@@ -23,7 +19,7 @@ TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 ENVIRONMENT = ["trainer.logger=[console,file]", "trainer.progress_bar=false", "trainer.default_local_dir={out}"]
 CPU_COMMON = ["data.train_batch_size=4", "data.max_prompt_length=64", "data.max_response_length=8",
               "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
-              "trainer.total_training_steps=2", "data.val_max_samples=16"]
+              "trainer.total_training_steps=2", "data.val_max_samples=16", f"{TP}=1"]
 
 # examples/grpo_trainer/run_qwen2-7b.sh, early 2026
 EARLY_GRPO = {
@@ -66,7 +62,6 @@ EARLY_GRPO = {
         "trainer.test_freq=5",
         "trainer.total_epochs=15",
     ],
-    "pending": [f"{TP}=2"],
     "cpu_sizes": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",
                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",
                   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5"],
@@ -151,8 +146,6 @@ EARLY_GSPO = {
         "trainer.resume_mode=auto",
         "trainer.log_val_generations=2",
     ],
-    "pending": ["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.enable_chunked_prefill=true",
-                "trainer.log_val_generations=2"],
     "cpu_sizes": ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96",
                   "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=96",
                   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=96"],
@@ -199,7 +192,6 @@ EARLY_REINFORCE_PP = {
         "trainer.test_freq=5",
         "trainer.total_epochs=15",
     ],
-    "pending": [f"{TP}=2"],
     "cpu_sizes": ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                   "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
                   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"],
@@ -263,7 +255,6 @@ CURRENT_GRPO = {
         ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
          "actor_rollout_ref.actor.kl_loss_type=low_var_kl"],
         _trainer("verl_grpo_gsm8k_math", "qwen3_8b_grpo_vllm_fsdp_20261124_0532", 5, 15, warmup=False)),
-    "pending": [f"{TP}=2"],
     "cpu_sizes": QWEN3_CPU,
 }
 
@@ -277,7 +268,6 @@ CURRENT_GSPO = {
         dict(batch=512, prompt=2048, response=8192, mini=128, tokens=20480, offload="True", n=16),
         ["actor_rollout_ref.actor.use_kl_loss=False"],
         _trainer("verl_gspo_gsm8k_math", "qwen3_8b_vllm_fsdp", 10, 10)),
-    "pending": [f"{TP}=2"],
     "cpu_sizes": QWEN3_CPU,
 }
 
@@ -289,7 +279,6 @@ CURRENT_RLOO = {
         dict(batch=1024, prompt=1024, response=2048, mini=256, tokens=24576, offload="False", n=5),
         ["actor_rollout_ref.actor.use_kl_loss=False"],
         _trainer("verl_rloo_gsm8k_math", "qwen3_8b_vllm_fsdp", 5, 15)),
-    "pending": [f"{TP}=2"],
     "cpu_sizes": QWEN3_CPU,
 }
 
@@ -307,9 +296,9 @@ RUN_ON_CPU = ("early_gspo", "early_reinforce_pp", "current_grpo")
 
 
 def script_args(script: dict, *, cpu: bool, **paths: str) -> list[str]:
-    """The script's overrides with the paths filled in and its ``pending`` overrides left out; with
-    ``cpu`` the common CPU sizes, the script's own and the environment's appended."""
-    args = [o.format(**paths) for o in script["overrides"] if o not in script["pending"]]
+    """The script's overrides with the paths filled in; with ``cpu`` the common CPU sizes (one rank per
+    rollout engine), the script's own and the environment's appended."""
+    args = [o.format(**paths) for o in script["overrides"]]
     if cpu:
         args += CPU_COMMON + list(script["cpu_sizes"]) + [o.format(**paths) for o in ENVIRONMENT]
     return args

@@ -8,6 +8,7 @@ Hydra's and OmegaConf's own exceptions (unknown key, wrong type) are translated 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 from dataclasses import fields, is_dataclass
@@ -48,7 +49,22 @@ def _register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=GRPOConfig)
 
 
+@functools.lru_cache(maxsize=1)
+def free_form_keys() -> tuple[str, ...]:
+    """Schema keys holding a free-form mapping (``Dict[...]``), whose entries are the user's own
+    (e.g. ``actor_rollout_ref.rollout.engine_kwargs.vllm``)."""
+    return tuple(k for k, f in iter_keys() if str(f.type).replace("typing.", "").startswith(("Dict", "dict")))
+
+
+def _free_form_parent(full_key: str) -> str | None:
+    return next((p for p in free_form_keys() if full_key.startswith(p + ".")), None)
+
+
 def _unknown_key_message(full_key: str) -> str:
+    parent = _free_form_parent(full_key)
+    if parent:
+        return (f"'{full_key}' is a new entry of the mapping {parent}: add it with a leading '+', "
+                f"+{full_key}=VALUE (or write the whole mapping: {parent}={{name: value}} with '+' for a non-empty one)")
     keys = all_keys()
     close = difflib.get_close_matches(full_key, keys, n=3, cutoff=0.75)
     if not close:  # match the last component anywhere in the tree
@@ -102,32 +118,48 @@ def _schema_keys() -> frozenset[str]:
     return frozenset(all_keys())
 
 
-@functools.lru_cache(maxsize=1)
-def _dict_keys() -> frozenset[str]:
-    """Leaves whose value is a mapping (``override_config``, ``engine_kwargs``, ...): keys below them are
-    the mapping's own entries."""
-    out = set()
-    for key, f in iter_keys():
-        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
-        if isinstance(default, dict) or "Dict[" in str(f.type):
-            out.add(key)
-    return frozenset(out)
-
-
 def _check_added_keys(overrides: list[str]) -> None:
-    """``+key=value`` / ``++key=value`` add a key Hydra would otherwise refuse; for a key the schema does
-    not have, the value would be dropped silently when the typed config is built. Refuse it as an
-    unknown key instead (keys under a mapping-valued key, and Hydra's own ``hydra.*``, are fine)."""
+    """``+key=v`` / ``++key=v`` for a key the schema lacks would be composed and then dropped
+    without a word; refuse it (entries of free-form mappings and hydra.* keys excepted)."""
     for o in overrides:
         if not o.startswith("+") or "=" not in o:
             continue
         key = o.lstrip("+").split("=", 1)[0]
-        if key in _schema_keys() or key.startswith("hydra.") or key == "hydra":
-            continue
-        parts = key.split(".")
-        if any(".".join(parts[:i]) in _dict_keys() for i in range(1, len(parts))):
+        if key == "hydra" or key.startswith("hydra.") or key in _schema_keys() or _free_form_parent(key):
             continue
         raise ConfigError(_unknown_key_message(key))
+
+
+@contextlib.contextmanager
+def _hydra(conf_dir: Path, extra_dirs: list[str], job_name: str) -> Iterator[None]:
+    """Hydra initialised as ``@hydra.main`` would be: the primary config folder, then the
+    ``--config-dir`` folders on the search path (``initialize_config_dir`` takes one folder only)."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    version.setbase("1.3")
+    csp = create_config_search_path(search_path_dir=str(conf_dir))
+    for d in extra_dirs:
+        csp.append(provider="command-line", path=f"file://{Path(d).resolve()}", anchor=SearchPathQuery(provider="main"))
+    Hydra.create_main_hydra2(task_name=job_name, config_search_path=csp)
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _conf_dir(config_dir: str | Path | None, extra_dirs: list[str]) -> Path:
+    conf_dir = Path(config_dir).resolve() if config_dir else CONF_DIR
+    if not conf_dir.is_dir():
+        raise ConfigError(f"config directory '{conf_dir}' does not exist (--config-path)")
+    for d in extra_dirs:
+        if not Path(d).is_dir():
+            raise ConfigError(f"config directory '{Path(d).resolve()}' does not exist (--config-dir)")
+    return conf_dir
 
 
 def compose(
@@ -135,31 +167,57 @@ def compose(
     *,
     config_dir: str | Path | None = None,
     config_name: str = CONFIG_NAME,
+    extra_dirs: list[str] | None = None,
+    return_hydra_config: bool = False,
+    job_name: str = "main",
 ) -> DictConfig:
-    """Compose the config (unresolved) from the YAML, the schema and the overrides."""
+    """Compose the config (unresolved) from the YAML, the schema and the overrides; with
+    ``return_hydra_config`` the ``hydra`` node (run/sweep directories, logging, ...) is kept.
+    ``config_dir`` replaces the project's conf/ folder (``--config-path``); ``extra_dirs`` join the
+    search path after it (``--config-dir``)."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
     overrides = [_schema_plus(o) for o in overrides or []]
     _check_added_keys(overrides)
     _register_schema()
-    conf_dir = Path(config_dir).resolve() if config_dir else CONF_DIR
-    if not conf_dir.is_dir():
-        raise ConfigError(f"config directory '{conf_dir}' does not exist (--config-path)")
-    GlobalHydra.instance().clear()
+    extra_dirs = list(extra_dirs or [])
+    conf_dir = _conf_dir(config_dir, extra_dirs)
     try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=overrides)
+        with _hydra(conf_dir, extra_dirs, job_name):
+            cfg = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)
     except Exception as exc:  # Hydra wraps everything; translate to one message
         from hydra.errors import MissingConfigException
 
         if isinstance(exc, MissingConfigException):
-            raise ConfigError(f"config '{config_name}' not found in {conf_dir} (--config-name / --config-path)") from None
+            where = ", ".join(str(d) for d in [conf_dir, *extra_dirs])
+            raise ConfigError(f"config '{config_name}' not found in {where} (--config-name / --config-path / --config-dir)") from None
+        if "Ambiguous value for argument" in str(exc):
+            raise ConfigError(f"{str(exc).splitlines()[0]} (a comma-separated value is a sweep: add --multirun to run one "
+                              "job per value, or quote the value, key='a,b')") from None
         raise _translate(exc, overrides) from None
-    finally:
-        GlobalHydra.instance().clear()
     return cfg
+
+
+def show_info(info: str, overrides: list[str], *, config_dir: str | Path | None = None,
+              config_name: str = CONFIG_NAME, extra_dirs: list[str] | None = None) -> None:
+    """Hydra's ``--info`` (search path, defaults list and tree, composed config, plugins), printed by Hydra."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = [_schema_plus(o) for o in overrides]
+    _register_schema()
+    extra_dirs = list(extra_dirs or [])
+    conf_dir = _conf_dir(config_dir, extra_dirs)
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        with _hydra(conf_dir, extra_dirs, "main"):
+            GlobalHydra.instance().hydra.show_info(info, config_name, overrides)
+    except Exception as exc:
+        raise _translate(exc, overrides) from None
+    finally:  # Hydra points the root logger at stdout to print; leave logging as it was
+        root.handlers[:], root.level = handlers, level
 
 
 def to_typed(cfg: DictConfig, overrides: list[str] | None = None) -> GRPOConfig:

@@ -367,12 +367,67 @@ class ValKwargsConfig:
 
 
 @dataclass
+class EngineKwargsConfig:
+    vllm: Dict[str, Any] = F(
+        {}, "keyword arguments added to vLLM's LLM(...) (e.g. swap_space, enable_prefix_caching); null values are dropped"
+    )
+    sglang: Dict[str, Any] = F({}, "SGLang's engine arguments", off_feature(
+        "SGLang as a rollout engine", "use rollout.name=vllm (its arguments: engine_kwargs.vllm); leave it {}"))
+    trtllm: Dict[str, Any] = F({}, "TensorRT-LLM's engine arguments", off_feature(
+        "TensorRT-LLM as a rollout engine", "use rollout.name=vllm (its arguments: engine_kwargs.vllm); leave it {}"))
+
+
+_MULTI_TURN_ONLY = NoOp("read only by multi-turn rollouts (rollout.multi_turn.enable), which are accepted only off here")
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = F(False, "multi-turn rollouts with tools or interactions", off_feature(
+        "a multi-turn rollout (tools, interactions)", "single-turn rollouts run with rollout.mode=sync or async; leave it false"))
+    max_assistant_turns: Optional[int] = F(None, "assistant turns per multi-turn rollout", _MULTI_TURN_ONLY)
+    tool_config_path: Optional[str] = F(None, "tools of multi-turn rollouts", _MULTI_TURN_ONLY)
+    function_tool_path: Optional[str] = F(None, "function tools of multi-turn rollouts", _MULTI_TURN_ONLY)
+    max_user_turns: Optional[int] = F(None, "user turns per multi-turn rollout", _MULTI_TURN_ONLY)
+    max_parallel_calls: int = F(1, "tool calls run at once", _MULTI_TURN_ONLY)
+    max_tool_response_length: int = F(256, "longest tool response kept", _MULTI_TURN_ONLY)
+    tool_response_truncate_side: str = F("middle", "where a long tool response is cut", _MULTI_TURN_ONLY)
+    interaction_config_path: Optional[str] = F(None, "interactions of multi-turn rollouts", _MULTI_TURN_ONLY)
+    use_inference_chat_template: bool = F(False, "chat template of multi-turn inference", _MULTI_TURN_ONLY)
+    tokenization_sanity_check_mode: str = F("strict", "tokenization check of multi-turn rollouts", _MULTI_TURN_ONLY)
+    format: str = F("hermes", "the tool-call format", _MULTI_TURN_ONLY)
+    num_repeat_rollouts: Optional[int] = F(None, "repeated multi-turn rollouts", _MULTI_TURN_ONLY)
+
+
+@dataclass
+class CustomAsyncServerConfig:
+    path: Optional[str] = F(None, "file of a custom async rollout server", off_feature(
+        "a custom async rollout server", "leave it null"))
+    name: Optional[str] = F(None, "class of a custom async rollout server", off_feature(
+        "a custom async rollout server", "leave it null"))
+
+
+@dataclass
+class AgentConfig:
+    num_workers: int = F(8, "verl's agent-loop workers (any value >= 1)", NoOp(
+        "a parallelism knob of verl's async server; single-turn rollouts here run on the rollout ranks' engines"))
+    default_agent_loop: str = F("single_turn_agent", "the agent loop", Refused(
+        "only verl's single-turn agent loop is built here (tool_agent needs multi-turn rollouts); use single_turn_agent",
+        accept=("single_turn_agent",)))
+    agent_loop_config_path: Optional[str] = F(None, "custom agent loops", off_feature("custom agent loops", "leave it null"))
+    custom_async_server: CustomAsyncServerConfig = S(CustomAsyncServerConfig, "a custom async rollout server")
+
+
+@dataclass
 class RolloutConfig:
     name: str = F("vllm", "rollout engine: " + " | ".join(ENGINES) + " (" + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()) + ")",
                   Honoured(refuse=(
                       ("sglang", "the SGLang engine is not built here; use vllm (the same sampling) or hf"),
                       ("trtllm", "the TensorRT-LLM engine is not built here; use vllm (the same sampling) or hf"))))
-    mode: str = F("sync", "rollout mode (sync only)")
+    mode: str = F(
+        "sync",
+        "sync | async (verl's agent-loop mode; for single-turn rollouts it runs the same generation path and gives "
+        "the same responses as sync)",
+    )
     n: int = F(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = F(1.0, "sampling temperature")
     top_p: float = F(1.0, "nucleus sampling")
@@ -383,9 +438,18 @@ class RolloutConfig:
     dtype: str = F("auto", "engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
     gpu_memory_utilization: float = F(0.5, "fraction of device memory the engine may take")
     kv_cache_gib: float = F(1.0, "KV-cache size in GiB on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)")
-    tensor_model_parallel_size: int = F(1, "tensor-parallel ranks per rollout engine (only 1 for now)")
+    tensor_model_parallel_size: int = F(
+        1,
+        "ranks per rollout engine: each group of this many consecutive ranks of a node runs one vLLM engine, a "
+        "shard on each (vLLM's external launcher); the step's prompts are split over the engines; 1 = an engine per rank",
+    )
     max_num_seqs: int = F(1024, "most sequences the engine batches at once")
     max_num_batched_tokens: int = F(8192, "most tokens the engine schedules in one iteration")
+    enable_chunked_prefill: bool = F(
+        True,
+        "let vLLM prefill long prompts in chunks (passed to vLLM on GPU; always off on CPU, where chunked prefill "
+        "breaks per-request sampling seeds)",
+    )
     max_model_len: Optional[int] = F(None, "engine context length; null = prompt_length + response_length")
     enforce_eager: bool = F(True, "disable CUDA graphs in the engine")
     free_cache_engine: bool = F(True, "release the engine's KV cache while the actor trains (where supported)")
@@ -453,6 +517,9 @@ class RolloutConfig:
     profiler: ProfilerConfig = profiler_section("rollout")
     mtp: MTPConfig = mtp_section()
     qat: QATConfig = qat_section()
+    engine_kwargs: EngineKwargsConfig = S(EngineKwargsConfig, "extra constructor arguments of the rollout engine")
+    multi_turn: MultiTurnConfig = S(MultiTurnConfig, "multi-turn (tool-calling) rollouts: not built; accepted only at verl's defaults (off)")
+    agent: AgentConfig = S(AgentConfig, "verl's agent loop (rollout.mode=async): the single-turn loop only")
 
 
 @dataclass
@@ -731,13 +798,22 @@ class TrainerConfig:
     )
     project_name: str = F("grpo_dist", "project name (loggers, default output folder)")
     experiment_name: str = F("reverse_tiny", "experiment name (loggers, default output folder)")
-    logger: List[str] = F(["console", "file"], "loggers: console | file (metrics.jsonl) | tensorboard | wandb")
+    logger: Any = F(
+        ["console", "file"],
+        "loggers, a list or one name: console | file (metrics.jsonl) | tensorboard | wandb | mlflow",
+    )
+    log_val_generations: int = F(
+        0,
+        "log this many validation samples (input, output, score; the same fixed-seed choice every time) as a table: "
+        "console, file (val_generations.jsonl), tensorboard, wandb, mlflow; 0 = none",
+    )
     nnodes: int = F(1, "nodes in the Ray cluster used for training")
     n_gpus_per_node: int = F(1, "devices per node (with trainer.device=cpu: ranks per node)")
     device: str = F("auto", "cuda | cpu | auto (cuda when available)")
     save_freq: int = F(-1, "save a checkpoint every N steps (-1 = only at the end)")
     test_freq: int = F(10, "validate every N steps (-1 = never during training)")
     val_before_train: bool = F(True, "validate before the first step")
+    val_only: bool = F(False, "validate (the resumed checkpoint, else the initial model), log the scores and exit without training")
     resume_mode: str = F("auto", "auto (latest checkpoint in default_local_dir) | disable | resume_path")
     resume_from_path: Optional[str] = F(None, "checkpoint folder (global_step_N) for resume_mode=resume_path")
     default_local_dir: str = F(

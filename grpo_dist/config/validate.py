@@ -27,7 +27,10 @@ STRATEGIES = ("fsdp2", "fsdp")
 KL_CTRL_TYPES = ("fixed", "adaptive")
 RESUME_MODES = ("auto", "disable", "resume_path")
 DEVICES = ("auto", "cpu", "cuda")
-LOGGERS = ("console", "file", "tensorboard", "wandb")
+LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
+#: verl's tracking backends that grpo_dist does not have, and what to use instead.
+OTHER_VERL_LOGGERS = ("swanlab", "vemlp_wandb", "clearml", "trackio")
+ROLLOUT_MODES = ("sync", "async")
 REWARD_MANAGERS = ("naive", "prime", "dapo")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # trainer.dynamic_sampling.FILTER_METRICS
 FILTER_ON_EXHAUSTED = ("error", "train")
@@ -79,6 +82,77 @@ def _check_exists(key: str, value: Any, *, kind: str) -> None:
             raise _bad(key, p, f"no such {'directory' if kind == 'model' else 'file'}{hint}")
 
 
+def logger_names(value: Any) -> list[str]:
+    """``trainer.logger`` as a list of names: verl accepts a list or one name (``trainer.logger=console``)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    raise _bad("trainer.logger", value, "expected a list of names or one name, e.g. [console,file] or console")
+
+
+def _check_loggers(value: Any) -> None:
+    for lg in logger_names(value):
+        if lg in OTHER_VERL_LOGGERS:
+            raise _bad("trainer.logger", lg, f"verl's {lg} backend is not built into grpo_dist; use one of " + ", ".join(LOGGERS))
+        _choice("trainer.logger", lg, LOGGERS)
+
+
+def _check_rollout_extras(cfg: GRPOConfig) -> None:
+    """``rollout.mode``, the agent loop's worker count and vLLM's pass-through arguments (the multi-turn
+    and other agent-loop keys are checked by their states in the schema)."""
+    r = cfg.actor_rollout_ref.rollout
+    pre = "actor_rollout_ref.rollout."
+    _choice(pre + "mode", r.mode, ROLLOUT_MODES)
+    a = r.agent
+    if a.num_workers < 1:
+        raise _bad(pre + "agent.num_workers", a.num_workers, "expected a number >= 1")
+    vllm_kwargs = {k: v for k, v in r.engine_kwargs.vllm.items() if v is not None}
+    if vllm_kwargs and r.name != "vllm":
+        raise _bad(pre + "engine_kwargs.vllm", vllm_kwargs, f"they are vLLM's arguments, but rollout.name={r.name}; "
+                   "use rollout.name=vllm or leave them out")
+    for k in vllm_kwargs:
+        if k in VLLM_KWARGS_OWNED:
+            raise _bad(pre + f"engine_kwargs.vllm.{k}", vllm_kwargs[k], VLLM_KWARGS_OWNED[k])
+
+
+def _check_rollout_tp(cfg: GRPOConfig, dp: int) -> None:
+    """``rollout.tensor_model_parallel_size``: engines of tp consecutive ranks, never across nodes."""
+    r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
+    tp, key = r.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    if tp == 1:
+        return
+    if r.name != "vllm":
+        raise _bad(key, tp, f"tensor parallelism needs rollout.name=vllm (the {r.name} engine runs on one rank); use 1")
+    if t.n_gpus_per_node % tp:
+        fits = [k for k in _divisors(t.n_gpus_per_node)]
+        raise _bad(key, tp, f"an engine spans {tp} consecutive ranks of one node, so trainer.n_gpus_per_node "
+                   f"({t.n_gpus_per_node}) must be divisible by it; valid: {', '.join(str(k) for k in fits)}")
+    assert dp % tp == 0  # dp = nnodes x n_gpus_per_node
+
+
+#: vLLM arguments that grpo_dist sets itself; passing them through engine_kwargs.vllm is refused.
+VLLM_KWARGS_OWNED = {
+    "model": "the model is actor_rollout_ref.model.path",
+    "tokenizer": "the tokenizer is data.tokenizer (or the model's own)",
+    "dtype": "use actor_rollout_ref.rollout.dtype",
+    "tensor_parallel_size": "use actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "distributed_executor_backend": "grpo_dist picks the executor (in-process, or the external launcher for tensor parallel)",
+    "max_model_len": "use actor_rollout_ref.rollout.max_model_len",
+    "gpu_memory_utilization": "use actor_rollout_ref.rollout.gpu_memory_utilization",
+    "max_num_seqs": "use actor_rollout_ref.rollout.max_num_seqs",
+    "max_num_batched_tokens": "use actor_rollout_ref.rollout.max_num_batched_tokens",
+    "enforce_eager": "use actor_rollout_ref.rollout.enforce_eager",
+    "enable_chunked_prefill": "use actor_rollout_ref.rollout.enable_chunked_prefill",
+    "enable_sleep_mode": "use actor_rollout_ref.rollout.free_cache_engine",
+    "seed": "use actor_rollout_ref.rollout.seed",
+    "logprobs_mode": "grpo_dist needs the processed log-probs of the sampled tokens (docs/algorithms.md)",
+    "kv_cache_memory_bytes": "use actor_rollout_ref.rollout.kv_cache_gib (CPU) or gpu_memory_utilization (GPU)",
+}
+
+
 def data_parallel_size(cfg: GRPOConfig) -> int:
     """Data-parallel ranks of the actor: one per device (on CPU: per rank process) over all nodes.
     The one place this is computed; everything else asks here."""
@@ -93,6 +167,12 @@ def critic_enabled(cfg: GRPOConfig) -> bool:
     if cfg.critic.enable is not None:
         return bool(cfg.critic.enable)
     return get_adv_estimator(cfg.algorithm.adv_estimator).needs_values
+
+
+def needs_reference(cfg: GRPOConfig) -> bool:
+    """Whether the run needs the frozen reference policy: a KL loss or a KL penalty in the reward.
+    The one place this is decided."""
+    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
 def _one_of_two(key_a: str, a: Any, key_b: str, b: Any, default: Any) -> Any:
@@ -278,7 +358,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("algorithm.kl_penalty", alg.kl_penalty, "the in-reward penalty needs a per-token estimator: kl, abs, mse or low_var_kl")
     _check_algorithm_variants(cfg, get_policy_loss)
     _choice("actor_rollout_ref.rollout.name", rollout.name, ENGINE_NAMES)
-    _choice("actor_rollout_ref.rollout.mode", rollout.mode, ("sync",))
+    _check_rollout_extras(cfg)
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
     _choice("data.truncation", d.truncation, TRUNCATION_MODES)
     _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", setting(cfg, "actor_rollout_ref.actor.optim.lr_scheduler_type"),
@@ -286,8 +366,14 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     _choice("algorithm.kl_ctrl.type", alg.kl_ctrl.type, KL_CTRL_TYPES)
     _choice("trainer.resume_mode", tr.resume_mode, RESUME_MODES)
     _choice("trainer.device", tr.device, DEVICES)
-    for lg in tr.logger:
-        _choice("trainer.logger", lg, LOGGERS)
+    _check_loggers(tr.logger)
+    _positive("trainer.log_val_generations", tr.log_val_generations, allow_zero=True)
+    if tr.val_only and not tr.val_before_train:
+        raise _bad("trainer.val_only", True, "verl validates only before training and then stops, so with "
+                   "trainer.val_before_train=false it ignores val_only and trains; set val_before_train=true (its default) "
+                   "or val_only=false")
+    if tr.val_only and not as_path_list(d.val_files):
+        raise _bad("trainer.val_only", True, "there is nothing to validate: data.val_files is null; give validation files")
     _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
     _choice("reward_model.on_error", cfg.reward_model.on_error, ON_ERROR)
     if cfg.reward_model.enable:
@@ -437,9 +523,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             micro if micro else actor.ppo_mini_batch_size,
             f"a mini-batch of ppo_mini_batch_size x rollout.n = {mini_responses} responses must split evenly over {what}",
         )
-    if rollout.tensor_model_parallel_size > 1:
-        raise _bad("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size,
-                   "only 1 is supported for now (one engine per rank, updated in place); use 1")
+    _check_rollout_tp(cfg, dp)
 
     if critic_enabled(cfg):
         validate_critic(cfg, check_paths=check_paths)

@@ -41,6 +41,10 @@ from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
+#: Arguments of ``vllm.LLM`` that the engine always sets (``extra_kwargs`` may not repeat them).
+_OWN_LLM_ARGS = frozenset({"model", "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size",
+                           "max_num_seqs", "enforce_eager", "seed", "enable_sleep_mode", "logprobs_mode",
+                           "distributed_executor_backend", "trust_remote_code"})
 
 
 class _DropRotaryReloadWarning(logging.Filter):
@@ -67,8 +71,16 @@ class VLLMEngine:
         max_model_len: the longest prompt + response, in tokens.
         gpu_memory_utilization: fraction of GPU memory vLLM may take (weights + KV cache); on GPU
             it sizes the KV cache unless ``kv_cache_gib`` is given. Unused on CPU.
-        tensor_parallel_size: GPUs per engine. ``update_weights`` passes tensors by reference,
-            which needs the in-process executor: only 1 is supported for now.
+        tensor_parallel_size: processes (devices) per engine. With more than one, every process of the
+            engine builds this object with the same arguments and its own ``tp_rank``; vLLM's
+            external-launcher executor forms the tensor-parallel group over torch.distributed (gloo
+            on CPU, NCCL on GPU) at ``tp_master``, each process holds one shard, and all of them run
+            the same requests in lock step (so they must be given the same prompts and seeds).
+            ``update_weights`` takes full tensors in every process; vLLM's weight loaders cut each
+            process's shard.
+        tp_rank: this process's place in the engine's group, ``0 .. tensor_parallel_size - 1``.
+        tp_master: ``(host, port)`` of the group's rendezvous (the same for every process of the
+            engine); needed when ``tensor_parallel_size > 1``.
         max_num_seqs: the most sequences decoded at once.
         enforce_eager: no CUDA graphs / compilation (faster start; the CPU path always wants True).
         seed: seed of the engine's sampling noise when ``SamplingSettings.seed`` is None.
@@ -76,7 +88,11 @@ class VLLMEngine:
         kv_cache_gib: KV cache size in GiB; None means 1 GiB on CPU, and on GPU whatever
             ``gpu_memory_utilization`` leaves.
         max_num_batched_tokens: the most tokens scheduled in one engine step (at least
-            ``max_model_len``). On CPU prompts are never prefilled in chunks (see the constructor).
+            ``max_model_len``).
+        enable_chunked_prefill: let vLLM prefill a long prompt in chunks. Always off on CPU (see the
+            constructor).
+        extra_kwargs: more keyword arguments for ``vllm.LLM`` (``rollout.engine_kwargs.vllm``); they
+            may not repeat the ones set here.
         trust_remote_code: let the model folder's own Python code run (its custom model or config
             classes), as ``actor_rollout_ref.model.trust_remote_code`` asks.
     """
@@ -95,6 +111,10 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         kv_cache_gib: float | None = None,
         max_num_batched_tokens: int = 8192,
+        enable_chunked_prefill: bool = True,
+        extra_kwargs: dict[str, Any] | None = None,
+        tp_rank: int = 0,
+        tp_master: tuple[str, int] | None = None,
         trust_remote_code: bool = False,
     ) -> None:
         if max_model_len < 2:
@@ -103,11 +123,10 @@ class VLLMEngine:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}"
             )
-        if tensor_parallel_size != 1:
-            raise ValueError(
-                f"tensor_parallel_size={tensor_parallel_size} is not supported yet: the in-process "
-                "engine used for in-place weight updates runs one worker; use 1"
-            )
+        if tensor_parallel_size < 1 or not 0 <= tp_rank < tensor_parallel_size:
+            raise ValueError(f"tp_rank={tp_rank} is not a rank of a tensor-parallel group of {tensor_parallel_size}")
+        if tensor_parallel_size > 1 and tp_master is None:
+            raise ValueError("tensor_parallel_size > 1 needs tp_master=(host, port), the group's rendezvous")
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if kv_cache_gib is not None and not kv_cache_gib > 0:
@@ -129,6 +148,8 @@ class VLLMEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         engine_kwargs: dict[str, Any] = {}
+        if tensor_parallel_size > 1:
+            engine_kwargs.update(tp_launcher_env(tensor_parallel_size, tp_rank, tp_master, on_gpu=on_gpu))
         if not on_gpu:
             kv_cache_gib = 1.0 if kv_cache_gib is None else kv_cache_gib
             legacy = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -140,12 +161,15 @@ class VLLMEngine:
                 )
         if kv_cache_gib is not None:
             engine_kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GIB)
-        if not on_gpu:
-            # A prompt prefilled in chunks makes vLLM rewind the request's seeded generator
-            # (Generator.set_offset), which CPU generators do not support ("CPU Generator does not
-            # use offset"). Whole-prompt prefill keeps per-request seeds working on CPU.
-            engine_kwargs["enable_chunked_prefill"] = False
+        # A prompt prefilled in chunks makes vLLM rewind the request's seeded generator
+        # (Generator.set_offset), which CPU generators do not support ("CPU Generator does not
+        # use offset"). Whole-prompt prefill keeps per-request seeds working on CPU.
+        engine_kwargs["enable_chunked_prefill"] = bool(enable_chunked_prefill and on_gpu)
         engine_kwargs["max_num_batched_tokens"] = max(max_num_batched_tokens, max_model_len)
+        clash = sorted(set(extra_kwargs or {}) & (set(engine_kwargs) | _OWN_LLM_ARGS))
+        if clash:
+            raise ValueError(f"extra_kwargs repeat arguments the engine sets itself: {', '.join(clash)}")
+        engine_kwargs.update(extra_kwargs or {})
 
         from vllm import LLM
 
@@ -315,6 +339,18 @@ class VLLMEngine:
             raise RuntimeError("VLLMEngine is closed")
         if self._asleep:
             raise RuntimeError("VLLMEngine is asleep; call wake_up() first")
+
+
+def tp_launcher_env(tp: int, tp_rank: int, master: tuple[str, int], *, on_gpu: bool) -> dict[str, Any]:
+    """Set up this process for vLLM's external-launcher executor (the torchrun convention: RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the environment) and return the engine
+    argument that selects it. On GPU every rollout process sees only its own device (Ray's
+    CUDA_VISIBLE_DEVICES), so its local rank is 0; on CPU the local rank spreads the engine's
+    processes over the cores."""
+    host, port = master
+    os.environ.update(RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_RANK="0" if on_gpu else str(tp_rank),
+                      LOCAL_WORLD_SIZE=str(tp), MASTER_ADDR=str(host), MASTER_PORT=str(int(port)))
+    return {"distributed_executor_backend": "external_launcher"}
 
 
 def _check_prompts(prompt_token_ids: list[list[int]]) -> None:

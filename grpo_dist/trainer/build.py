@@ -13,6 +13,7 @@ from grpo_dist.config.validate import (  # noqa: F401
     critic_fsdp,
     critic_grad_clip,
     data_parallel_size,
+    needs_reference,
     overlong_buffer,
     rollout_correction_params,
 )
@@ -322,10 +323,6 @@ def val_sampling(cfg: GRPOConfig) -> SamplingSettings:
     )
 
 
-def needs_reference(cfg: GRPOConfig) -> bool:
-    return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
 def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
     """Constructor arguments of the rollout engine named by actor_rollout_ref.rollout.name."""
     r = cfg.actor_rollout_ref.rollout
@@ -342,6 +339,8 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
         tensor_parallel_size=r.tensor_model_parallel_size,
         max_num_seqs=r.max_num_seqs,
         max_num_batched_tokens=r.max_num_batched_tokens,
+        enable_chunked_prefill=r.enable_chunked_prefill,
+        extra_kwargs={k: v for k, v in r.engine_kwargs.vllm.items() if v is not None},
         enforce_eager=r.enforce_eager,
         enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
         kv_cache_gib=r.kv_cache_gib if device == "cpu" else None,
@@ -366,6 +365,14 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
         raise ValueError(
             f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}: they do not belong "
             f"together (data.tokenizer = {cfg.data.tokenizer!r}, actor_rollout_ref.model.path = {model_path!r})"
+        )
+    tp = r.tensor_model_parallel_size
+    heads, kv_heads = getattr(mc, "num_attention_heads", None), getattr(mc, "num_key_value_heads", None)
+    if tp > 1 and heads is not None and (heads % tp or (kv_heads and kv_heads % tp and tp % kv_heads)):
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size = {tp} does not divide the model's attention heads "
+            f"(num_attention_heads = {heads}, num_key_value_heads = {kv_heads} in {model_path}/config.json): each of "
+            f"an engine's {tp} ranks holds a whole number of heads; use a divisor of {heads}"
         )
     if needs_critic(cfg):
         path = critic_model_path(cfg, model_path)

@@ -16,7 +16,7 @@ object of its own (:mod:`grpo_dist.trainer.weight_sync`), and the batch is assem
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 
 from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import get_adv_estimator
 from grpo_dist.core.diagnostics import rollout_probs_diff
 from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
@@ -33,9 +34,11 @@ from grpo_dist.distributed.worker_group import cluster_cpus
 from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
+from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import build, checkpoint
 from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
-                                       reduce_validation, throughput_metrics, token_count)
+                                       decode_rows, pick_val_generations, reduce_validation, throughput_metrics,
+                                       token_count)
 from grpo_dist.trainer.plan import driver_plan
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
@@ -104,8 +107,10 @@ class GRPOTrainer:
         """``sampling.n`` responses per prompt from the rollout ranks, as the step's batch (rows grouped
         by prompt); and the slowest rollout rank's busy seconds."""
         prompts = prompt_batch(collate_prompts(items, self.pad_id, self.plan.max_prompt_length), uid_prefix)
-        shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout), sampling)
-        outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=shares))
+        tp = self.plan.rollout_tp  # one engine per tp ranks
+        shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout) // tp, sampling)
+        outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=engine_shares(shares, tp)))
+        outs = engine_outputs(outs, tp)
         batch = responses_to_batch(prompts, merge_outputs(outs, sampling), n=sampling.n, pad_id=self.pad_id,
                                    response_length=self.plan.response_length)
         return batch, busy_s
@@ -262,18 +267,34 @@ class GRPOTrainer:
         return m
 
     # ================================================================ validation
-    def validate(self) -> dict[str, float]:
+    def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
+        """Scores of the validation set (``val-core/<source>/acc/mean@n``); with
+        ``trainer.log_val_generations`` N > 0 also N samples (input, output, score; verl's fixed-seed
+        choice) logged to ``tracker`` as a table at the current step."""
         if self.val_data is None:
             return {}
-        bs = self.plan.val_batch_size or len(self.val_data)
-        sources, scores = [], []
+        bs, n_log = self.plan.val_batch_size or len(self.val_data), self.plan.log_val_generations
+        sources, scores, inputs, outputs = [], [], [], []
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
             batch, _ = self.generate(items, f"v{start}", self.val_sampling)
             s, _ = self.score(batch, token_level=False)
             sources += [str(x) for x in batch["data_source"]]
             scores += s.tolist()
+            if n_log > 0:
+                inputs += decode_rows(self.tokenizer, batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]])
+                outputs += decode_rows(self.tokenizer, batch["responses"], batch["response_mask"])
+        if n_log > 0 and tracker is not None:
+            tracker.log_generations(pick_val_generations(inputs, outputs, scores, n_log), step=self.global_step)
         return reduce_validation(sources, scores, self.val_sampling.n)
+
+    def validate_only(self, tracker: Tracker) -> RunSummary:
+        """``trainer.val_only`` (verl): validate the resumed checkpoint (else the initial model), log, stop."""
+        t_start = time.perf_counter()
+        self.summary.val_before = self.summary.val_after = self.validate(tracker)
+        tracker.log(self.summary.val_before, step=self.global_step)
+        self.summary.steps, self.summary.wall_s, self.summary.val_only = self.global_step, time.perf_counter() - t_start, True
+        return self.summary
 
     # ================================================================ checkpoints
     def save(self) -> str:
@@ -316,14 +337,20 @@ class GRPOTrainer:
             self.stop.last_checkpoint = str(resume.path)
         self.stop.training()
         self.summary.first_step = self.global_step
-        tracker = Tracker(list(t.loggers), out_dir=self.out_dir, project=t.project_name, experiment=t.experiment_name,
-                          config={}, resume_step=self.global_step, progress_bar=t.progress_bar)
+        tracker = Tracker(logger_names(t.loggers), out_dir=self.out_dir, project=t.project_name,
+                          experiment=t.experiment_name, config=asdict(self.cfg), resume_step=self.global_step,
+                          progress_bar=t.progress_bar and not t.val_only)
+        if t.val_only:
+            try:
+                return self.validate_only(tracker)
+            finally:
+                tracker.close()
         progress = Progress(t.progress_bar, total=self.total_steps, initial=self.global_step,
                             val_suffix=f"/acc/mean@{self.val_sampling.n}")
         try:
             t_start = time.perf_counter()
             if t.val_before_train and self.val_data is not None and self.global_step == 0:
-                self.summary.val_before = self.validate()
+                self.summary.val_before = self.validate(tracker)
                 tracker.log(self.summary.val_before, step=0)
             last_val: dict[str, float] = {}
             while self.global_step < self.total_steps:
@@ -337,7 +364,7 @@ class GRPOTrainer:
                 timer = Timer()
                 if self.val_data is not None and t.test_freq > 0 and (self.global_step % t.test_freq == 0 or is_last):
                     with timer("testing"):
-                        last_val = self.validate()
+                        last_val = self.validate(tracker)
                     metrics.update(last_val)
                 self.stop.step_work_done()
                 if (t.save_freq > 0 and self.global_step % t.save_freq == 0) or is_last or self.stop.requested:

@@ -90,6 +90,28 @@ def reduce_validation(data_sources, scores, n: int) -> dict[str, float]:
     return out
 
 
+#: verl's seed for choosing the validation samples it logs (``trainer.log_val_generations``).
+VAL_GENERATIONS_SEED = 42
+
+
+def pick_val_generations(inputs, outputs, scores, n: int, seed: int = VAL_GENERATIONS_SEED) -> list[tuple[str, str, float]]:
+    """``n`` validation samples ``(input, output, score)`` to log, chosen as verl chooses them: the
+    samples sorted (by input, then output and score), shuffled by ``numpy.random.RandomState(seed)``,
+    the first ``n`` kept. The same validation set therefore logs the same inputs every time, whatever
+    order the responses came back in, and their outputs show how the policy changed."""
+    import numpy as np
+
+    samples = sorted(zip(inputs, outputs, scores))
+    rng = np.random.RandomState(seed)
+    rng.shuffle(samples)
+    return [(str(a), str(b), float(c)) for a, b, c in samples[: max(0, int(n))]]
+
+
+def decode_rows(tokenizer, ids_BT, mask_BT) -> list[str]:
+    """The text of each row's tokens where ``mask_BT`` is set (special tokens left out, as verl logs them)."""
+    return [tokenizer.decode(ids[m.bool()].tolist(), skip_special_tokens=True) for ids, m in zip(ids_BT, mask_BT)]
+
+
 #: A step whose ``response_length/clip_ratio`` is above this (more than half of its responses cut at
 #: the response limit) triggers :class:`ResponseClipWarning`.
 CLIP_RATIO_WARN_THRESHOLD = 0.5

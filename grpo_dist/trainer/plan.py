@@ -66,6 +66,8 @@ class LaunchPlan:
     """Where the run resumes from (chosen and verified before any worker starts)."""
     preemption_grace_s: float
     """``trainer.preemption_grace_s``: how long after a SIGTERM a step may still finish and save."""
+    loggers: Any
+    """``trainer.logger`` as given (a name or a list of names; their packages are checked at start)."""
     noop_notes: tuple[str, ...] = field(default=())
     """Keys given a value with no effect here, with the reason (printed once at start-up)."""
 
@@ -101,6 +103,7 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         device=t.device,
         resume=ResumeSettings(t.default_local_dir, t.resume_mode, t.resume_from_path),
         preemption_grace_s=t.preemption_grace_s,
+        loggers=t.logger,
         noop_notes=tuple(noop_notes(cfg)),
     )
 
@@ -124,6 +127,8 @@ class DriverPlan:
     baseline_sampling: SamplingSettings
     val_sampling: SamplingSettings
     rollout_seed: int
+    rollout_tp: int
+    """``rollout.tensor_model_parallel_size``: ranks per rollout engine (prompts go to engines)."""
     free_cache_engine: bool
     # the algorithm
     estimator: str
@@ -158,11 +163,13 @@ class DriverPlan:
     checkpoint_root: str
     export_hf_every_checkpoint: bool
     max_ckpt_to_keep: int | None
-    loggers: tuple[str, ...]
+    loggers: Any
     project_name: str
     experiment_name: str
     progress_bar: bool
     val_before_train: bool
+    val_only: bool
+    log_val_generations: int
     test_freq: int
     save_freq: int
     compute_dtype: str
@@ -197,6 +204,7 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         baseline_sampling=build.baseline_sampling(cfg),
         val_sampling=build.val_sampling(cfg),
         rollout_seed=rollout.seed,
+        rollout_tp=rollout.tensor_model_parallel_size,
         free_cache_engine=rollout.free_cache_engine,
         estimator=alg.adv_estimator,
         gamma=alg.gamma,
@@ -225,11 +233,13 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         checkpoint_root=t.default_local_dir,
         export_hf_every_checkpoint="hf_model" in save,
         max_ckpt_to_keep=t.max_actor_ckpt_to_keep,
-        loggers=tuple(t.logger),
+        loggers=t.logger,
         project_name=t.project_name,
         experiment_name=t.experiment_name,
         progress_bar=t.progress_bar,
         val_before_train=t.val_before_train,
+        val_only=t.val_only,
+        log_val_generations=t.log_val_generations,
         test_freq=t.test_freq,
         save_freq=t.save_freq,
         compute_dtype=build.compute_dtype(actor.fsdp_config.dtype, device),

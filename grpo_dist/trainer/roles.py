@@ -27,6 +27,8 @@ from grpo_dist.distributed.worker_group import (
     create_placement_groups,
     remove_placement_groups,
 )
+from grpo_dist.rollout.tp import engine_of as tp_engine_of
+from grpo_dist.rollout.tp import init_args as tp_init_args
 from grpo_dist.trainer import build
 
 #: glibc malloc settings of CPU worker processes: keep freed memory in the process instead of handing
@@ -75,6 +77,9 @@ class Role:
             (``save_checkpoint(dir)``/``load_checkpoint(dir)``).
         hf_export: folder of the checkpoint that receives a Hugging Face export (``export_hf``) when
             one is asked for; None: the role exports nothing.
+        setup: called once every group exists, to start what several of the role's ranks must do at
+            once (a tensor-parallel rollout engine's rendezvous); returns the pending calls, which are
+            collected together with the models' loading. None: nothing to do.
     """
 
     name: str
@@ -85,6 +90,7 @@ class Role:
     model: Callable[[RoleContext], dict] | None = None
     checkpoint: bool = False
     hf_export: str | None = None
+    setup: Callable[[RoleContext, WorkerGroup], list] | None = None
 
 
 def _rank_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -144,9 +150,20 @@ def _critic_model(ctx: RoleContext) -> dict:
 
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
     r = ctx.cfg.actor_rollout_ref.rollout
+    tp = r.tensor_model_parallel_size
     engine_kwargs = build.engine_kwargs(ctx.cfg, ctx.model_path, ctx.device)
-    return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=r.name,
-                engine_kwargs={**engine_kwargs, "seed": r.seed + rank})
+    # every rank of a tensor-parallel engine must sample alike: the seed is the engine's
+    return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=r.name, tp=tp,
+                engine_kwargs={**engine_kwargs, "seed": r.seed + tp_engine_of(rank, tp)})
+
+
+def _rollout_setup(ctx: RoleContext, group: WorkerGroup) -> list:
+    """Tensor parallelism: the ranks of each engine build their shards together, meeting at the
+    rendezvous their first rank offers."""
+    tp = ctx.cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if tp == 1:
+        return []
+    return group.submit("init_engine", per_rank=tp_init_args(group.call("address"), tp))
 
 
 def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -162,7 +179,7 @@ ROLES: tuple[Role, ...] = (
     Role("actor", _actor_worker, _rank_kwargs, model=_actor_model, checkpoint=True, hf_export="huggingface"),
     Role("reference", _reference_worker, _rank_kwargs, enabled=build.needs_reference, model=_reference_model),
     Role("critic", _critic_worker, _rank_kwargs, enabled=build.needs_critic, model=_critic_model, checkpoint=True),
-    Role("rollout", _rollout_worker, _rollout_kwargs),
+    Role("rollout", _rollout_worker, _rollout_kwargs, setup=_rollout_setup),
     Role("reward", _reward_worker, _reward_kwargs, per_rank=False),
 )
 """Every role, in start-up order (a role's workers are created before the next role's)."""
@@ -220,6 +237,11 @@ class Workers:
                                                      deadlines=self._deadlines())
         backend = "gloo" if cpu else "nccl"
         loading = []
+        for role in self.roles:
+            if role.setup is not None:
+                refs = role.setup(ctx, self.groups[role.name])
+                if refs:
+                    loading.append((self.groups[role.name], refs))
         for role in self.roles:
             if role.model is not None:
                 group = self.groups[role.name]

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from grpo_dist.config.schema import GRPOConfig
 
@@ -26,7 +27,9 @@ def _fail(msg: str, code: int = 1) -> int:
     return code
 
 
-def run(cfg: GRPOConfig) -> int:
+def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
+    """Train with a validated configuration; ``on_start`` runs once the output directory is this run's
+    (its lock taken), before any worker starts (the command line writes Hydra's files there)."""
     from grpo_dist.trainer.plan import launch_plan
     from grpo_dist.trainer.stop import Interrupted, StopSignal
 
@@ -35,18 +38,20 @@ def run(cfg: GRPOConfig) -> int:
     stop = StopSignal(lp.preemption_grace_s, str(lp.out_dir))
     stop.install()
     try:
-        return _run(cfg, lp, stop)
+        return _run(cfg, lp, stop, on_start)
     except Interrupted as exc:
         return _fail(str(exc), 143)
     finally:
         stop.uninstall()
 
 
-def _run(cfg: GRPOConfig, lp, stop) -> int:
+def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
     from grpo_dist import tasks
+    from grpo_dist.config.validate import logger_names
     from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
     from grpo_dist.trainer import build
+    from grpo_dist.trainer.tracking import missing_backends
     from grpo_dist.utils.run_lock import RunLock, RunLockError
 
     t0 = time.perf_counter()
@@ -66,6 +71,9 @@ def _run(cfg: GRPOConfig, lp, stop) -> int:
         note = build.check_cpu_resources(cfg, model_path)
         if note:
             print(f"grpo_dist: warning: {note}", file=sys.stderr, flush=True)
+        missing = missing_backends(logger_names(lp.loggers))
+        if missing:
+            raise ValueError(missing)
         if lp.custom_reward:  # a wrong path or name is found here, not after the workers start
             from grpo_dist.rewards.custom import load_custom_reward_fn
 
@@ -83,6 +91,8 @@ def _run(cfg: GRPOConfig, lp, stop) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire()
         save_config(cfg, out_dir)
+        if on_start is not None:
+            on_start()
     except RunLockError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:
@@ -216,6 +226,13 @@ def save_config(cfg: GRPOConfig, out_dir: Path) -> None:
 
 
 def _print_summary(s, total_s: float) -> None:
+    if s.val_only:
+        lines = ["", f"grpo_dist: validation finished (trainer.val_only), at step {s.steps}"]
+        lines += [f"  {k:<16} {v:.3f}" for k, v in sorted(s.val_after.items())]
+        lines.append(f"  wall time        {total_s:.0f} s (validation {s.wall_s:.0f} s)")
+        lines.append(f"  metrics          {s.out_dir}/metrics.jsonl")
+        print("\n".join(lines), flush=True)
+        return
     lines = ["", "grpo_dist: training finished"]
     lines.append(f"  steps            {s.first_step} -> {s.steps}")
     for k in sorted(set(s.val_before) | set(s.val_after)):

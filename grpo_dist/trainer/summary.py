@@ -29,3 +29,4 @@ class RunSummary:
     val_after: dict[str, float] = field(default_factory=dict)
     last_checkpoint: str | None = None
     out_dir: str = ""
+    val_only: bool = False  # trainer.val_only: validated at step ``steps`` and stopped

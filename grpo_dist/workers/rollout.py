@@ -1,5 +1,9 @@
 """Ray actor shell around a rollout engine (vLLM, or Hugging Face generate), one per rank.
 
+With tensor parallelism (``tp > 1``) the engine is built by :meth:`RolloutWorker.init_engine`, called
+on every rank of an engine at once with the group's rendezvous (the constructor cannot know it);
+otherwise the constructor builds it.
+
 ``generate`` and the weight-sync pieces (``wake_up``, ``load_bucket``, ``finish_load``) return
 :class:`~grpo_dist.workers.common.Timed` results (value and busy seconds) for the driver's
 ``timing_s/gen/worker`` and ``timing_s/update_weights/...`` metrics.
@@ -12,18 +16,34 @@ from typing import Any
 import numpy as np
 import ray
 
-from grpo_dist.workers.common import current_node_id, process_memory_gb, setup_process, timed
+from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
 
 
 @ray.remote
 class RolloutWorker:
-    def __init__(self, *, rank: int, device: str, num_threads: int, engine: str, engine_kwargs: dict[str, Any]) -> None:
+    def __init__(self, *, rank: int, device: str, num_threads: int, engine: str, engine_kwargs: dict[str, Any],
+                 tp: int = 1) -> None:
         setup_process(device, num_threads)
+        self.rank = rank
+        self._engine_args = (engine, engine_kwargs)
+        self.engine = None if tp > 1 else self._make_engine()
+        self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
+
+    def _make_engine(self, **more: Any):
         from grpo_dist.rollout import make_engine
 
-        self.rank = rank
-        self.engine = make_engine(engine, **engine_kwargs)
-        self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
+        name, kwargs = self._engine_args
+        return make_engine(name, **kwargs, **more)
+
+    def address(self) -> tuple[str, int]:
+        """Where this rank would host a rendezvous (a tensor-parallel engine's first rank does)."""
+        from grpo_dist.distributed.process_group import free_port
+
+        return node_ip(), free_port()
+
+    def init_engine(self, tp_rank: int, master_addr: str, master_port: int) -> None:
+        """Build this rank's shard of a tensor-parallel engine; every rank of the engine calls it at once."""
+        self.engine = self._make_engine(tp_rank=tp_rank, tp_master=(master_addr, master_port))
 
     @timed
     def generate(self, prompt_ids: list[list[int]], sampling: Any):
@@ -81,7 +101,8 @@ class RolloutWorker:
         return process_memory_gb()
 
     def close(self) -> None:
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
 
     def node_id(self) -> str:
         return current_node_id()

@@ -234,3 +234,58 @@ def test_hf_engine_sleep_refuses_generate_until_wake_up_and_keeps_the_weights(hf
     assert hf_engine.generate(PROMPTS[:2], greedy).response_ids == before.response_ids
     for k, v in hf_engine.model.state_dict().items():
         assert torch.equal(v, weights[k]), k
+
+
+# ------------------------------------------------------------------------------ tensor parallelism
+def _tp_engine_run(model_dir, tp, tp_rank, port, queue):
+    """One process of a vLLM engine (``tp`` processes in all): greedy and seeded sampling, then a weight
+    sync with full tensors (the trainer's state dict, perturbed) and the same again."""
+    torch.set_num_threads(1)
+    from safetensors.torch import load_file
+
+    extra = dict(tensor_parallel_size=tp, tp_rank=tp_rank, tp_master=("127.0.0.1", port)) if tp > 1 else {}
+    engine = make_engine("vllm", model_path=model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
+                         seed=0, kv_cache_gib=0.125, **extra)
+    sampled = SamplingSettings(n=2, temperature=1.0, max_tokens=12, seed=11)
+    greedy = dataclasses.replace(SamplingSettings.greedy(max_tokens=12), logprobs=True)
+    out = {"before": [engine.generate(PROMPTS, s) for s in (greedy, sampled)]}
+    g = torch.Generator().manual_seed(1)
+    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    engine.update_weights(state.items())
+    out["after"] = [engine.generate(PROMPTS, s) for s in (greedy, sampled)]
+    engine.close()
+    queue.put((tp, tp_rank, out))
+
+
+def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
+    """``tensor_model_parallel_size=2``: two processes hold one engine (vLLM's external launcher over gloo
+    on CPU; NCCL on GPU, same code), each given the same prompts and, at the weight sync, the same full
+    tensors (vLLM's loaders cut each process's shard). Both return what a one-process engine returns:
+    the same tokens, and log-probs equal to float rounding, before and after the sync."""
+    import multiprocessing as mp
+
+    from grpo_dist.distributed.process_group import free_port
+
+    model = build_tiny_model(tmp_path / "model2h", seed=0, hidden_size=128, num_heads=2, num_kv_heads=2)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port("127.0.0.1")
+    procs = [ctx.Process(target=_tp_engine_run, args=(model, tp, r, port, queue)) for tp, r in ((1, 0), (2, 0), (2, 1))]
+    for p in procs:
+        p.start()
+    try:
+        results = {(tp, r): out for tp, r, out in (queue.get(timeout=600) for _ in procs)}
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    one = results[(1, 0)]
+    for rank in (0, 1):
+        two = results[(2, rank)]
+        for phase in ("before", "after"):
+            for a, b in zip(one[phase], two[phase]):
+                assert a.response_ids == b.response_ids, (phase, rank)
+                for la, lb in zip(a.logprobs, b.logprobs):
+                    torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), atol=1e-4, rtol=0)
+    assert one["before"][0].response_ids != one["after"][0].response_ids  # the sync changed the policy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.helpers import read_metrics
+from tests.e2e.conftest import RESUME_ARGS, epoch_data
+from tests.e2e.helpers import base_args, read_metrics, run_main
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +88,56 @@ def test_metrics_time_the_workers_the_weight_sync_and_the_rows(full_run):
     stamps = [m[step]["time/unix"] for step in sorted(m)]
     assert all(a < b for a, b in zip(stamps, stamps[1:])), stamps
     assert time.time() - 3600 < stamps[0] and stamps[-1] <= time.time()
+
+
+def generations(out) -> dict[int, list[dict]]:
+    rows = [json.loads(line) for line in (out / "val_generations.jsonl").read_text().splitlines()]
+    by_step: dict[int, list[dict]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    return by_step
+
+
+def test_validation_samples_are_logged_and_hydras_files_written(full_run):
+    """log_val_generations=3: three samples at every validation, always the same inputs (verl's
+    fixed-seed choice), with the response and its score; the run's folder also holds Hydra's files."""
+    out, proc = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gens = generations(out)
+    assert sorted(gens) == [0, 2, 4]
+    inputs = [[r["input"] for r in gens[s]] for s in (0, 2, 4)]
+    assert all(len(x) == 3 for x in inputs) and inputs[0] == inputs[1] == inputs[2]
+    m = read_metrics(out)
+    for s in (0, 2, 4):
+        assert all(r["input"] and 0.0 <= r["score"] <= 1.0 for r in gens[s])
+        assert min(r["score"] for r in gens[s]) >= 0 and m[s][VAL] is not None
+    assert "validation generations at step 4" in proc.stdout + proc.stderr  # the console's table
+    assert (out / ".hydra" / "config.yaml").exists() and (out / ".hydra" / "overrides.yaml").exists()
+
+
+@pytest.fixture(scope="module")
+def val_only_run(full_run, tiny_model_dir, reverse_data, tmp_path_factory):
+    """trainer.val_only on the full run's last checkpoint, in a folder of its own."""
+    full_out, _ = full_run
+    out = tmp_path_factory.mktemp("val_only") / "run"
+    data = epoch_data(reverse_data, full_out.parent)
+    t0 = time.time()
+    proc = run_main(base_args(tiny_model_dir, data, out, steps=4) + RESUME_ARGS + [
+        "trainer.val_only=true", "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={full_out / 'global_step_4'}", "trainer.log_val_generations=3"])
+    return out, proc, time.time() - t0
+
+
+def test_val_only_validates_the_checkpoint_and_stops(full_run, val_only_run):
+    """verl's val_only: the resumed policy is validated and nothing is trained or saved. Greedy validation
+    of the same weights gives the full run's own step-4 score and the same logged responses."""
+    full_out, _ = full_run
+    out, proc, seconds = val_only_run
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "validation finished (trainer.val_only), at step 4" in proc.stdout
+    m = read_metrics(out)
+    assert sorted(m) == [4] and "actor/pg_loss" not in m[4]
+    assert m[4][VAL] == read_metrics(full_out)[4][VAL]
+    assert not list(out.glob("global_step_*"))
+    assert generations(out)[4] == generations(full_out)[4]
+    print(f"val_only run: {seconds:.0f} s")

@@ -70,7 +70,7 @@ def roles(stdout: str) -> dict[str, list[list[str]]]:
     """Dry-run lines 'ROLE  cmd args...' parsed with shlex, by role."""
     out: dict[str, list[list[str]]] = {}
     for line in stdout.splitlines():
-        m = re.match(r"^(head|worker|wait|driver|ip|env)\s+(.*)$", line)
+        m = re.match(r"^(check|head|worker|wait|driver|ip|env)\s+(.*)$", line)
         if m:
             out.setdefault(m.group(1), []).append(shlex.split(m.group(2)) if m.group(1) != "env" else [m.group(2)])
     return out
@@ -153,6 +153,14 @@ def test_sbatch_dry_run_three_nodes(tmp_path):
     assert driver[i + 1:] == ["grpo_dist.main", "trainer.nnodes=3", "trainer.n_gpus_per_node=8",
                               f"ray_kwargs.ray_init.address={address}", "data.train_batch_size=64",
                               "trainer.experiment_name=it's mine"]
+    # first of all, on the head node: the configuration check, with the driver's arguments
+    (check,) = r["check"]
+    assert check[0] == "srun" and node_of(check) == "node01"
+    j = check.index("-m")
+    assert check[j + 1:] == ["grpo_dist.main", "--check"] + driver[i + 2:]
+    lines = proc.stdout.splitlines()
+    assert min(k for k, line in enumerate(lines) if line.startswith("check")) < min(
+        k for k, line in enumerate(lines) if line.startswith("head"))
     assert "trainer.nnodes=3 trainer.n_gpus_per_node=8" in proc.stdout
 
     # every node's Ray shares one token made for the job (the value itself is never printed)
@@ -290,6 +298,11 @@ if [ "$1" = -c ]; then
   echo "$n"
   exit 0
 fi
+if [ "$3" = --check ]; then
+  echo "check $*" >> "$FAKE_DIR/log"
+  [ "${FAKE_CHECK_RC:-0}" = 0 ] || echo "grpo_dist: configuration error: (the fake check fails)" >&2
+  exit "${FAKE_CHECK_RC:-0}"
+fi
 echo "driver $*" >> "$FAKE_DIR/log"
 if [ -n "${FAKE_DRIVER_WAIT:-}" ]; then  # a driver that saves and exits 143 on SIGTERM, as grpo_dist's does
   trap 'echo "driver got TERM" >> "$FAKE_DIR/log"; exit 143' TERM
@@ -335,6 +348,10 @@ def test_sbatch_starts_head_then_workers_then_driver(tmp_path):
     assert driver == ["driver -m grpo_dist.main trainer.nnodes=3 trainer.n_gpus_per_node=8 "
                       "ray_kwargs.ray_init.address=10.0.0.1:6379 data.train_batch_size=64"]
     assert log.index(driver[0]) > max(log.index(line) for line in ray_lines)
+    # the configuration check ran first, with the driver's arguments
+    checks = [line for line in log if line.startswith("check ")]
+    assert checks == [driver[0].replace("driver -m grpo_dist.main", "check -m grpo_dist.main --check")]
+    assert log.index(checks[0]) < min(log.index(line) for line in ray_lines)
     assert "3 of 3 node(s) alive" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == [
         "ray-head-node01.log", "ray-worker-node02.log", "ray-worker-node03.log"]
@@ -372,13 +389,23 @@ def test_sbatch_asks_for_sigterm_ahead_of_the_time_limit_and_passes_it_to_the_dr
     assert_steps_stopped(state)
 
 
+def test_sbatch_stops_before_ray_when_the_check_fails(tmp_path):
+    env = fake_cluster(tmp_path)
+    proc = run(["bash", str(SBATCH), "data.train_batch_size=64"], dict(env, FAKE_CHECK_RC="2"))
+    assert proc.returncode == 2
+    assert "the configuration check failed (exit code 2); nothing was started" in proc.stderr
+    assert "(the fake check fails)" in proc.stderr  # the check's own message reaches the job's log
+    log = (Path(env["FAKE_DIR"]) / "log").read_text().splitlines()
+    assert [line.split()[0] for line in log] == ["srun", "check"]  # no ray start, no driver
+
+
 def test_sbatch_times_out_when_a_node_does_not_join(tmp_path):
     env = fake_cluster(tmp_path)
     proc = run(["bash", str(SBATCH)], dict(env, FAKE_MAX_ALIVE="2", GRPO_DIST_WAIT_S="2"))
     assert proc.returncode == 1
     assert "only 2 of 3 node(s) joined the Ray cluster at 10.0.0.1:6379" in proc.stderr
     log = (Path(env["FAKE_DIR"]) / "log").read_text().splitlines()
-    assert not [line for line in log if line.startswith("driver ") or "grpo_dist.main" in line]
+    assert not [line for line in log if line.startswith("driver ") or ("grpo_dist.main" in line and "--check" not in line)]
     assert_steps_stopped(Path(env["FAKE_DIR"]))
 
 
@@ -427,14 +454,18 @@ def test_submit_rejects_bad_arguments(tmp_path, args, message):
 
 
 def ray_submit_dry_run(tmp_path: Path, *args: str, **env_extra: str) -> list[str]:
+    """The printed ray job submit command; also asserts that the printed check has its arguments."""
     mark = guard_real_tools(tmp_path)
     env = with_path(clean_env(tmp_path, GRPO_DIST_DRY_RUN="1", **env_extra), tmp_path)
     proc = run(["bash", str(RAY_SUBMIT), *args], env)
     assert proc.returncode == 0, proc.stderr
     assert not mark.exists()
     lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1
-    return shlex.split(lines[0])
+    assert len(lines) == 2 and lines[0].startswith("check: ")
+    check, submit = shlex.split(lines[0][len("check: "):]), shlex.split(lines[1])
+    i, j = check.index("grpo_dist.main"), submit.index("grpo_dist.main")
+    assert check[i + 1] == "--check=config" and check[i + 2:] == submit[j + 1:]
+    return submit
 
 
 def test_ray_submit_dry_run(tmp_path):
@@ -457,6 +488,26 @@ def test_ray_submit_address_from_environment_and_no_working_dir(tmp_path):
     assert "--address=http://10.0.0.9:8265" in argv and "--no-wait" in argv
     assert not any(a.startswith("--runtime-env-json") for a in argv)
     assert argv[-4:] == ["python", "-m", "grpo_dist.main", "a.b=1"]
+
+
+def test_ray_submit_checks_the_configuration_before_submitting(tmp_path):
+    """The real check, here: a bad override stops before `ray job submit`; a good one is submitted."""
+    mark = guard_real_tools(tmp_path)
+    # the stand-in ray by name: the script prefers the checkout's .venv/bin/ray over the PATH's
+    env = with_path(clean_env(tmp_path, GRPO_DIST_CHECK_PYTHON=sys.executable, PYTHONPATH=str(ROOT),
+                              GRPO_DIST_RAY=str(tmp_path / "bin" / "ray")), tmp_path)
+    cluster_paths = ["actor_rollout_ref.model.path=/cluster/only/model", "data.train_files=/cluster/only/train.parquet"]
+    proc = run(["bash", str(RAY_SUBMIT), "--nnodes", "2", "--gpus-per-node", "8", *cluster_paths,
+                "actor_rollout_ref.actor.ppo_mini_batch_size=7"], env)
+    assert proc.returncode == 2 and "ppo_mini_batch_size" in proc.stderr
+    assert "nothing was submitted" in proc.stderr and not mark.exists()
+    proc = run(["bash", str(RAY_SUBMIT), "--nnodes", "2", "--gpus-per-node", "8", *cluster_paths], env)
+    assert proc.returncode == 0, proc.stderr
+    assert "the configuration is valid" in proc.stdout and "2 node(s) x 8" in proc.stdout
+    assert mark.read_text().startswith("ray job submit")
+    mark.unlink()
+    proc = run(["bash", str(RAY_SUBMIT), "--no-check", "actor_rollout_ref.actor.ppo_mini_batch_size=7"], env)
+    assert proc.returncode == 0 and mark.exists()  # --no-check: submitted unchecked
 
 
 def test_ray_submit_refuses_variables_grpo_dist_sets(tmp_path):
@@ -483,9 +534,16 @@ def test_rayjob_manifest():
     doc = yaml.safe_load(RAYJOB.read_text())
     assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayJob"
     spec = doc["spec"]
-    entry = spec["entrypoint"].split()
-    assert entry[:3] == ["python", "-m", "grpo_dist.main"]
-    args = dict(a.split("=", 1) for a in entry[3:])
+    # the entrypoint checks the configuration, then runs it, with the same arguments
+    m = re.fullmatch(r"ARGS='([^']*)'; python -m grpo_dist\.main --check \$ARGS && exec python -m grpo_dist\.main \$ARGS",
+                     spec["entrypoint"].strip())
+    assert m, spec["entrypoint"]
+    entry = m.group(1).split()
+    args = dict(a.split("=", 1) for a in entry)
+    # ... and the configuration is valid (its files live on the cluster's volume)
+    from grpo_dist.main import main
+
+    assert main(["--check=config", *entry]) == 0
 
     cluster = spec["rayClusterSpec"]
     head_pod = cluster["headGroupSpec"]["template"]["spec"]

@@ -199,9 +199,9 @@ PATHS = dict(model="/m", train="/d/train.parquet", train2="/d/math_train.parquet
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_verl_ppo_script_validates_at_its_own_sizes(name):
-    """The script as verl ships it (8 GPUs, its batch sizes), paths aside, composes and validates;
-    only its rollout tensor parallelism is taken down to the one engine per rank that runs here."""
-    cfg = load(*script_args(SCRIPTS[name], cpu=False, **PATHS), "actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    """The script as verl ships it (8 GPUs, its batch sizes, its rollout tensor parallelism), paths aside,
+    composes and validates."""
+    cfg = load(*script_args(SCRIPTS[name], cpu=False, **PATHS))
     assert cfg.algorithm.adv_estimator == "gae" and critic_enabled(cfg)
     assert cfg.critic.model.path == "/m" and cfg.trainer.critic_warmup == 0
     s = build.critic_settings(cfg, "cuda", 100)

@@ -1,0 +1,269 @@
+"""The plan of a run, from its validated configuration alone: what ``python -m grpo_dist.main --check``
+prints before anything is started.
+
+Nothing here starts Ray, loads a model or imports an engine: the plan is arithmetic on the
+configuration plus the row counts of the data files (read from their metadata where the format
+allows). It names the ranks and their placement per role, the sizes derived from the keys (steps
+from epochs, mini- and micro-batches per step, responses per step, the data-parallel size, token
+budgets) and the keys that are accepted here without effect.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.validate import critic_enabled, data_parallel_size, needs_reference
+from grpo_dist.rollout.tp import tp_groups
+
+#: Field metadata values of ``metadata["state"]`` that mark a key as accepted without effect.
+NOOP_STATES = ("no-op", "noop", "no_op")
+
+
+@dataclass
+class RolePlacement:
+    """Where one role's workers run."""
+
+    name: str
+    per_rank: bool  # one worker per data-parallel rank, in the rank's bundle
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    """Everything ``--check`` reports about a run; ``lines()`` renders it."""
+
+    nnodes: int
+    ranks_per_node: int
+    device: str
+    roles: list[RolePlacement]
+    tp: int
+    engines: int
+    prompts_per_step: int
+    n: int
+    responses_per_step: int
+    dp: int
+    train_rows: int | None
+    train_rows_note: str
+    steps_per_epoch: int | None
+    total_steps: int | None
+    steps_note: str
+    mini_batches: int
+    ppo_epochs: int
+    mini_responses_per_rank: int
+    micro_note: str
+    prompt_len: int
+    response_len: int
+    noop_set: list[tuple[str, Any, str]] = field(default_factory=list)
+    noop_total: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        return self.mini_batches * self.ppo_epochs
+
+    def lines(self) -> list[str]:
+        L: list[str] = []
+        dev = {"cpu": "CPU rank(s)", "cuda": "GPU(s)"}.get(self.device, "device(s) (trainer.device=auto: GPUs where the Ray cluster has them, else CPU ranks)")
+        L.append(f"cluster     {self.nnodes} node(s) x {self.ranks_per_node} {dev} = {self.dp} data-parallel rank(s)")
+        colocated = [r.name for r in self.roles if r.per_rank]
+        for node in range(self.nnodes):
+            lo, hi = node * self.ranks_per_node, (node + 1) * self.ranks_per_node - 1
+            ranks = f"rank {lo}" if lo == hi else f"ranks {lo}-{hi}"
+            L.append(f"placement   node {node}: {ranks}: {', '.join(colocated)}"
+                     + (f" (colocated: each takes 1/{len(colocated)} of the rank's device)" if len(colocated) > 1 else ""))
+        for r in self.roles:
+            if not r.per_rank:
+                L.append(f"            {r.name}: {r.note}")
+        per_engine = self.prompts_per_step / max(self.engines, 1)
+        if self.tp == 1:
+            L.append(f"rollout     {self.engines} engine(s), one per rank; {_num(per_engine)} prompt(s) x n={self.n} per engine per step")
+        else:
+            L.append(f"rollout     tensor parallel {self.tp}: {self.engines} engine(s), each over {self.tp} consecutive ranks "
+                     f"(ranks 0-{self.tp - 1}, {self.tp}-{2 * self.tp - 1}, ...); {_num(per_engine)} prompt(s) x n={self.n} per engine per step")
+        L.append(f"data        {self.train_rows_note}")
+        L.append(f"steps       {self.steps_note}")
+        L.append(f"step        {self.prompts_per_step} prompt(s) x rollout.n {self.n} = {self.responses_per_step} responses")
+        L.append(f"update      {self.mini_batches} mini-batch(es) x ppo_epochs {self.ppo_epochs} = {self.optimizer_steps_per_step} "
+                 f"optimizer step(s) per training step; {self.mini_responses_per_rank} response(s) per rank per mini-batch, {self.micro_note}")
+        seq = self.prompt_len + self.response_len
+        L.append(f"tokens      at most {self.prompt_len} + {self.response_len} = {seq} per response, "
+                 f"{self.responses_per_step * seq:,} per step, {self.mini_responses_per_rank * seq:,} per rank per mini-batch")
+        L.extend(f"note        {n}" for n in self.notes)
+        if self.noop_set:
+            L.append("no-op keys  without effect in this configuration:")
+            L.extend(f"              {k}={v!r}: {why}" for k, v, why in self.noop_set)
+        else:
+            L.append("no-op keys  none among the keys set here")
+        if self.noop_total:
+            L.append(f"            ({self.noop_total} key(s) of the schema are accepted as no-ops; docs/configuration.md lists them)")
+        return L
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
+def data_rows(paths: list[str]) -> tuple[int | None, str]:
+    """Rows in the data files (parquet from its metadata, jsonl by lines, json by items); None and the
+    reason when a file cannot be counted here."""
+    from grpo_dist import tasks
+
+    total = 0
+    for p in paths:
+        try:
+            real = tasks.resolve(p) if p.startswith(tasks.BUILTIN_PREFIX) else os.path.expanduser(p)
+            total += _rows_in(real)
+        except Exception as exc:  # an unreadable file is the run's error to report, not the plan's
+            return None, f"{p}: {type(exc).__name__}: {exc}"
+    return total, ""
+
+
+def _rows_in(path: str) -> int:
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if path.endswith(".jsonl"):
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    if path.endswith(".json"):
+        import json
+
+        with open(path) as f:
+            data = json.load(f)
+        return len(data) if isinstance(data, list) else 1
+    raise ValueError("unsupported file type (expected .parquet, .jsonl or .json)")
+
+
+def _noop_state(meta: Any) -> tuple[bool, str, tuple | None]:
+    """Whether field metadata marks a key as accepted without effect, the reason, and the values that are
+    no-ops (None: every value). Reads ``metadata["state"]`` either as a state object with
+    ``kind == "no-op"`` (and ``reason`` / ``values``) or as a plain string with ``metadata["reason"]``."""
+    state = meta.get("state")
+    kind = getattr(state, "kind", state)
+    if str(kind or "").lower() not in NOOP_STATES:
+        return False, "", None
+    reason = getattr(state, "reason", None) or meta.get("reason") or meta.get("help", "")
+    return True, str(reason), getattr(state, "values", None)
+
+
+def noop_keys(cfg: GRPOConfig) -> tuple[list[tuple[str, Any, str]], int]:
+    """The keys the schema marks as accepted without effect (:func:`_noop_state`; a section's state
+    holds for the leaves below it that have none): those this configuration sets to a value other than
+    the default, and how many the schema marks in all. Plus the no-ops that depend on the
+    configuration (:func:`situational_noops`)."""
+    found: list[tuple[str, Any, str]] = []
+    total = 0
+
+    def walk(obj: Any, default: Any, prefix: str, inherited: dict) -> None:
+        nonlocal total
+        for f in fields(obj):
+            val, dflt = getattr(obj, f.name), getattr(default, f.name)
+            key = prefix + f.name
+            meta = f.metadata if f.metadata.get("state") is not None else {**inherited, "help": f.metadata.get("help", "")}
+            if is_dataclass(val):
+                walk(val, dflt, key + ".", meta if f.metadata.get("state") is not None else inherited)
+                continue
+            noop, reason, values = _noop_state(meta)
+            if noop:
+                total += 1
+                if val != dflt and (values is None or val in values):
+                    found.append((key, val, reason))
+
+    walk(cfg, GRPOConfig(), "", {})
+    seen = {k for k, _, _ in found}
+    found += [x for x in situational_noops(cfg) if x[0] not in seen]
+    return found, total
+
+
+def situational_noops(cfg: GRPOConfig) -> list[tuple[str, Any, str]]:
+    """Keys whose value has no effect in this particular configuration."""
+    r = cfg.actor_rollout_ref.rollout
+    out: list[tuple[str, Any, str]] = []
+    if r.mode == "async":
+        out.append(("actor_rollout_ref.rollout.mode", r.mode,
+                    "single-turn rollouts run the same generation path as sync and give the same responses"))
+    if r.agent.num_workers != 8:
+        out.append(("actor_rollout_ref.rollout.agent.num_workers", r.agent.num_workers,
+                    "verl's agent-loop worker count; generation runs in the rollout engines here"))
+    if r.enable_chunked_prefill and cfg.trainer.device == "cpu" and r.name == "vllm":
+        out.append(("actor_rollout_ref.rollout.enable_chunked_prefill", True,
+                    "off on CPU: vLLM's chunked prefill breaks per-request sampling seeds there"))
+    return out
+
+
+def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
+    """The plan of a validated configuration (see the module docstring); ``count_rows=False`` leaves
+    the data files alone (they may exist only where the run will happen)."""
+    from grpo_dist.data.readers import as_path_list
+
+    d, t, arr = cfg.data, cfg.trainer, cfg.actor_rollout_ref
+    actor, rollout = arr.actor, arr.rollout
+    dp = data_parallel_size(cfg)
+    roles = [RolePlacement("actor", True)]
+    if needs_reference(cfg):
+        roles.append(RolePlacement("reference", True))
+    if critic_enabled(cfg):
+        roles.append(RolePlacement("critic", True))
+    roles.append(RolePlacement("rollout", True))
+    roles.append(RolePlacement("reward", False, f"1 scoring worker ({cfg.reward_model.num_workers} scoring process(es)), "
+                                                "placed by Ray on any node, no device"))
+    tp = rollout.tensor_model_parallel_size
+    engines = len(tp_groups(dp, tp))
+    n = rollout.n
+    prompts = d.train_batch_size
+    rows, why = data_rows(as_path_list(d.train_files)) if count_rows else (None, "--check=config")
+    per_draw = (d.gen_batch_size or d.train_batch_size) if cfg.algorithm.filter_groups.enable else d.train_batch_size
+    files = ", ".join(as_path_list(d.train_files))
+    if rows is None:
+        spe, rows_note = None, f"train files {files}: rows not counted here ({why})"
+    else:
+        spe = rows // per_draw
+        rows_note = (f"{rows} training prompt(s) in {files} -> {spe} step(s) per epoch ({rows} // {per_draw} prompts per "
+                     "batch, the remainder dropped each epoch" + (", before data.filter_overlong_prompts" if d.filter_overlong_prompts else "") + ")")
+    if t.total_training_steps:
+        total = t.total_training_steps
+        steps_note = f"{total} (trainer.total_training_steps; it wins over trainer.total_epochs={t.total_epochs})"
+    elif spe is not None:
+        total = t.total_epochs * spe
+        steps_note = f"{total} = trainer.total_epochs {t.total_epochs} x {spe} step(s) per epoch"
+    else:
+        total, steps_note = None, f"trainer.total_epochs {t.total_epochs} x the steps per epoch (rows not counted)"
+    if t.val_only:
+        steps_note += "; trainer.val_only: validate once and exit, no training step"
+    mini_batches = d.train_batch_size // actor.ppo_mini_batch_size
+    mini_per_rank = actor.ppo_mini_batch_size * n // dp
+    seq = d.max_prompt_length + d.max_response_length
+    if actor.use_dynamic_bsz:
+        worst = math.ceil(mini_per_rank * seq / actor.ppo_max_token_len_per_gpu)
+        micro_note = (f"micro-batches cut by a token budget of {actor.ppo_max_token_len_per_gpu} "
+                      f"(at least {worst} per mini-batch when every response is at full length)")
+    elif actor.ppo_micro_batch_size_per_gpu:
+        k = mini_per_rank // actor.ppo_micro_batch_size_per_gpu
+        micro_note = f"{k} micro-batch(es) of {actor.ppo_micro_batch_size_per_gpu} (gradient accumulation)"
+    else:
+        micro_note = "1 micro-batch (ppo_micro_batch_size_per_gpu=null: the whole mini-batch at once)"
+    notes = []
+    if cfg.algorithm.filter_groups.enable:
+        notes.append(f"dynamic sampling: generation batches of {per_draw} prompts until {prompts} prompts with "
+                     "differing scores are kept")
+    if critic_enabled(cfg):
+        c = cfg.critic
+        notes.append(f"critic: {d.train_batch_size // c.ppo_mini_batch_size} mini-batch(es) x ppo_epochs {c.ppo_epochs}, "
+                     f"{c.ppo_mini_batch_size * n // dp} response(s) per rank per mini-batch")
+    if t.val_only or t.log_val_generations:
+        if t.log_val_generations:
+            notes.append(f"validation: {t.log_val_generations} sample(s) logged as a table each time (val_generations.jsonl)")
+    noop, noop_total = noop_keys(cfg)
+    return Plan(
+        nnodes=t.nnodes, ranks_per_node=t.n_gpus_per_node, device=t.device, roles=roles, tp=tp, engines=engines,
+        prompts_per_step=prompts, n=n, responses_per_step=prompts * n, dp=dp, train_rows=rows, train_rows_note=rows_note,
+        steps_per_epoch=spe, total_steps=total, steps_note=steps_note, mini_batches=mini_batches,
+        ppo_epochs=actor.ppo_epochs, mini_responses_per_rank=mini_per_rank, micro_note=micro_note,
+        prompt_len=d.max_prompt_length, response_len=d.max_response_length, noop_set=noop, noop_total=noop_total,
+        notes=notes,
+    )

@@ -1,0 +1,140 @@
+"""verl's rollout keys around the engine: ``rollout.mode=async`` (the single-turn agent loop), the
+multi-turn and agent-loop keys (accepted only where they change nothing), the vLLM pass-through keys
+(``enable_chunked_prefill``, ``engine_kwargs.vllm``), and ``trainer.val_only``'s rules."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from grpo_dist.config.loader import compose, to_typed
+from grpo_dist.config.schema import ConfigError
+from grpo_dist.config.validate import validate_config
+from grpo_dist.trainer import build, roles
+
+R = "actor_rollout_ref.rollout."
+
+
+def cfg_of(*overrides: str):
+    cfg = to_typed(compose(list(overrides)), list(overrides))
+    validate_config(cfg, check_paths=False)
+    return cfg
+
+
+# ------------------------------------------------------------------------------ mode=async
+def worker_inputs(cfg) -> dict:
+    """Everything the rollout workers are given for a step: their constructor arguments (every rank)
+    and the sampling settings of training, validation and a baseline rollout."""
+    ctx = roles.RoleContext(cfg, "cpu", "/m", "/m", 10, 2, 1)
+    return dict(ranks=[roles._rollout_kwargs(ctx, r) for r in range(2)],
+                train=build.train_sampling(cfg, seed=123), val=build.val_sampling(cfg),
+                baseline=build.baseline_sampling(cfg), engine=build.engine_kwargs(cfg, "/m", "cuda"))
+
+
+@pytest.mark.parametrize("extra", [[], [R + "name=hf"], [R + "calculate_log_probs=true", R + "n=4"]])
+def test_async_mode_gives_the_workers_exactly_what_sync_does(extra):
+    """verl's agent loop with the single-turn agent generates one response per sample from the prompt,
+    as sync generation does; here async runs the same generation path, so the workers must receive
+    the same arguments and sampling settings (hence the same responses for the same seeds)."""
+    sync = cfg_of(R + "mode=sync", "trainer.n_gpus_per_node=2", *extra)
+    asyn = cfg_of(R + "mode=async", "trainer.n_gpus_per_node=2", *extra)
+    assert worker_inputs(asyn) == worker_inputs(sync)
+
+
+def test_async_mode_validates_with_verls_agent_defaults():
+    cfg = cfg_of(R + "mode=async", R + "agent.num_workers=4", R + "multi_turn.format=hermes")
+    assert cfg.actor_rollout_ref.rollout.mode == "async"
+    with pytest.raises(ConfigError, match="expected one of sync, async"):
+        cfg_of(R + "mode=server")
+
+
+@pytest.mark.parametrize("override,needle", [
+    (R + "multi_turn.enable=true", "a multi-turn rollout (tools, interactions) is not built"),
+    (R + "agent.default_agent_loop=tool_agent", "single_turn_agent"),
+    (R + "agent.agent_loop_config_path=/x.yaml", "custom agent loops"),
+    (R + "agent.num_workers=0", ">= 1"),
+    ("+" + R + "engine_kwargs.sglang.mem_fraction_static=0.5", "SGLang as a rollout engine is not built here"),
+    ("+" + R + "engine_kwargs.vllm.tensor_parallel_size=2", "tensor_model_parallel_size"),
+])
+def test_keys_without_an_implementation_are_refused_with_the_reason(override, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        cfg_of(override)
+
+
+@pytest.mark.parametrize("override", [R + "multi_turn.max_assistant_turns=5", R + "multi_turn.format=chatml"])
+def test_multi_turn_settings_are_accepted_with_a_note_while_multi_turn_is_off(override):
+    from grpo_dist.config.states import noop_notes
+
+    notes = " ".join(noop_notes(cfg_of(override)))
+    assert override.split("=")[0] in notes and "multi-turn rollouts" in notes
+
+
+def test_vllm_kwargs_need_the_vllm_engine():
+    with pytest.raises(ConfigError, match="rollout.name=hf"):
+        cfg_of(R + "name=hf", "+" + R + "engine_kwargs.vllm.swap_space=4")
+
+
+# ------------------------------------------------------------------------------ pass-through to vLLM
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A stand-in ``vllm`` module whose LLM records its arguments (the mapping is what is tested)."""
+    seen: dict = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    mod = types.ModuleType("vllm")
+    mod.LLM = LLM
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    return seen
+
+
+def engine_args(cfg, fake_vllm, *, gpu: bool, monkeypatch) -> dict:
+    import torch
+
+    from grpo_dist.rollout.vllm_engine import VLLMEngine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    kwargs = build.engine_kwargs(cfg, "/m", "cuda" if gpu else "cpu")
+    VLLMEngine(**kwargs)
+    return dict(fake_vllm)
+
+
+def test_vllm_pass_through_keys_reach_the_engine(fake_vllm, monkeypatch):
+    cfg = cfg_of("+" + R + "engine_kwargs.vllm.swap_space=4", "+" + R + "engine_kwargs.vllm.enable_prefix_caching=false",
+                 "+" + R + "engine_kwargs.vllm.disable_log_stats=null", R + "enable_chunked_prefill=true",
+                 R + "max_num_seqs=77", R + "max_num_batched_tokens=4096", R + "enforce_eager=false")
+    got = engine_args(cfg, fake_vllm, gpu=True, monkeypatch=monkeypatch)
+    assert got["swap_space"] == 4 and got["enable_prefix_caching"] is False
+    assert "disable_log_stats" not in got  # null values are dropped, as verl does
+    assert got["enable_chunked_prefill"] is True and got["max_num_seqs"] == 77
+    assert got["max_num_batched_tokens"] == 4096 and got["enforce_eager"] is False
+    fake_vllm.clear()
+    got = engine_args(cfg_of(R + "enable_chunked_prefill=false"), fake_vllm, gpu=True, monkeypatch=monkeypatch)
+    assert got["enable_chunked_prefill"] is False
+
+
+def test_chunked_prefill_stays_off_on_cpu(fake_vllm, monkeypatch):
+    got = engine_args(cfg_of(R + "enable_chunked_prefill=true"), fake_vllm, gpu=False, monkeypatch=monkeypatch)
+    assert got["enable_chunked_prefill"] is False  # CPU generators cannot rewind a seeded request
+
+
+def test_engine_refuses_extra_arguments_it_sets_itself(fake_vllm):
+    from grpo_dist.rollout.vllm_engine import VLLMEngine
+
+    with pytest.raises(ValueError, match="max_model_len"):
+        VLLMEngine("/m", extra_kwargs={"max_model_len": 5})
+
+
+# ------------------------------------------------------------------------------ val_only
+def test_val_only_rules():
+    assert cfg_of("trainer.val_only=true").trainer.val_only is True
+    with pytest.raises(ConfigError, match="val_before_train=false it ignores val_only"):
+        cfg_of("trainer.val_only=true", "trainer.val_before_train=false")
+    with pytest.raises(ConfigError, match="nothing to validate"):
+        cfg_of("trainer.val_only=true", "data.val_files=null")
+    with pytest.raises(ConfigError, match="trainer.log_val_generations"):
+        cfg_of("trainer.log_val_generations=-1")
