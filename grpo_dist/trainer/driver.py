@@ -75,9 +75,7 @@ class GRPOTrainer:
         self.nonfinite, self.stop = NonfiniteGuard(cfg.trainer.max_consecutive_nonfinite_steps), StopSignal()
         self.rc, self.sampling, self.overlong = build.rollout_correction(cfg), build.step_sampling(cfg), build.overlong_buffer(cfg)
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
-        self.on_policy = (self.shape.num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
-                          and not cfg.algorithm.use_kl_in_reward and not self.rc.bypass)
-        self.old_logp_forward = not self.rc.bypass and (not self.on_policy or build.rollout_log_probs(cfg))
+        self.on_policy, self.old_logp_forward = build.on_policy(cfg), build.old_log_prob_forward(cfg)
 
     # ================================================================ set-up / tear-down
     def start_workers(self) -> None:
