@@ -72,6 +72,49 @@ def counts(mask) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------------------------------
+# vanilla (PPO clip with clip-higher and dual clip), the loop the bypass tests reuse
+# --------------------------------------------------------------------------------------------------
+
+
+def ppo_token(a: float, log_ratio: float, lo: float, hi: float, c: float) -> tuple[float, float]:
+    """One token's PPO loss and its derivative with respect to logp: max(-A r, -A clip(r)) (no gradient
+    when the clipped branch is taken), then, for A < 0, capped at -A c (no gradient when capped)."""
+    r = math.exp(clip(log_ratio, -20.0, 20.0))
+    pg1, pg2 = -a * r, -a * clip(r, 1 - lo, 1 + hi)
+    value, slope = (pg1, -a * r) if pg1 >= pg2 else (pg2, 0.0)
+    if a < 0 and value > -a * c:
+        value, slope = -a * c, 0.0
+    return value, slope
+
+
+def vanilla_loop(logp, old, adv, mask, lo, hi, c, n_tok, w=None):
+    L, O, A, M = logp.tolist(), old.tolist(), adv.tolist(), mask.tolist()
+    W = w.tolist() if w is not None else None
+    loss, grad = 0.0, [[0.0] * len(L[0]) for _ in L]
+    for i in range(len(L)):
+        for j in tokens_of(M[i]):
+            value, slope = ppo_token(A[i][j], L[i][j] - O[i][j], lo, hi, c)
+            wt = W[i][j] if W else 1.0
+            loss += value * wt / n_tok
+            grad[i][j] = slope * wt / n_tok
+    return loss, grad
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_vanilla_matches_a_plain_loop(seed):
+    logp, old, adv, mask = random_inputs(seed, spread=0.6, token_adv=True)  # wide: clip and dual clip happen
+    n_tok, _ = counts(mask)
+    p = PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=1.5)
+    agg = AggSpec("token-mean", global_tokens=n_tok)
+    loss, grad, m = call("vanilla", logp, old, adv, mask, agg=agg, params=p)
+    assert_matches(loss, grad, *vanilla_loop(logp, old, adv, mask, 0.2, 0.28, 1.5, n_tok))
+    assert m["pg_clipfrac"] > 0 and m["pg_clipfrac_lower"] > 0
+    w = torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed), dtype=F64) * 2 * mask
+    loss, grad, _ = call("vanilla", logp, old, adv, mask, agg=agg, params=p, rollout_is_weights_BT=w)
+    assert_matches(loss, grad, *vanilla_loop(logp, old, adv, mask, 0.2, 0.28, 1.5, n_tok, w=w))
+
+
+# --------------------------------------------------------------------------------------------------
 # GSPO
 # --------------------------------------------------------------------------------------------------
 
@@ -505,11 +548,7 @@ def bypass_loop(logp, rollout, adv, mask, *, loss_type, level, upper, k1_band, n
                 loss += -w * a * L[i][j] / n_tok
                 grad[i][j] = -w * a / n_tok
             else:
-                ratio = math.exp(clip(rs[j], -20, 20))
-                pg1, pg2 = -a * ratio, -a * clip(ratio, 0.8, 1.2)
-                value, slope = (pg1, -a * ratio) if pg1 >= pg2 else (pg2, 0.0)
-                if a < 0 and value > -a * clip_c:
-                    value, slope = -a * clip_c, 0.0
+                value, slope = ppo_token(a, rs[j], 0.2, 0.2, clip_c)
                 loss += value / n_tok
                 grad[i][j] = slope / n_tok
     return loss, grad
@@ -559,21 +598,32 @@ def test_straight_through_kl_by_hand():
     torch.testing.assert_close(g_k3, t([[1 - math.exp(-0.5), 1 - math.e]]))
 
 
-@pytest.mark.parametrize("kind", ["k1+", "kl+", "k3+", "low_var_kl+"])
-def test_straight_through_kl_matches_a_plain_loop(kind):
+@pytest.mark.parametrize("kind", ["k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl", "k1+", "kl+", "k3+", "low_var_kl+"])
+def test_every_per_token_kl_kind_matches_a_plain_loop(kind):
+    """Values and gradients with respect to logp, token by token from the definitions (d = logp - ref):
+    k1 d (grad 1); abs |d| (grad sign d); k2 d^2/2 (grad d); k3 e^{-d} + d - 1 with x = -d clamped to
+    [-20, 20] and the value to [-10, 10] (grad 1 - e^{-d} inside the clamps, else 0); the '+' kinds the
+    value of k1 / k3 and the gradient of k2."""
     g = torch.Generator().manual_seed(7)
     logp = (-2 + torch.randn(4, 5, generator=g, dtype=F64)).requires_grad_(True)
     ref = logp.detach() + 0.7 * torch.randn(4, 5, generator=g, dtype=F64)
-    ref[0, 0] = logp[0, 0].item() + 30.0  # far enough for k3's clamps
+    ref[0, 0] = logp[0, 0].item() + 30.0  # beyond k3's clamps
+    ref[0, 1] = logp[0, 1].item() - 30.0
     kl = kl_penalty(logp, ref, kind)
-    (grad,) = torch.autograd.grad((kl * torch.arange(1, 21, dtype=F64).view(4, 5)).sum(), logp)
+    weights = torch.arange(1, 21, dtype=F64).view(4, 5)  # a different weight per token
+    (grad,) = torch.autograd.grad((kl * weights).sum(), logp)
+    base = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3",
+            "k1+": "k1", "kl+": "k1", "k3+": "k3", "low_var_kl+": "k3"}[kind]
     for i in range(4):
         for j in range(5):
             d = logp[i, j].item() - ref[i, j].item()
-            if kind in ("k1+", "kl+"):
-                value = d
+            x = clip(-d, -20.0, 20.0)
+            k3_raw = math.exp(x) - x - 1
+            value = {"k1": d, "abs": abs(d), "k2": 0.5 * d * d, "k3": clip(k3_raw, -10.0, 10.0)}[base]
+            if kind.endswith("+"):
+                slope = d
             else:
-                x = clip(-d, -20.0, 20.0)
-                value = clip(math.exp(x) - x - 1, -10.0, 10.0)
+                k3_slope = (1 - math.exp(-d)) if (-20 < -d < 20 and -10 < k3_raw < 10) else 0.0
+                slope = {"k1": 1.0, "abs": math.copysign(1.0, d), "k2": d, "k3": k3_slope}[base]
             assert kl[i, j].item() == pytest.approx(value, rel=1e-12, abs=1e-12), (i, j)
-            assert grad[i, j].item() == pytest.approx(d * (5 * i + j + 1), rel=1e-12), (i, j)  # k2's, weighted
+            assert grad[i, j].item() == pytest.approx(slope * weights[i, j].item(), rel=1e-12, abs=1e-12), (i, j)
