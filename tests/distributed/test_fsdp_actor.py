@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_dist.core.losses import LOSS_AGG_MODES
+from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
 from tests.distributed._dist_helpers import make_batch, noise, rows, run_ranks
 
 T = 0.7  # sampling temperature used everywhere: logits must be divided by it
@@ -260,7 +260,7 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
         "dynamic_packed": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, use_remove_padding=True),
     }
     out["invariance"] = {}
-    for mode in LOSS_AGG_MODES:
+    for mode in ALL_LOSS_AGG_MODES:
         for cut, kw in cuts.items():
             actor = make(settings(loss_agg_mode=mode, ppo_mini_batch_size_per_gpu=8, use_kl_loss=True, **kw))
             metrics = actor.update_policy(data)
@@ -420,7 +420,7 @@ def rel(a: float, b: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("mode", ALL_LOSS_AGG_MODES)
 def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mode):
     runs = {cut: r for (m, cut), r in one_rank["invariance"].items() if m == mode}
     ref = runs["micro1"]
@@ -437,8 +437,8 @@ def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mod
 
 def test_aggregation_modes_differ(one_rank):
     """The invariance test compares modes that really are different losses."""
-    norms = {m: one_rank["invariance"][(m, "micro1")]["metrics"]["actor/grad_norm"] for m in LOSS_AGG_MODES}
-    assert len({round(v, 6) for v in norms.values()}) == len(LOSS_AGG_MODES), norms
+    norms = {m: one_rank["invariance"][(m, "micro1")]["metrics"]["actor/grad_norm"] for m in ALL_LOSS_AGG_MODES}
+    assert len({round(v, 6) for v in norms.values()}) == len(ALL_LOSS_AGG_MODES), norms
 
 
 @pytest.mark.parametrize("mode", MODES_ABC)
