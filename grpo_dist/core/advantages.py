@@ -624,7 +624,8 @@ def compute_opo_advantage(
                                                                 responses only: b = 0)
 
     ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``. Shapes: [B, T], [B, T],
-    index_B [B] -> two [B, T]. Other arguments are ignored.
+    index_B [B] -> two [B, T]. Other arguments are ignored. Deviation from verl: a group whose
+    responses are all empty gets b = 0 (verl divides 0 by 0).
     """
     _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
     scores_B = scores_from_token_rewards(token_level_rewards_BT).double()

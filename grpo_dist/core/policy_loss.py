@@ -574,6 +574,14 @@ def bypass_mode_policy_loss(
     ``chi2_token``, with weights ``rollout_corr/rollout_is_mean``, ``_ratio_fraction_high``,
     ``_ratio_fraction_low``, ``_masked_fraction``, with rejection
     ``rollout_corr/rollout_rs_masked_fraction`` (and per criterion).
+
+    Deviations from verl: every metric is a mean over ALL response tokens of the call, rejected ones
+    included (verl takes ``pg_clipfrac``, ``ppo_kl``, ... over the tokens kept): the actor weights
+    a call's metrics by its response-token count, and only means over that same set of tokens add
+    up to the mini-batch's value for any micro-batch size; the rejected share is reported by
+    ``rollout_corr/rollout_rs_masked_fraction``. Of verl's ``rollout_corr/*`` metrics only those
+    that are token means are returned (the per-sequence ones cannot be combined over micro-batches;
+    the decoupled mode, :func:`~grpo_dist.core.rollout_correction.correct`, reports them all).
     """
     rc = params.rollout_correction
     if rc is None or not rc.bypass:
@@ -595,14 +603,16 @@ def bypass_mode_policy_loss(
     mm = mismatch_metrics(logp_BT.detach(), rollout_logp_BT, mask_BT)
     for k in ("kl", "k3_kl", "chi2_token"):
         corr[k] = mm[k] if k in mm else torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
+    clip = dict(clip_ratio_low=params.clip_ratio_low, clip_ratio_high=params.clip_ratio_high,
+                clip_ratio_c=params.clip_ratio_c, agg=agg)
     if rc.loss_type == "ppo_clip":
-        loss, metrics = ppo_clip_policy_loss(
-            logp_BT, rollout_logp_BT, advantages_BT, kept_BT, clip_ratio_low=params.clip_ratio_low,
-            clip_ratio_high=params.clip_ratio_high, clip_ratio_c=params.clip_ratio_c, agg=agg)
+        loss, _ = ppo_clip_policy_loss(logp_BT, rollout_logp_BT, advantages_BT, kept_BT, **clip)
+        with torch.no_grad():  # the metrics over every response token of the call (see the docstring)
+            _, metrics = ppo_clip_policy_loss(logp_BT.detach(), rollout_logp_BT, advantages_BT, mask_BT, **clip)
     else:
         loss = agg_loss(_weighted(-advantages_BT * logp_BT, w_BT.to(logp_BT.dtype) if w_BT is not None else None),
                         kept_BT, agg)
-        metrics = {"ppo_kl": masked_mean(rollout_logp_BT - logp_BT.detach(), kept_BT)}
+        metrics = {"ppo_kl": masked_mean(rollout_logp_BT - logp_BT.detach(), mask_BT)}
     metrics.update({f"rollout_corr/{k}": v.to(logp_BT.dtype) for k, v in corr.items()})
     return loss, metrics
 

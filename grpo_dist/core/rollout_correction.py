@@ -298,6 +298,14 @@ def importance_weights(
     after the band; 0 for truncation), the per-sequence means of ``rho``
     (``rollout_is_seq_mean``, ``_std``, ``_min``, ``_max``, ``_max_deviation`` = max |mean - 1|),
     and with batch normalisation ``rollout_is_batch_norm_factor``.
+
+    Deviations from verl: (1) the ``"lo_hi"`` band (IcePop masking) is grpo_dist's: verl's
+    ``rollout_is_threshold`` is one truncation bound. (2) At the sequence level every metric is a
+    mean over response TOKENS, each carrying its row's ratio (verl counts sequences, empty rows
+    included, for ``_ratio_fraction_high/_low``, and takes ``_min``/``_max`` from the unclamped
+    log-ratio sums): token means are what the bypass-mode loss can combine over micro-batches.
+    (3) Rows without response tokens are left out of the ``rollout_is_seq_*`` metrics (verl averages
+    them in as 0). verl's ``rollout_is_seq_fraction_high/_low`` are not reported.
     """
     _check(log_ratio_BT, mask_BT)
     if level not in IS_LEVELS:
@@ -370,6 +378,11 @@ def rejection_mask(
     ``rollout_rs_{opt}_masked_fraction`` (response tokens it rejects),
     ``rollout_rs_{opt}_seq_masked_fraction`` (rows with a token it rejects); and over all criteria
     ``rollout_rs_masked_fraction`` and ``rollout_rs_seq_masked_fraction``.
+
+    Deviations from verl: the sequence fractions are over rows with response tokens (verl divides
+    ``rollout_rs_seq_masked_fraction`` by all rows), and a sequence statistic's mean divides by the
+    row's token count (verl adds 1e-8). verl's per-option ``_std``, ``_fraction_high/_low`` and
+    ``_seq_*`` metrics are not reported.
     """
     _check(log_ratio_BT, mask_BT)
     m_BT = mask_BT.to(torch.float32)
@@ -432,6 +445,10 @@ def mismatch_metrics(
         chi2_seq         = mean_rows(exp(2 * sum_t r)) - 1      (r and its sums clamped to [-20, 20])
 
     Returns 0-dim tensors; ``{}`` when the mask is empty.
+
+    Deviations from verl: rows without response tokens are left out of the per-row means (verl
+    counts such a row with perplexity 1, log-ppl 0 and sequence ratio 1), and ``k3_kl`` uses ``r``
+    clamped to [-20, 20] as the chi-square terms do (verl's ``k3_kl`` does not clamp).
     """
     _check(old_logp_BT - rollout_logp_BT, mask_BT)
     m_BT = mask_BT.to(torch.float32)

@@ -283,6 +283,22 @@ def rollout_log_probs(cfg: GRPOConfig) -> bool:
     return cfg.actor_rollout_ref.rollout.calculate_log_probs or rollout_correction(cfg).changes_training
 
 
+def on_policy(cfg: GRPOConfig) -> bool:
+    """Whether the update is one optimizer step on fresh samples (one mini-batch, one epoch, no KL in
+    the reward, not bypass mode): then the old policy IS the current one (ratio 1) and the actor needs
+    no old log-probs."""
+    return (step_shape(cfg).num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
+            and not cfg.algorithm.use_kl_in_reward and not rollout_correction(cfg).bypass)
+
+
+def old_log_prob_forward(cfg: GRPOConfig) -> bool:
+    """Whether a step runs the actor's old-log-prob forward (``timing_s/old_log_prob``): off-policy
+    updates need it; on-policy ones too when the rollout returns its log-probs, to compare them with
+    the trainer's (``training/rollout_probs_diff_*``, ``rollout_corr/*``) and for the rollout
+    correction. Never in bypass mode (the rollout's log-probs stand in)."""
+    return not rollout_correction(cfg).bypass and (not on_policy(cfg) or rollout_log_probs(cfg))
+
+
 def train_sampling(cfg: GRPOConfig, seed: int | None = None) -> SamplingSettings:
     r = cfg.actor_rollout_ref.rollout
     return SamplingSettings(

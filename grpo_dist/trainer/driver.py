@@ -76,9 +76,7 @@ class GRPOTrainer:
         self.stop = stop if stop is not None else StopSignal(out_dir=str(self.out_dir))
         self.rc, self.sampling, self.overlong = p.rollout_correction, p.step_sampling, p.overlong
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
-        self.on_policy = (self.shape.num_mini_batches == 1 and p.actor_epochs == 1
-                          and not p.use_kl_in_reward and not self.rc.bypass)
-        self.old_logp_forward = not self.rc.bypass and (not self.on_policy or p.rollout_log_probs)
+        self.on_policy, self.old_logp_forward = p.on_policy, p.old_logp_forward
 
     # ================================================================ set-up / tear-down
     def start_workers(self) -> None:

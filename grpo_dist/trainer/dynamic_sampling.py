@@ -172,6 +172,12 @@ class DynamicSampling:
             take = (n_kept // unit) * unit
             if take > 0:
                 out = _first_groups(Batch.concat(kept), take)
+            elif n_groups < unit:  # not even one mini-batch was generated: nothing could be trained on
+                raise DynamicSamplingError(
+                    f"dynamic sampling generated {n_groups} prompts in {k} generation batches "
+                    f"(algorithm.filter_groups.max_num_gen_batches={k}, data.gen_batch_size), fewer than one PPO "
+                    f"mini-batch (actor_rollout_ref.actor.ppo_mini_batch_size={unit}): raise max_num_gen_batches or "
+                    "data.gen_batch_size")
             else:  # fewer than one mini-batch with spread: top up with groups without
                 out = Batch.concat([Batch.concat(kept), _first_groups(Batch.concat(dropped), unit - n_kept)])
         n_train = len(_group_rows(out["uid"]))

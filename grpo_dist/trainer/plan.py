@@ -142,6 +142,10 @@ class DriverPlan:
     use_kl_loss: bool
     rollout_correction: RolloutCorrectionParams
     rollout_log_probs: bool
+    on_policy: bool
+    """One optimizer step on fresh samples: no old log-probs needed (``build.on_policy``)."""
+    old_logp_forward: bool
+    """Whether a step runs the actor's old-log-prob forward (``build.old_log_prob_forward``)."""
     overlong: OverlongBuffer | None
     # forwards and updates
     old_logp_batching: tuple[int | None, int | None]
@@ -216,6 +220,8 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         use_kl_loss=actor.use_kl_loss,
         rollout_correction=build.rollout_correction(cfg),
         rollout_log_probs=build.rollout_log_probs(cfg),
+        on_policy=build.on_policy(cfg),
+        old_logp_forward=build.old_log_prob_forward(cfg),
         overlong=overlong_buffer(cfg),
         old_logp_batching=build.forward_batching(rollout, shape.world_size),
         ref_logp_batching=build.forward_batching(arr.ref, shape.world_size),

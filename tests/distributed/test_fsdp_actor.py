@@ -1,5 +1,6 @@
-"""FSDP2 actor and reference on gloo: update invariance (micro-batches, ranks), log-probs against a
-plain Hugging Face forward, full state dicts, sharded checkpoints, the HF export, the KL loss.
+"""FSDP2 actor and reference on gloo: update invariance (micro-batches, ranks; every aggregation mode
+and every policy-loss mode that allows it), log-probs against a plain Hugging Face forward, full state
+dicts, sharded checkpoints, the HF export, the KL loss.
 
 Two spawned jobs do the work (one with 2 ranks, one with 1 rank) and return plain results; the tests
 below assert on them. Module-scoped fixtures run each job once.
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_dist.core.losses import LOSS_AGG_MODES
+from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
 from tests.distributed._dist_helpers import make_batch, noise, rows, run_ranks
 
 T = 0.7  # sampling temperature used everywhere: logits must be divided by it
@@ -24,6 +25,44 @@ T = 0.7  # sampling temperature used everywhere: logits must be divided by it
 LR = 1e-5
 BASE_LOGP = -math.log(64.0)  # the untrained model is close to uniform over the 64-token vocabulary
 MODES_ABC = ("token-mean", "seq-mean-token-mean")
+
+# Policy-loss modes whose update cannot be micro-batch or rank invariant, and why. Every other
+# built-in mode is in LOSS_MODE_CASES (a test checks that the two lists cover the registry).
+NOT_INVARIANT = {
+    "clip_cov": "chooses the tokens whose gradient is cut by a covariance computed over the rows of one "
+                "call, a count of tokens of that call, and a random draw: all change with the micro-batch",
+    "kl_cov": "penalises the top-k tokens of a covariance ranking over the rows of one call: the ranking "
+              "and k change with the micro-batch",
+}
+
+
+def loss_mode_settings(case: str) -> dict:
+    """ActorSettings fields of a loss-mode case ('<mode>' or 'bypass_mode/<loss_type>'). Bypass mode
+    gets token importance weights and a per-row rejection (both invariant); its batch-normalised
+    weights would not be (a mean over the call's rows) and are not used."""
+    from grpo_dist.core.rollout_correction import RejectionCriterion, RolloutCorrectionParams
+
+    mode, _, loss_type = case.partition("/")
+    if mode != "bypass_mode":
+        return dict(loss_mode=mode, clip_ratio_high=0.28)
+    rc = RolloutCorrectionParams(is_level="token", is_lower=0.8, is_upper=1.25, bypass=True, loss_type=loss_type,
+                                 rejection=(RejectionCriterion("seq_mean_k1", 0.95, 1.05),))
+    return dict(loss_mode=mode, rollout_correction=rc)
+
+
+LOSS_MODE_CASES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "bypass_mode/ppo_clip", "bypass_mode/reinforce")
+LOSS_MODE_CUTS = {
+    "micro1": dict(ppo_micro_batch_size_per_gpu=1),
+    "dynamic_packed": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, use_remove_padding=True),
+}
+
+
+def loss_mode_batch(case: str, data: dict) -> dict:
+    """The update batch of a case: with rollout importance weights for the modes that take them (bypass
+    mode computes its own; its old_log_probs stand for the rollout's log-probs)."""
+    if case.startswith("bypass_mode"):
+        return data
+    return dict(data, rollout_is_weights=(0.5 + noise(31, (8, 8), 1.0).abs().clamp(max=1.0)) * data["response_mask"])
 
 
 def settings(**overrides):
@@ -55,11 +94,11 @@ def full_params(actor) -> dict[str, torch.Tensor]:
     return {name: p.full_tensor().detach().clone() for name, p in actor.model.named_parameters()}
 
 
-def cross_rank_config(mode: str, world_size: int):
+def cross_rank_config(mode: str, world_size: int, **extra):
     """Same update on 1 and 2 ranks: 2 mini-batches, 2 epochs, KL loss and entropy bonus on.
     1 rank cuts padded micro-batches of 1 row; 2 ranks cut by token budget and run packed forwards
     (use_remove_padding)."""
-    common = dict(loss_agg_mode=mode, ppo_epochs=2, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01)
+    common = dict(loss_agg_mode=mode, ppo_epochs=2, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, **extra)
     if world_size == 1:
         return settings(ppo_mini_batch_size_per_gpu=4, ppo_micro_batch_size_per_gpu=1, **common)
     return settings(
@@ -102,6 +141,13 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
         actor = make(cross_rank_config(mode, world_size))
         metrics = actor.update_policy(sharded_rows(data, num_mini_batches=2, rank=rank, world_size=world_size))
         out["cross"][mode] = {"metrics": metrics, "params": actor.state_dict_for_sync()}
+    # every invariant policy-loss mode: the 2-rank side of the cross-rank comparison
+    out["loss_modes"] = {}
+    for case in LOSS_MODE_CASES:
+        actor = make(cross_rank_config("token-mean", world_size, **loss_mode_settings(case)))
+        metrics = actor.update_policy(sharded_rows(loss_mode_batch(case, data), num_mini_batches=2, rank=rank,
+                                                   world_size=world_size))
+        out["loss_modes"][case] = {"metrics": metrics, "params": actor.state_dict_for_sync()}
     # the same update with trainer.balance_batch's reordering (rows move only inside their mini-batch)
     from grpo_dist.training.micro_batches import balanced_shard_order
 
@@ -228,7 +274,7 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
         "dynamic_packed": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, use_remove_padding=True),
     }
     out["invariance"] = {}
-    for mode in LOSS_AGG_MODES:
+    for mode in ALL_LOSS_AGG_MODES:
         for cut, kw in cuts.items():
             actor = make(settings(loss_agg_mode=mode, ppo_mini_batch_size_per_gpu=8, use_kl_loss=True, **kw))
             metrics = actor.update_policy(data)
@@ -240,6 +286,16 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
         actor = make(cross_rank_config(mode, world_size))
         out["cross"][mode] = {"metrics": actor.update_policy(data), "params": actor.state_dict_for_sync()}
     out["shuffled"] = shuffled_update(make, data, world_size, rank)
+
+    # every invariant policy-loss mode: micro-batch cuts, and the 1-rank side of the cross-rank comparison
+    out["loss_modes"] = {}
+    for case in LOSS_MODE_CASES:
+        batch = loss_mode_batch(case, data)
+        for cut, kw in LOSS_MODE_CUTS.items():
+            actor = make(settings(ppo_mini_batch_size_per_gpu=8, use_kl_loss=True, **loss_mode_settings(case), **kw))
+            out["loss_modes"][(case, cut)] = {"metrics": actor.update_policy(batch), "params": actor.state_dict_for_sync()}
+        actor = make(cross_rank_config("token-mean", world_size, **loss_mode_settings(case)))
+        out["loss_modes"][(case, "cross")] = {"metrics": actor.update_policy(batch), "params": actor.state_dict_for_sync()}
 
     # (f) KL loss with ref_log_prob == old_log_probs == the current policy's log-probs
     kl_data = make_batch(5, rows=8)
@@ -379,7 +435,7 @@ def rel(a: float, b: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("mode", ALL_LOSS_AGG_MODES)
 def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mode):
     runs = {cut: r for (m, cut), r in one_rank["invariance"].items() if m == mode}
     ref = runs["micro1"]
@@ -396,8 +452,8 @@ def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mod
 
 def test_aggregation_modes_differ(one_rank):
     """The invariance test compares modes that really are different losses."""
-    norms = {m: one_rank["invariance"][(m, "micro1")]["metrics"]["actor/grad_norm"] for m in LOSS_AGG_MODES}
-    assert len({round(v, 6) for v in norms.values()}) == len(LOSS_AGG_MODES), norms
+    norms = {m: one_rank["invariance"][(m, "micro1")]["metrics"]["actor/grad_norm"] for m in ALL_LOSS_AGG_MODES}
+    assert len({round(v, 6) for v in norms.values()}) == len(ALL_LOSS_AGG_MODES), norms
 
 
 @pytest.mark.parametrize("mode", MODES_ABC)
@@ -411,6 +467,46 @@ def test_two_ranks_equal_one_rank(one_rank, two_rank, initial_weights, mode):
     assert single["metrics"]["actor/pg_clipfrac"] > 0, "the data should clip some ratios"
     assert max_param_diff(r0["params"], single["params"]) < 1e-6
     assert max_param_diff(r0["params"], initial_weights) > 5e-6
+
+
+def test_loss_mode_cases_cover_every_builtin_mode():
+    from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES
+
+    covered = {case.partition("/")[0] for case in LOSS_MODE_CASES}
+    assert covered | set(NOT_INVARIANT) == set(BUILTIN_POLICY_LOSSES), "a new mode must be tested or excluded (with why)"
+    assert not covered & set(NOT_INVARIANT)
+
+
+@pytest.mark.parametrize("case", LOSS_MODE_CASES)
+def test_every_invariant_loss_mode_gives_the_same_update_for_any_micro_batches_and_ranks(
+        one_rank, two_rank, initial_weights, case):
+    runs = one_rank["loss_modes"]
+    ref = runs[(case, "micro1")]
+    assert ref["metrics"]["actor/grad_norm"] > 1e-3
+    keys = [k for k in ref["metrics"] if k not in ("actor/lr", "actor/grad_norm_nonfinite_count")]
+    for cut in LOSS_MODE_CUTS:
+        got = runs[(case, cut)]
+        assert max_param_diff(got["params"], ref["params"]) < 1e-6, cut
+        for key in keys:
+            assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), (cut, key)
+    assert max_param_diff(ref["params"], initial_weights) > 5e-6
+    # 1 rank (micro-batches of 1 row) vs 2 ranks (token budget, shuffled, packed): 2 mini-batches, 2 epochs
+    single = runs[(case, "cross")]
+    r0, r1 = (r["loss_modes"][case] for r in two_rank["ranks"])
+    assert r0["metrics"] == r1["metrics"]
+    for key in keys:
+        assert r0["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5, abs=1e-7), key
+    assert max_param_diff(r0["params"], single["params"]) < 1e-6
+    if case.startswith("bypass_mode"):  # the correction did something: some rows rejected, some weights truncated
+        m = single["metrics"]
+        assert 0 < m["actor/rollout_corr/rollout_rs_masked_fraction"] < 1, m
+        assert m["actor/rollout_corr/rollout_is_ratio_fraction_high"] > 0, m
+
+
+def test_loss_modes_are_different_updates(one_rank):
+    """The invariance test compares modes that really are different losses."""
+    norms = {case: one_rank["loss_modes"][(case, "micro1")]["metrics"]["actor/grad_norm"] for case in LOSS_MODE_CASES}
+    assert len({round(v, 6) for v in norms.values()}) == len(LOSS_MODE_CASES), norms
 
 
 def test_balanced_rank_shards_give_the_same_update(one_rank, two_rank):

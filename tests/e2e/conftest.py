@@ -28,6 +28,15 @@ def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     return out, proc
 
 
+@pytest.fixture(scope="session")
+def embedded_model(tmp_path_factory) -> Path:
+    """The embedded base model (warmed up on the reverse task), built once per session into a fresh
+    cache and shared by the modules that train it."""
+    from grpo_dist.tasks.reverse import ensure_model
+
+    return ensure_model(tmp_path_factory.mktemp("grpo_dist_cache"))
+
+
 def epoch_data(data: dict, where: Path) -> dict:
     """8 training prompts: with 4 per step an epoch is 2 steps, so step 2 is an epoch boundary."""
     import pyarrow.parquet as pq

@@ -76,14 +76,6 @@ def ppo_args(model: Path, data: dict, out: Path, steps: int = STEPS) -> list[str
 
 
 @pytest.fixture(scope="module")
-def embedded_model(tmp_path_factory) -> Path:
-    """The embedded base model (warmed up on the reverse task), built into a fresh cache."""
-    from grpo_dist.tasks.reverse import ensure_model
-
-    return ensure_model(tmp_path_factory.mktemp("grpo_dist_cache"))
-
-
-@pytest.fixture(scope="module")
 def ppo_run(embedded_model, reverse_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("ppo") / "run"
     t0 = time.time()

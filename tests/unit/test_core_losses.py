@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grpo_dist.core import (
+    ALL_LOSS_AGG_MODES,
     LOSS_AGG_MODES,
     AggSpec,
     agg_loss,
@@ -59,6 +60,8 @@ def test_agg_loss_hand_computed_local_counts():
     # (3 + 4)/(C * 2) with C = 4; C defaults to T = 3
     assert agg_loss(loss, mask, AggSpec("seq-mean-token-sum-norm", norm_constant=4)).item() == pytest.approx(0.875)
     assert agg_loss(loss, mask, AggSpec("seq-mean-token-sum-norm")).item() == pytest.approx(7 / 6)
+    # token-sum: no normaliser, 1 + 2 + 4
+    assert agg_loss(loss, mask, AggSpec("token-sum")).item() == pytest.approx(7.0)
 
 
 def test_agg_loss_hand_computed_global_counts():
@@ -69,11 +72,45 @@ def test_agg_loss_hand_computed_global_counts():
     assert agg_loss(loss, mask, AggSpec("seq-mean-token-mean", global_seqs=4)).item() == pytest.approx(1.375)  # 5.5/4
     spec = AggSpec("seq-mean-token-sum-norm", global_seqs=4, norm_constant=4)
     assert agg_loss(loss, mask, spec).item() == pytest.approx(0.4375)  # 7/16
+    # token-sum has no count to take: still 1 + 2 + 4, and every token's gradient is 1
+    x = loss.clone().requires_grad_(True)
+    out = agg_loss(x, mask, AggSpec("token-sum", global_tokens=10, global_seqs=4))
+    (g,) = torch.autograd.grad(out, x)
+    assert out.item() == pytest.approx(7.0)
+    torch.testing.assert_close(g, mask)
+
+
+def agg_loop(loss, mask, mode, n_tok, n_seq, C):
+    """agg_loss and its gradient from the definitions, one sequence and one token at a time."""
+    L, M = loss.tolist(), mask.tolist()
+    value, grad = 0.0, [[0.0] * len(L[0]) for _ in L]
+    for i in range(len(L)):
+        toks = [j for j, m in enumerate(M[i]) if m != 0]
+        for j in toks:
+            w = {"token-mean": 1 / n_tok, "token-sum": 1.0, "seq-mean-token-sum": 1 / n_seq,
+                 "seq-mean-token-mean": 1 / (len(toks) * n_seq), "seq-mean-token-sum-norm": 1 / (C * n_seq)}[mode]
+            value += L[i][j] * M[i][j] * w
+            grad[i][j] = M[i][j] * w
+    return value, grad
+
+
+@pytest.mark.parametrize("mode", ALL_LOSS_AGG_MODES)
+def test_agg_loss_matches_a_plain_loop(mode):
+    gen = torch.Generator().manual_seed(3)
+    loss = torch.randn(6, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([5, 0, 2, 1, 4, 3])
+    mask = (torch.arange(5)[None, :] < lengths[:, None]).double()
+    spec = AggSpec(mode, global_tokens=23.0, global_seqs=7.0, norm_constant=6.0)  # a larger mini-batch's counts
+    out = agg_loss(loss, mask, spec)
+    (g,) = torch.autograd.grad(out, loss)
+    want, want_grad = agg_loop(loss, mask, mode, 23.0, 7.0, 6.0)
+    assert out.item() == pytest.approx(want, rel=1e-12)
+    torch.testing.assert_close(g, torch.tensor(want_grad, dtype=torch.float64))
 
 
 def test_agg_loss_bool_mask_and_float32():
     loss, mask = hand_batch()
-    for mode in LOSS_AGG_MODES:
+    for mode in ALL_LOSS_AGG_MODES:
         a = agg_loss(loss.float(), mask.bool(), AggSpec(mode))
         b = agg_loss(loss, mask, AggSpec(mode))
         assert a.dtype == torch.float32
@@ -83,14 +120,14 @@ def test_agg_loss_bool_mask_and_float32():
 def test_agg_loss_zero_counts_give_zero_not_nan():
     loss = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     mask = torch.zeros(3, 4)
-    for mode in LOSS_AGG_MODES:
+    for mode in ALL_LOSS_AGG_MODES:
         for spec in (AggSpec(mode), AggSpec(mode, global_tokens=0.0, global_seqs=0.0)):
             out = agg_loss(loss, mask, spec)
             assert out.item() == 0.0, mode
             (g,) = torch.autograd.grad(out, loss)
             assert torch.equal(g, torch.zeros_like(g)), mode
     # an empty piece of a non-empty mini-batch contributes exactly 0
-    for mode in LOSS_AGG_MODES:
+    for mode in ALL_LOSS_AGG_MODES:
         assert agg_loss(loss, mask, AggSpec(mode, global_tokens=5, global_seqs=2)).item() == 0.0
 
 
@@ -135,7 +172,7 @@ def loss_and_grad(logp, old, adv, mask, pieces, spec_for):
     return total.detach(), grad
 
 
-@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("mode", ALL_LOSS_AGG_MODES)
 def test_agg_loss_and_grad_invariant_to_micro_batches_and_shards(mode):
     logp, old, adv, mask = invariance_batch()
     B = logp.shape[0]
@@ -162,7 +199,10 @@ def test_agg_loss_and_grad_invariant_to_micro_batches_and_shards(mode):
     torch.testing.assert_close(sh_loss, whole_loss, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(sh_grad, whole_grad, rtol=1e-12, atol=1e-12)
 
-    # sanity of the test itself: with LOCAL counts per piece the sum is NOT the whole
+    # sanity of the test itself: with LOCAL counts per piece the sum is NOT the whole (token-sum has no
+    # count, so for it there is nothing to get wrong)
+    if mode == "token-sum":
+        return
     loc_loss, loc_grad = loss_and_grad(logp, old, adv, mask, pieces, lambda rows: AggSpec(mode, norm_constant=12.0))
     assert not torch.allclose(loc_grad, whole_grad, rtol=1e-6, atol=1e-9)
 

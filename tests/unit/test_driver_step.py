@@ -1,0 +1,161 @@
+"""One driver step (GRPOTrainer.train_step) with stand-in worker groups: which forwards run and what
+reaches the metrics and the actor for on-policy, off-policy, rollout-correction and bypass steps.
+
+The stand-ins replace the generation-and-scoring stage and the actor and rollout groups only; the
+step's recipe (old log-probs, mismatch metrics, rollout correction, advantages, the update's keys)
+runs as it does in a real run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo_dist.batch import Batch
+from grpo_dist.trainer import build
+from grpo_dist.trainer.driver import GRPOTrainer
+from grpo_dist.workers.common import Timed
+
+P, R = 2, 3
+ROLLOUT_P, ACTOR_P = 0.5, 0.4  # the engine's and the trainer's probability of every sampled token
+
+
+def config(*overrides: str):
+    from grpo_dist.config.loader import compose, to_typed
+    from grpo_dist.config.validate import validate_config
+
+    base = ["data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "data.max_response_length=3",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.use_kl_loss=false",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2"]
+    cfg = to_typed(compose(base + list(overrides)), base + list(overrides))
+    validate_config(cfg, check_paths=False)
+    return cfg
+
+
+class TrainData:
+    """The training set as the trainer's constructor sees it: a size and a pad id."""
+
+    pad_id = 0
+
+    def __len__(self) -> int:
+        return 16
+
+
+class ActorGroup:
+    """Answers compute_log_prob with log(ACTOR_P) on every position and records update_policy's rows."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.update_rows: dict[str, torch.Tensor] = {}
+
+    def call(self, method, *args, per_rank):
+        self.calls.append(method)
+        if method == "compute_log_prob":
+            return [Timed((torch.full((len(rows["responses"]), R), math.log(ACTOR_P)), None), 0.01)
+                    for rows, *_ in per_rank]
+        assert method == "update_policy", method
+        (rows,) = per_rank[0]
+        self.update_rows = rows
+        return [Timed({"actor/pg_loss": 0.0}, 0.02)]
+
+
+class RolloutGroup:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def call(self, method, *args, **kwargs):
+        self.calls.append(method)
+        return []
+
+
+def scored_rollout(cfg):
+    """Generation batch k, scored: 2 prompts x 2 responses; the engine's log-probs only when the
+    step's sampling settings ask for them (as the real engine does)."""
+
+    def fake(items, k, timer):
+        mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+        scores = torch.tensor([1.0, 0.0, 0.0, 1.0])
+        tls = torch.zeros(4, R)
+        for i in range(4):
+            tls[i, int(mask[i].sum()) - 1] = scores[i]
+        tensors = {
+            "prompts": torch.ones(4, P, dtype=torch.long), "responses": torch.ones(4, R, dtype=torch.long),
+            "input_ids": torch.ones(4, P + R, dtype=torch.long),
+            "attention_mask": torch.cat([torch.ones(4, P), mask], -1).long(),
+            "position_ids": torch.arange(P + R).expand(4, P + R).contiguous(),
+            "response_mask": mask, "scores": scores, "token_level_scores": tls,
+        }
+        if build.train_sampling(cfg).logprobs:
+            tensors["rollout_log_probs"] = torch.full((4, R), math.log(ROLLOUT_P)) * mask
+        return Batch.from_dict(tensors, {"uid": ["p0", "p0", "p1", "p1"]}), {}
+
+    return fake
+
+
+def step(tmp_path, *overrides):
+    cfg = config(*overrides)
+    trainer = GRPOTrainer(cfg, model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
+                          val_data=None, device="cpu", out_dir=str(tmp_path))
+    trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
+    trainer.scored_rollout = scored_rollout(cfg)
+    trainer.sync = lambda: {}
+    metrics = trainer.train_step([{}, {}])
+    return trainer, metrics
+
+
+DIFF = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "training/rollout_probs_diff_std")
+
+
+def test_on_policy_step_with_rollout_log_probs_compares_them_with_the_trainers(tmp_path):
+    cfg = config("actor_rollout_ref.rollout.calculate_log_probs=true")
+    assert build.on_policy(cfg) and build.old_log_prob_forward(cfg)
+    trainer, m = step(tmp_path, "actor_rollout_ref.rollout.calculate_log_probs=true")
+    assert trainer.actor.calls == ["compute_log_prob", "update_policy"]
+    # |0.5 - 0.4| on every response token
+    assert [m[k] for k in DIFF] == pytest.approx([0.1, 0.1, 0.0], abs=1e-6)
+    assert m["timing_s/old_log_prob"] >= 0 and "timing_s/old_log_prob/worker" in m
+    assert m["rollout_corr/kl"] == pytest.approx(math.log(ROLLOUT_P / ACTOR_P), rel=1e-5)
+    # still an on-policy update: the actor is not sent old log-probs, and no weights
+    assert "old_log_probs" not in trainer.actor.update_rows and "rollout_is_weights" not in trainer.actor.update_rows
+
+
+def test_on_policy_step_without_rollout_log_probs_skips_the_forward(tmp_path):
+    assert not build.old_log_prob_forward(config())
+    trainer, m = step(tmp_path)
+    assert trainer.actor.calls == ["update_policy"]
+    assert not any(k in m for k in DIFF) and "timing_s/old_log_prob" not in m
+    assert not any(k.startswith("rollout_corr/") for k in m)
+
+
+def test_off_policy_step_runs_the_forward_and_sends_old_log_probs(tmp_path):
+    over = ["actor_rollout_ref.actor.ppo_epochs=2"]  # a second pass over the batch: off-policy
+    assert not build.on_policy(config(*over)) and build.old_log_prob_forward(config(*over))
+    assert not build.on_policy(config("data.train_batch_size=4"))  # so are 2 mini-batches
+    trainer, m = step(tmp_path, *over)
+    assert trainer.actor.calls == ["compute_log_prob", "update_policy"]
+    torch.testing.assert_close(trainer.actor.update_rows["old_log_probs"], torch.full((4, R), math.log(ACTOR_P)))
+    assert not any(k in m for k in DIFF)  # no rollout log-probs to compare with
+
+
+def test_truncated_importance_sampling_turns_the_rollout_log_probs_on_and_weights_the_update(tmp_path):
+    over = ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"]
+    assert build.rollout_log_probs(config(*over)) and build.old_log_prob_forward(config(*over))
+    trainer, m = step(tmp_path, *over)
+    assert trainer.actor.calls == ["compute_log_prob", "update_policy"]
+    assert [m[k] for k in DIFF] == pytest.approx([0.1, 0.1, 0.0], abs=1e-6)
+    # w = min(pi_old / pi_rollout, 2) = 0.8 on response tokens, 0 elsewhere
+    rows = trainer.actor.update_rows
+    torch.testing.assert_close(rows["rollout_is_weights"], 0.8 * rows["response_mask"])
+    assert m["rollout_corr/rollout_is_mean"] == pytest.approx(0.8)
+
+
+def test_bypass_mode_uses_the_rollout_log_probs_as_the_old_ones(tmp_path):
+    over = ["algorithm.rollout_correction.bypass_mode=true"]
+    assert not build.on_policy(config(*over)) and not build.old_log_prob_forward(config(*over))
+    trainer, m = step(tmp_path, *over)
+    assert trainer.actor.calls == ["update_policy"]
+    rows = trainer.actor.update_rows
+    torch.testing.assert_close(rows["old_log_probs"], math.log(ROLLOUT_P) * rows["response_mask"])
+    assert not any(k in m for k in DIFF)
