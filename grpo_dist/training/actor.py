@@ -188,6 +188,8 @@ class FSDPActor:
             temperature=self.settings.temperature if temperature is None else temperature,
             compute_entropy=compute_entropy,
             remove_padding=self.settings.use_remove_padding,
+            fused=self.settings.use_fused_kernels,
+            logits_chunk_size=self.settings.logprob_chunk_size,
         )
 
     def update_policy(self, data: Mapping[str, torch.Tensor]) -> dict[str, float]:

@@ -52,7 +52,8 @@ from grpo_dist.training import checkpoint_io
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
-from grpo_dist.training.policy import require_keys, trim_padding_columns
+from grpo_dist.training.model_forward import forward_at, response_positions, to_response_grid
+from grpo_dist.training.policy import require_keys
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, CriticSettings
 
 __all__ = ["FSDPCritic", "forward_values", "VALUE_HEAD_CONFIG"]
@@ -68,37 +69,33 @@ def forward_values(
     position_ids: torch.Tensor,
     *,
     response_length: int,
+    remove_padding: bool = False,
 ) -> torch.Tensor:
     """Value of each response token: the head's output at the position that predicts the token.
 
     Shapes: input_ids, attention_mask, position_ids [B, P+R] -> values_BR [B, R] float32 (the head's
-    output at positions ``P-1 .. P+R-2``). Padding columns no row attends to are trimmed before the
-    forward; response positions past the last attended column get 0. Gradients flow under grad mode.
+    output at positions ``P-1 .. P+R-2``); positions that are not real response tokens hold 0. The
+    model runs through the shared forward (:func:`grpo_dist.training.model_forward.forward_at`):
+    padded, or packed with ``remove_padding``, and the head only at the response positions.
+    Gradients flow under grad mode.
     """
     if input_ids.shape != attention_mask.shape or input_ids.shape != position_ids.shape:
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
             f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
         )
+    B, total = input_ids.shape
     R = response_length
-    if not 0 < R < input_ids.shape[1]:
-        raise ValueError(f"response_length {R} must be in (0, {input_ids.shape[1]})")
-    start, kept = trim_padding_columns(attention_mask, R)
-    end = input_ids.shape[1] - R + kept
+    row_M, col_M = response_positions(attention_mask, R)
+    if row_M.numel() == 0:
+        return torch.zeros(B, R, device=input_ids.device)
     with warnings.catch_warnings():
         # the token-classification head's output is a view; FSDP2 warns that an in-place op on it
         # would skip its backward hook, and nothing here modifies it in place
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-        out = model(
-            input_ids=input_ids[:, start:end],
-            attention_mask=attention_mask[:, start:end],
-            position_ids=position_ids[:, start:end],
-            use_cache=False,
-        )
-    values_BK = out.logits[:, -(kept + 1) : -1, 0].float()
-    if kept < R:
-        values_BK = nn.functional.pad(values_BK, (0, R - kept))
-    return values_BK
+        out_M1 = forward_at(model, input_ids, attention_mask, position_ids, row_M, total - R - 1 + col_M,
+                            remove_padding=remove_padding)
+    return to_response_grid(out_M1[:, 0].float(), row_M, col_M, B, R)
 
 
 class FSDPCritic:
@@ -205,7 +202,7 @@ class FSDPCritic:
         for idx in mbs:
             mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows({k: data[k] for k in FORWARD_KEYS}, idx).items()}
             pieces.append(forward_values(self.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
-                                         response_length=R).cpu())
+                                         response_length=R, remove_padding=s.use_remove_padding).cpu())
         values_BR = restore_order(pieces, mbs)
         mask_BR = data["response_mask"].to(values_BR.dtype)
         return torch.where(mask_BR != 0, values_BR * mask_BR, torch.zeros_like(values_BR))
@@ -279,7 +276,8 @@ class FSDPCritic:
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
             mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
             mask = mb["response_mask"]
-            vpreds = forward_values(self.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length=R)
+            vpreds = forward_values(self.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length=R,
+                                    remove_padding=s.use_remove_padding)
             loss, metrics = value_loss(vpreds, mb["values"].float(), mb["returns"].float(), mask,
                                        cliprange_value=s.cliprange_value, agg=spec)
             (loss * self.world_size).backward()

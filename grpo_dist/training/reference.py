@@ -41,6 +41,8 @@ class FSDPReference:
         attn_implementation: str = "auto",
         trust_remote_code: bool = False,
         use_remove_padding: bool = False,
+        use_fused_kernels: bool = False,
+        logprob_chunk_size: int | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("FSDPReference needs torch.distributed initialised (init_process_group) first")
@@ -56,6 +58,8 @@ class FSDPReference:
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
             use_remove_padding=use_remove_padding,
+            use_fused_kernels=use_fused_kernels,
+            logprob_chunk_size=logprob_chunk_size,
         )
         self.rank, self.world_size = rank, world_size
         self.device = to_torch_device(device)
@@ -98,5 +102,7 @@ class FSDPReference:
             temperature=temperature,
             compute_entropy=False,
             remove_padding=self.settings.use_remove_padding,
+            fused=self.settings.use_fused_kernels,
+            logits_chunk_size=self.settings.logprob_chunk_size,
         )
         return logp

@@ -129,6 +129,12 @@ class ActorSettings:
     use_remove_padding: bool = False
     """Run every forward on the real tokens only, packed into one row with per-sequence position ids
     (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""
+    use_fused_kernels: bool = False
+    """Log-probs and entropy straight from the hidden states and the output layer, a chunk of
+    positions at a time, without forming the logits (grpo_dist/core/logprobs.py)."""
+    logprob_chunk_size: int | None = None
+    """Positions per chunk of the output layer's log-softmax (per matmul when fused); None: from the
+    vocabulary size."""
     reshard_after_forward: bool = True
     param_offload: bool = False
     """FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the CPU."""
@@ -148,6 +154,7 @@ class ActorSettings:
         positive("ppo_micro_batch_size_per_gpu", allow_none=True)
         positive("ppo_max_token_len_per_gpu")
         positive("ppo_epochs")
+        positive("logprob_chunk_size", allow_none=True)
         if self.loss_mode not in list_policy_losses():
             raise ValueError(
                 f"ActorSettings.loss_mode {self.loss_mode!r} is not a registered policy loss; "
@@ -211,9 +218,15 @@ class ReferenceSettings:
     use_remove_padding: bool = False
     """Run every forward on the real tokens only, packed into one row with per-sequence position ids
     (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""
+    use_fused_kernels: bool = False
+    """Log-probs without forming the logits (as :class:`ActorSettings`)."""
+    logprob_chunk_size: int | None = None
+    """Positions per chunk of the output layer's log-softmax; None: from the vocabulary size."""
 
     def __post_init__(self) -> None:
         to_dtype(self.param_dtype)
+        if self.logprob_chunk_size is not None and (not isinstance(self.logprob_chunk_size, int) or self.logprob_chunk_size < 1):
+            raise ValueError(f"ReferenceSettings.logprob_chunk_size must be an integer >= 1 or None, got {self.logprob_chunk_size!r}")
 
 
 @dataclass
@@ -268,6 +281,9 @@ class CriticSettings:
     override_config: dict | None = None
     """Fields set on the value model's Hugging Face config before it is built."""
     enable_gradient_checkpointing: bool = False
+    use_remove_padding: bool = False
+    """Run every value forward on the real tokens only, packed into one row with per-sequence
+    boundaries (verl's ``critic.model.use_remove_padding``; grpo_dist/training/model_forward.py)."""
     reshard_after_forward: bool = True
     param_offload: bool = False
     optimizer_offload: bool = False
