@@ -78,11 +78,23 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     path: str = F("builtin:tiny-reverse", "Hugging Face model directory (or hub-cache name) of the policy and reference")
-    enable_gradient_checkpointing: bool = F(True, "recompute activations in the backward pass to save memory")
+    enable_gradient_checkpointing: Any = F(
+        "auto",
+        "recompute activations in the backward pass to save memory: true | false | auto (on only when a micro-batch's "
+        "estimated activations would not fit in the rank's memory; the start-up line says what was chosen)",
+    )
     use_remove_padding: bool = F(
         True,
         "run the actor's and reference's forwards on the real tokens only, packed into one row per "
-        "micro-batch with per-sequence position ids (same results as the padded path, less compute)",
+        "micro-batch with per-sequence boundaries (same results as the padded path, less compute)",
+    )
+    use_fused_kernels: bool = F(
+        False,
+        "compute log-probs and entropy from the final hidden states and the output layer a chunk of positions at a "
+        "time, without forming the [tokens, vocabulary] logits (same results, less memory for large vocabularies)",
+    )
+    logprob_chunk_size: Optional[int] = F(
+        None, "positions per chunk of the output layer's log-softmax (per matmul with use_fused_kernels); null = chosen from the vocabulary size"
     )
     trust_remote_code: bool = F(False, "allow the model directory's own Python code to run when loading it")
     attn_implementation: str = F("auto", "attention kernel: auto (sdpa, or flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2")
@@ -134,7 +146,8 @@ class ActorConfig:
     strategy: str = F("fsdp2", "training backend: fsdp2 (fsdp is accepted as an alias)")
     ppo_mini_batch_size: int = F(16, "prompts per optimizer step (x rollout.n responses); a global size over all ranks")
     ppo_micro_batch_size_per_gpu: Optional[int] = F(
-        None, "responses per forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
+        None, "responses per forward/backward on one rank (a memory knob: the update does not depend on it); null = auto: the "
+        "whole mini-batch when its estimated activations fit in the rank's memory, else cut by a token budget that fits"
     )
     use_dynamic_bsz: bool = F(False, "cut micro-batches by token budget (ppo_max_token_len_per_gpu) instead of by count")
     ppo_max_token_len_per_gpu: int = F(16384, "token budget of one micro-batch when use_dynamic_bsz is on")
@@ -194,7 +207,10 @@ class RolloutConfig:
     response_length: int = II("data.max_response_length")
     dtype: str = F("auto", "engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
     gpu_memory_utilization: float = F(0.5, "fraction of device memory the engine may take")
-    kv_cache_gib: float = F(1.0, "KV-cache size in GiB on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_gib: Any = F(
+        "auto", "KV-cache size in GiB of each vLLM engine on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE), or auto: enough for a "
+        "rank's share of a step (x1.25) within 25 % of the node's available memory shared by its engines, at most 8 GiB"
+    )
     tensor_model_parallel_size: int = F(1, "tensor-parallel ranks per rollout engine (only 1 for now)")
     max_num_seqs: int = F(1024, "most sequences the engine batches at once")
     max_num_batched_tokens: int = F(8192, "most tokens the engine schedules in one iteration")
@@ -246,8 +262,13 @@ class CriticModelConfig:
     override_config: Dict[str, Any] = F(
         {}, "fields set on the value model's Hugging Face config before it is built (attn_implementation picks the attention kernel)"
     )
-    use_remove_padding: bool = F(False, "pack sequences without padding (accepted for verl compatibility; padded path used)")
-    enable_gradient_checkpointing: bool = F(True, "recompute the value model's activations in the backward pass to save memory")
+    use_remove_padding: bool = F(
+        True, "run the value model's forwards on the real tokens only, packed into one row per micro-batch (same results, less compute)"
+    )
+    enable_gradient_checkpointing: Any = F(
+        "auto", "recompute the value model's activations in the backward pass: true | false | auto (on only when a "
+        "micro-batch's estimated activations would not fit in the rank's memory)"
+    )
     trust_remote_code: bool = F(II("actor_rollout_ref.model.trust_remote_code"), "allow the value model directory's own Python code to run when loading it")
     fsdp_config: CriticFSDPConfig = S(
         CriticFSDPConfig, "FSDP2 settings of the value model, verl's early-2026 place for them (critic.fsdp is the current one; set either)"
@@ -288,7 +309,8 @@ class CriticConfig:
         "prompts per critic optimizer step (x rollout.n responses), a global size; default: the actor's",
     )
     ppo_micro_batch_size_per_gpu: Optional[int] = F(
-        None, "responses per critic forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
+        None, "responses per critic forward/backward on one rank (a memory knob: the update does not depend on it); null = auto, "
+        "as the actor's"
     )
     use_dynamic_bsz: bool = F(
         II("actor_rollout_ref.actor.use_dynamic_bsz"),
@@ -499,7 +521,11 @@ VERL_DEFAULT_DIFFERENCES = {
     "actor_rollout_ref.actor.strategy": "FSDP2 is the only backend (verl: fsdp)",
     "critic.strategy": "FSDP2 is the only backend (verl: fsdp)",
     "critic.model.path": "the actor's model (verl: ~/models/deepseek-llm-7b-chat)",
-    "critic.model.use_remove_padding": "the padded path (verl's current layout: true)",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": (
+        "auto: on only when the estimated activations would not fit (verl: true); the update is the same either way, "
+        "only memory and time differ; set true for verl's behaviour"
+    ),
+    "critic.model.enable_gradient_checkpointing": "auto, as the actor's (verl: true)",
     "actor_rollout_ref.rollout.n": "a GRPO group (verl: 1)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "one rank per engine (verl: 2)",
     "algorithm.adv_estimator": "GRPO (verl: gae)",

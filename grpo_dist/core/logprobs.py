@@ -184,8 +184,9 @@ class _LinearLogprobEntropy(torch.autograd.Function):
         es_M = torch.zeros_like(logp_M)
         for start in range(0, M, rows):
             z_CV = F.linear(hidden_MH[start:start + rows], weight_VH, bias_V)
-            for s0 in range(0, z_CV.shape[0], sub):
-                sl = slice(start + s0, start + s0 + sub)
+            C = z_CV.shape[0]
+            for s0 in range(0, C, sub):
+                sl = slice(start + s0, start + min(s0 + sub, C))
                 s_cV, lse_c, _, ps_cV = _softmax_terms(z_CV[s0:s0 + sub], temperature)
                 logp_M[sl] = s_cV.gather(-1, labels_M[sl].unsqueeze(-1)).squeeze(-1) - lse_c
                 lse_M[sl] = lse_c
@@ -209,8 +210,9 @@ class _LinearLogprobEntropy(torch.autograd.Function):
             h_CH = hidden_MH[start:start + rows]
             z_CV = F.linear(h_CH, weight_VH, bias_V)
             g_CV = torch.empty(z_CV.shape, dtype=torch.float32, device=z_CV.device)
-            for s0 in range(0, z_CV.shape[0], sub):
-                sl = slice(start + s0, start + s0 + sub)
+            C = z_CV.shape[0]
+            for s0 in range(0, C, sub):
+                sl = slice(start + s0, start + min(s0 + sub, C))
                 g_CV[s0:s0 + sub] = _grad_of_logits(
                     z_CV[s0:s0 + sub], labels_M[sl], None if g_logp_M is None else g_logp_M[sl],
                     None if g_entropy_M is None else g_entropy_M[sl], es_M[sl], ctx.temperature)

@@ -95,9 +95,10 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
     mini_per_gpu = a.ppo_mini_batch_size * shape.n // shape.world_size
     rc = rollout_correction(cfg)
     pl = a.policy_loss
+    r = cfg.actor_rollout_ref.rollout
     return ActorSettings(
         ppo_mini_batch_size_per_gpu=mini_per_gpu,
-        ppo_micro_batch_size_per_gpu=None if a.use_dynamic_bsz else a.ppo_micro_batch_size_per_gpu,
+        ppo_micro_batch_size_per_gpu=micro_batch(a.use_dynamic_bsz, a.ppo_micro_batch_size_per_gpu),
         use_dynamic_bsz=a.use_dynamic_bsz,
         ppo_max_token_len_per_gpu=a.ppo_max_token_len_per_gpu,
         ppo_epochs=a.ppo_epochs,
@@ -134,7 +135,11 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         reduce_dtype="float32",
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         enable_gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        max_seq_len=r.prompt_length + r.response_length,
+        max_response_len=r.response_length,
         use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        use_fused_kernels=cfg.actor_rollout_ref.model.use_fused_kernels,
+        logprob_chunk_size=cfg.actor_rollout_ref.model.logprob_chunk_size,
         reshard_after_forward=a.fsdp_config.reshard_after_forward,
         param_offload=a.fsdp_config.param_offload,
         optimizer_offload=a.fsdp_config.optimizer_offload,
@@ -151,7 +156,17 @@ def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
         use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        use_fused_kernels=cfg.actor_rollout_ref.model.use_fused_kernels,
+        logprob_chunk_size=cfg.actor_rollout_ref.model.logprob_chunk_size,
     )
+
+
+def micro_batch(use_dynamic_bsz: bool, size: int | None) -> int | str | None:
+    """The settings' micro-batch size of a ``ppo_micro_batch_size_per_gpu`` key: unused with
+    ``use_dynamic_bsz``; null means ``"auto"`` (grpo_dist.training.memory)."""
+    if use_dynamic_bsz:
+        return None
+    return "auto" if size is None else size
 
 
 def needs_critic(cfg: GRPOConfig) -> bool:
@@ -176,7 +191,7 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
     attn = override.pop("attn_implementation", cfg.actor_rollout_ref.model.attn_implementation)
     return CriticSettings(
         ppo_mini_batch_size_per_gpu=c.ppo_mini_batch_size * shape.n // shape.world_size,
-        ppo_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else c.ppo_micro_batch_size_per_gpu,
+        ppo_micro_batch_size_per_gpu=micro_batch(c.use_dynamic_bsz, c.ppo_micro_batch_size_per_gpu),
         use_dynamic_bsz=c.use_dynamic_bsz,
         ppo_max_token_len_per_gpu=c.ppo_max_token_len_per_gpu,
         forward_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else c.forward_micro_batch_size_per_gpu,
@@ -202,6 +217,9 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
         attn_implementation=attn,
         override_config=override,
         enable_gradient_checkpointing=c.model.enable_gradient_checkpointing,
+        max_seq_len=cfg.actor_rollout_ref.rollout.prompt_length + cfg.actor_rollout_ref.rollout.response_length,
+        max_response_len=cfg.actor_rollout_ref.rollout.response_length,
+        use_remove_padding=c.model.use_remove_padding,
         reshard_after_forward=fsdp.reshard_after_forward,
         param_offload=fsdp.param_offload,
         optimizer_offload=fsdp.optimizer_offload,
@@ -287,8 +305,9 @@ def needs_reference(cfg: GRPOConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
-    """Constructor arguments of the rollout engine named by actor_rollout_ref.rollout.name."""
+def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float | None = None) -> dict:
+    """Constructor arguments of the rollout engine named by actor_rollout_ref.rollout.name (``kv_gib``:
+    the CPU KV cache already chosen by :func:`kv_cache_gib`, else chosen here)."""
     r = cfg.actor_rollout_ref.rollout
     dtype = compute_dtype(r.dtype, device)
     if r.name == "hf":
@@ -303,8 +322,31 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
         max_num_batched_tokens=r.max_num_batched_tokens,
         enforce_eager=r.enforce_eager,
         enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
-        kv_cache_gib=r.kv_cache_gib if device == "cpu" else None,
+        kv_cache_gib=(kv_gib if kv_gib is not None else kv_cache_gib(cfg, model_path)[0]) if device == "cpu" else None,
     )
+
+
+def kv_cache_gib(cfg: GRPOConfig, model_path: str, available: float | None = None) -> tuple[float, str]:
+    """The CPU KV cache of each vLLM engine: ``rollout.kv_cache_gib``, or with ``auto`` what
+    :func:`grpo_dist.training.memory.auto_kv_cache_gib` picks for one rank's share of a step (at most
+    ``max_num_seqs`` sequences at once) from this machine's available memory; and why."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.kv_cache_gib != "auto":
+        return float(r.kv_cache_gib), "set"
+    import psutil
+    from transformers import AutoConfig
+
+    from grpo_dist.training.memory import ModelShape, auto_kv_cache_gib
+
+    mc = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    ranks = data_parallel_size(cfg)
+    per_rank = -(-prompts_per_draw(cfg) * r.n // ranks)
+    sequences = max(1, min(r.max_num_seqs, per_rank))
+    b = 2 if compute_dtype(r.dtype, "cpu") in ("bfloat16", "float16") else 4
+    avail = psutil.virtual_memory().available if available is None else available
+    return auto_kv_cache_gib(ModelShape.from_config(mc), b, sequences=sequences,
+                             seq_len=r.max_model_len or (r.prompt_length + r.response_length), available=avail,
+                             engines_on_node=cfg.trainer.n_gpus_per_node)
 
 
 def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
@@ -342,12 +384,15 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             )
 
 
-def startup_lines(cfg: GRPOConfig, device: str, world: int, placement: dict, transport: str) -> list[str]:
+def startup_lines(cfg: GRPOConfig, device: str, world: int, placement: dict, transport: str,
+                  model_notes: dict[str, str] | None = None) -> list[str]:
     """What the run says once its workers are up: ranks, nodes, device, compute dtype, weight-sync
-    transport, and a warning when half precision on this CPU would be slow."""
+    transport, what the "auto" memory settings chose (each model role's, and the CPU KV cache), and a
+    warning when half precision on this CPU would be slow."""
     dtype = compute_dtype(cfg.actor_rollout_ref.actor.fsdp_config.dtype, device)
     lines = [f"{world} rank(s) on {len(set(placement['actor_rank_nodes']))} node(s), device {device}, "
              f"{dtype} compute, weight sync {transport}"]
+    lines += [f"{role}: {note}" for role, note in (model_notes or {}).items()]
     slow = cpu_half_precision_warning(cfg, device)
     return lines + ([f"warning: {slow}"] if slow else [])
 

@@ -94,7 +94,7 @@ class GRPOTrainer:
                                dtype=build.compute_dtype(r.dtype, dev),
                                bucket_bytes=int(r.update_weights_bucket_megabytes) * 2**20)
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
-        for line in build.startup_lines(self.cfg, dev, world, placement, self.sync.transport):
+        for line in build.startup_lines(self.cfg, dev, world, placement, self.sync.transport, w.model_notes):
             print(f"grpo_dist: {line}", flush=True)
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ a torch.distributed process group of their own and load the model with ``init_mo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +51,8 @@ class RoleContext:
     total_steps: int
     world_size: int
     num_threads: int
+    kv_cache_gib: float | None = None
+    """The CPU KV cache of each vLLM engine, chosen once for the run (``rollout.kv_cache_gib``)."""
 
 
 def _always(cfg: GRPOConfig) -> bool:
@@ -137,7 +139,7 @@ def _critic_model(ctx: RoleContext) -> dict:
 
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
     r = ctx.cfg.actor_rollout_ref.rollout
-    engine_kwargs = build.engine_kwargs(ctx.cfg, ctx.model_path, ctx.device)
+    engine_kwargs = build.engine_kwargs(ctx.cfg, ctx.model_path, ctx.device, ctx.kv_cache_gib)
     return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=r.name,
                 engine_kwargs={**engine_kwargs, "seed": r.seed + rank})
 
@@ -174,6 +176,8 @@ class Workers:
         self.roles = active_roles(ctx.cfg, roles)
         self.groups: dict[str, WorkerGroup] = {}
         self.pgs: list = []
+        self.model_notes: dict[str, str] = {}
+        """Per role, the line its workers' ``init_model`` returned (the auto memory choices)."""
 
     def _deadlines(self) -> CallDeadlines:
         """Each group's own call deadlines (``trainer.worker_call_timeout_s`` / ``_factor``)."""
@@ -189,6 +193,12 @@ class Workers:
     def start(self) -> None:
         """Place and start every active role, then load the FSDP2 models of all roles at once."""
         ctx, t = self.ctx, self.ctx.cfg.trainer
+        r = ctx.cfg.actor_rollout_ref.rollout
+        if ctx.device == "cpu" and r.name == "vllm":  # one KV-cache size for every engine, said at start-up
+            gib, why = build.kv_cache_gib(ctx.cfg, ctx.model_path)
+            self.ctx = ctx = replace(ctx, kv_cache_gib=gib)
+            if r.kv_cache_gib == "auto":
+                self.model_notes["rollout"] = f"KV cache {gib:g} GiB per engine (auto: {why})"
         plan = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
         self.pgs = create_placement_groups(plan)
         colocated = [r for r in self.roles if r.per_rank]
@@ -218,7 +228,9 @@ class Workers:
                 loading.append((group, group.submit("init_model", master_addr=addr, master_port=port, backend=backend,
                                                     **role.model(ctx))))
         for group, refs in loading:
-            group.collect(refs, "model loading")
+            notes = group.collect(refs, "model loading")
+            if notes and isinstance(notes[0], str):  # what a role's "auto" memory choices chose (rank 0's)
+                self.model_notes[group.role] = notes[0]
         # every constructor has run (an engine that failed to start says so here, naming its role)
         self.nodes = {name: group.call("node_id") for name, group in self.groups.items()}
 

@@ -55,6 +55,7 @@ from grpo_dist.distributed.process_group import make_device_mesh
 from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
 from grpo_dist.training import checkpoint_io, fsdp
 from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.memory import resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.objective import PolicyObjective, TermSums, micro_batch_loss
@@ -99,6 +100,11 @@ class FSDPActor:
         self.rank, self.world_size = rank, world_size
         self.device = to_torch_device(device)
         self.mesh = make_device_mesh(world_size, self.device.type)
+        # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
+        self.settings, self.memory_note = resolve_auto_settings(
+            settings, AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code),
+            device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype))
+        settings = self.settings  # memory_note: what the auto choices chose and why (printed at start-up)
         self.model = build_fsdp_model(
             model_path,
             mesh=self.mesh,

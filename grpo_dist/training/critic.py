@@ -49,6 +49,8 @@ from grpo_dist.core.losses import AggSpec, global_counts
 from grpo_dist.core.value import value_loss
 from grpo_dist.distributed.process_group import make_device_mesh
 from grpo_dist.training import checkpoint_io
+from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.memory import resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
@@ -128,6 +130,11 @@ class FSDPCritic:
         self.device = to_torch_device(device)
         self.mesh = make_device_mesh(world_size, self.device.type)
         overrides = {**(settings.override_config or {}), **VALUE_HEAD_CONFIG}
+        # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
+        self.settings, self.memory_note = resolve_auto_settings(
+            settings, AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code),
+            device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype), value_head=True)
+        settings = self.settings
         # a head missing from the checkpoint is drawn from the seed: the same on every rank (each rank
         # loads the whole model and keeps its shard), and the process's own RNG is left as it was
         with torch.random.fork_rng(devices=[]):

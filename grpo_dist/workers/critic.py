@@ -29,7 +29,7 @@ class CriticWorker:
     def node_id(self) -> str:
         return current_node_id()
 
-    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any) -> None:
+    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any) -> str | None:
         from grpo_dist.distributed.process_group import init_process_group
         from grpo_dist.training.critic import FSDPCritic
 
@@ -37,6 +37,7 @@ class CriticWorker:
                            master_addr=master_addr, master_port=master_port)
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.critic = FSDPCritic(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
+        return self.critic.memory_note  # what the auto memory choices chose (printed by the driver)
 
     @timed
     def compute_values(self, data: dict[str, torch.Tensor]) -> torch.Tensor:

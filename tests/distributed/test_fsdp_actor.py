@@ -217,6 +217,8 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
                                      use_fused_kernels=True, logprob_chunk_size=3),
         "micro4_packed_fused_checkpointing": dict(ppo_micro_batch_size_per_gpu=4, use_remove_padding=True,
                                                   use_fused_kernels=True, enable_gradient_checkpointing=True),
+        "auto": dict(ppo_micro_batch_size_per_gpu="auto", enable_gradient_checkpointing="auto", max_seq_len=14,
+                     max_response_len=8, use_remove_padding=True),
     }
     out["invariance"] = {}
     out["packed_rows"] = {}
@@ -229,7 +231,11 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
                 lambda mod, inp, o, widths=widths: widths.append(tuple(inp[0].shape)))
             metrics = actor.update_policy(data)
             hook.remove()
-            out["invariance"][(mode, cut)] = {"metrics": metrics, "params": actor.state_dict_for_sync()}
+            out["invariance"][(mode, cut)] = {"metrics": metrics, "params": actor.state_dict_for_sync(),
+                                              "memory_note": actor.memory_note,
+                                              "resolved": (actor.settings.enable_gradient_checkpointing,
+                                                           actor.settings.ppo_micro_batch_size_per_gpu,
+                                                           actor.settings.use_dynamic_bsz)}
             out["packed_rows"][(mode, cut)] = widths
 
     # fused vs logits path on a model whose output layer is tied to the input embeddings (SmolLM2's
@@ -396,7 +402,7 @@ def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mod
     ref = runs["micro1"]
     assert ref["metrics"]["actor/grad_norm"] > 1e-3
     for cut in ("micro4", "dynamic", "micro4_checkpointing", "micro4_packed", "dynamic_packed", "dynamic_packed_fused",
-                "micro4_packed_fused_checkpointing"):
+                "micro4_packed_fused_checkpointing", "auto"):
         got = runs[cut]
         assert rel(got["metrics"]["actor/grad_norm"], ref["metrics"]["actor/grad_norm"]) < 1e-5, cut
         assert max_param_diff(got["params"], ref["params"]) < 1e-6, cut
@@ -417,6 +423,16 @@ def test_packed_micro_batches_stay_within_the_token_budget(one_rank):
             assert sum(n for _, n in widths) == int(lengths.sum()), "every real token runs exactly once"
         if cut == "dynamic":  # the padded forwards of the same cut: rows x width exceeds the budget
             assert max(b * n for b, n in widths) > 20, widths
+
+
+def test_auto_memory_settings_resolve_and_say_why(one_rank):
+    """A tiny model on this machine: the whole mini-batch fits, checkpointing stays off, and the note
+    the driver prints says so; explicit settings leave no note."""
+    got = one_rank["invariance"][("token-mean", "auto")]
+    assert got["resolved"] == (False, None, False)
+    assert got["memory_note"].startswith("micro-batch auto: the whole mini-batch (8 x 14 tokens at most) fits")
+    assert "gradient checkpointing auto: off" in got["memory_note"] and "available" in got["memory_note"]
+    assert one_rank["invariance"][("token-mean", "micro4")]["memory_note"] is None
 
 
 def test_fused_head_with_tied_embeddings_equals_the_logits_path(one_rank):

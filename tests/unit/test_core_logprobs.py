@@ -157,6 +157,25 @@ def test_fused_equals_the_definition_in_values_and_gradients(chunk_size, bias):
             assert torch.allclose(a, c, atol=1e-5), (a - c).abs().max()
 
 
+def test_fused_chunks_that_do_not_divide_the_positions():
+    """A large vocabulary: the log-softmax runs a few positions at a time inside each matmul chunk, and
+    neither chunking divides M evenly."""
+    for chunk_size in (None, 33):
+        results = []
+        for fused in (False, True):
+            hidden, weight, b, labels = layer_inputs(M=75, H=4, V=50_000, seed=8)
+            if fused:
+                logp, ent = linear_logprobs_and_entropy(hidden, weight, b, labels, temperature=1.0,
+                                                        compute_entropy=True, chunk_size=chunk_size)
+            else:
+                logp, ent = token_logprobs_and_entropy(torch.nn.functional.linear(hidden, weight, b), labels,
+                                                       temperature=1.0, compute_entropy=True)
+            (logp.sum() + ent.sum()).backward()
+            results.append((logp.detach(), ent.detach(), hidden.grad, weight.grad))
+        for a, c in zip(*results, strict=True):
+            assert torch.allclose(a, c, atol=1e-5), (a - c).abs().max()
+
+
 def test_fused_logp_only_and_frozen_weight():
     """Entropy unused (None upstream), a frozen output layer: only the hidden states get a gradient."""
     hidden, weight, b, labels = layer_inputs(seed=4)
