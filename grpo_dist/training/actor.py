@@ -57,6 +57,7 @@ from grpo_dist.training import checkpoint_io, fsdp
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.memory import resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
+from grpo_dist.training.model_forward import tokens_computed
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.objective import PolicyObjective, TermSums, micro_batch_loss
 from grpo_dist.training.policy import batched_logprobs, require_keys
@@ -272,7 +273,9 @@ class FSDPActor:
         if self._offload_optimizer:
             self._move_optimizer_state("cpu")
 
-        out = {name: float(np.mean(values)) for name, values in history.items()}
+        # token counts add up over the step's mini-batches and epochs; the rest are averages
+        out = {name: float(np.sum(values) if name.startswith("perf/update_tokens") else np.mean(values))
+               for name, values in history.items()}
         out["actor/lr"] = float(lr)
         out["actor/grad_norm_nonfinite_count"] = float(nonfinite)
         if s.use_kl_loss:
@@ -290,15 +293,19 @@ class FSDPActor:
         # local sums (0-dim tensors on the device, read once per mini-batch: no sync per micro-batch)
         sums = TermSums(self.objective, self.device)
         micro = plan_micro_batches(mb_data["attention_mask"], **micro_kwargs)
+        computed = 0
         for i, idx in enumerate(micro):
             if self.defer_grad_sync:
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
             mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
+            computed += tokens_computed(mb["attention_mask"], self.settings.use_remove_padding)
             out = micro_batch_loss(self.model, mb, objective=self.objective, agg=spec, response_length=R)
             sums.add(out)
             (out.loss * self.world_size).backward()
 
-        totals = sums.totals(self._all_reduce_sum(sums.local()), g_tokens)
+        local = sums.local()
+        reduced = self._all_reduce_sum(local + [float(computed), float(mb_data["attention_mask"].sum())])
+        totals = sums.totals(reduced[: len(local)], g_tokens)
         grad_norm = self._clip_grad_norm()
         finite = math.isfinite(grad_norm)
         if finite:
@@ -307,6 +314,7 @@ class FSDPActor:
 
         metrics = {f"actor/{name}": value for name, value in totals.items()}
         metrics["actor/grad_norm"] = grad_norm
+        metrics["perf/update_tokens_computed"], metrics["perf/update_tokens_real"] = reduced[len(local):]
         return metrics, finite
 
     def _clip_grad_norm(self) -> float:

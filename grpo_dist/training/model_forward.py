@@ -42,6 +42,7 @@ __all__ = [
     "forward_at",
     "response_positions",
     "to_response_grid",
+    "tokens_computed",
 ]
 
 Head = Callable[[torch.Tensor, nn.Module, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
@@ -232,3 +233,12 @@ def to_response_grid(values_M: torch.Tensor, row_M: torch.Tensor, col_M: torch.T
     """``[B, R]`` grid with ``values_M`` at ``(row_M, col_M)`` and 0 elsewhere (differentiable)."""
     grid = values_M.new_zeros(B, R)
     return grid.index_put((row_M, col_M), values_M)
+
+
+def tokens_computed(attention_mask: torch.Tensor, remove_padding: bool) -> int:
+    """Tokens :func:`forward_at` runs the model on for a ``[B, T]`` micro-batch: the attended ones when
+    packed, else ``B`` x the attended column span."""
+    if remove_padding:
+        return int(attention_mask.sum())
+    start, end = attended_span(attention_mask)
+    return attention_mask.shape[0] * (end - start)
