@@ -179,7 +179,9 @@ class RefFSDPConfig:
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per reference forward on one rank; null = all at once")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per reference forward on one rank; null = auto: as many as the rank's memory holds (all of them on small jobs)"
+    )
     log_prob_use_dynamic_bsz: bool = F(False, "cut reference forwards by token budget")
     log_prob_max_token_len_per_gpu: int = F(16384, "token budget of one reference forward")
     fsdp_config: RefFSDPConfig = S(RefFSDPConfig, "FSDP2 settings of the reference model")
@@ -218,7 +220,9 @@ class RolloutConfig:
     enforce_eager: bool = F(True, "disable CUDA graphs in the engine")
     free_cache_engine: bool = F(True, "release the engine's KV cache while the actor trains (where supported)")
     update_weights_bucket_megabytes: int = F(512, "weight sync: most MiB of weights gathered and sent at once (one flat buffer per bucket)")
-    log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per old-log-prob forward on one rank; null = all at once")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per old-log-prob forward on one rank; null = auto: as many as the rank's memory holds (all of them on small jobs)"
+    )
     log_prob_use_dynamic_bsz: bool = F(False, "cut old-log-prob forwards by token budget")
     log_prob_max_token_len_per_gpu: int = F(16384, "token budget of one old-log-prob forward")
     seed: int = F(0, "engine sampling seed (each rollout rank adds its rank)")

@@ -50,7 +50,7 @@ from grpo_dist.core.value import value_loss
 from grpo_dist.distributed.process_group import make_device_mesh
 from grpo_dist.training import checkpoint_io
 from grpo_dist.training.dtypes import to_dtype
-from grpo_dist.training.memory import resolve_auto_settings
+from grpo_dist.training.memory import forward_token_budget, resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
@@ -131,10 +131,17 @@ class FSDPCritic:
         self.mesh = make_device_mesh(world_size, self.device.type)
         overrides = {**(settings.override_config or {}), **VALUE_HEAD_CONFIG}
         # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
+        self.forward_dynamic = settings.use_dynamic_bsz
+        """How value forwards are cut (the setting as given: an auto update cut does not change them)."""
+        hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
         self.settings, self.memory_note = resolve_auto_settings(
-            settings, AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code),
-            device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype), value_head=True)
+            settings, hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
+            value_head=True)
         settings = self.settings
+        self.forward_max_tokens, _ = forward_token_budget(
+            hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
+            max_seq_len=settings.max_seq_len, fused_head=True)
+        """Token budget of a value forward without a micro-batch size (null: as many rows as fit)."""
         # a head missing from the checkpoint is drawn from the seed: the same on every rank (each rank
         # loads the whole model and keeps its shard), and the process's own RNG is left as it was
         with torch.random.fork_rng(devices=[]):
@@ -193,16 +200,19 @@ class FSDPCritic:
 
         Needs input_ids, attention_mask, position_ids, responses, response_mask. Micro-batches of
         ``forward_micro_batch_size_per_gpu`` rows, or by ``forward_max_token_len_per_gpu`` tokens with
-        ``use_dynamic_bsz``; neither: all rows at once.
+        ``use_dynamic_bsz``; neither: as many rows at once as the rank's memory allows
+        (:attr:`forward_max_tokens`).
         """
         s = self.settings
         require_keys(data, FORWARD_KEYS + ("response_mask",), "compute_values")
         self.model.eval()
         R = data["responses"].shape[1]
-        if s.use_dynamic_bsz:
+        if self.forward_dynamic:
             mbs = plan_micro_batches(data["attention_mask"], max_token_len=s.forward_max_token_len_per_gpu)
-        else:
+        elif s.forward_micro_batch_size_per_gpu is not None:
             mbs = plan_micro_batches(data["attention_mask"], micro_batch_size=s.forward_micro_batch_size_per_gpu)
+        else:
+            mbs = plan_micro_batches(data["attention_mask"], max_token_len=self.forward_max_tokens)
         if not mbs:
             return torch.zeros(0, R)
         pieces = []

@@ -325,3 +325,24 @@ def auto_kv_cache_gib(shape: ModelShape, dtype_bytes: int, *, sequences: int, se
            f"{limit / GIB:.2f} GiB ({KV_CPU_SHARE:.0%} of {available / GIB:.1f} GiB available / {max(1, engines_on_node)} "
            f"engine(s), at most {KV_CAP_GIB:g} GiB)")
     return float(gib), why
+
+
+def forward_token_budget(config: Any, *, device: torch.device, world_size: int, compute_dtype: torch.dtype,
+                         max_seq_len: int | None, response_fraction: float = 1.0, fused_head: bool = False,
+                         trainable: bool = True) -> tuple[int, str]:
+    """``(tokens, why)``: how many real tokens one no-grad forward (log-probs, values) may take at once.
+
+    A no-grad forward keeps no activations; at any moment it holds the hidden states (in and out of a
+    layer, ``2 b h`` per token), one layer's temporaries (at most what a training forward keeps per
+    layer) and, on the logits path, the response positions' logits (``b V`` each). The budget is the
+    rank's memory (:func:`available_bytes`) less the model's state; at least one longest sequence.
+    Collective under a process group (the smallest budget over the ranks is used)."""
+    shape = ModelShape.from_config(config)
+    b = torch.empty((), dtype=compute_dtype).element_size()
+    avail, how = available_bytes(device, ranks_on_this_node())
+    avail = _min_over_ranks(avail, device)
+    state = model_state_bytes(shape, b, world_size, trainable=trainable)
+    per = 2 * b * shape.hidden + layer_bytes_per_token(shape, b) + (0.0 if fused_head else b * shape.vocab * response_fraction)
+    tokens = int(max(0.0, avail - state) // per)
+    tokens = max(tokens, max_seq_len or 1)
+    return tokens, f"no-grad forwards of up to {tokens} real tokens [{how}, less {state / GIB:.2f} GiB of model state]"
