@@ -46,7 +46,7 @@ from bench_common import is_bf16, load_prompt_dataset, response_lengths, subproc
 VARIANTS = ("naive", "padded", "packed", "packed_fused")
 
 
-def _batch(w: dict, prompt_ids: list[list[int]], pad_id: int, vocab: int, gen, step: int):
+def _batch(w: dict, prompt_ids: list[list[int]], pad_id: int, vocab: int, gen, step: int = 0):
     """input_ids / attention_mask / position_ids [B*n, P'+R'] (P': the longest prompt, R': the longest
     response of the step) and R'."""
     import torch
