@@ -28,6 +28,10 @@ one's peak memory is its own):
   work, without FSDP, Ray or the worker;
 - ``packed_fused``: packed, log-probs fused with the output layer (no logits formed).
 
+The ``packed`` process also times ``padded`` on the same batches, alternating the two within every
+step (``also.padded`` in its result), so that packing's saving is measured without the drift between
+processes that a machine shared with other jobs has.
+
 Each step reports the tokens the model ran on ("computed") and the real prompt + response tokens
 ("that count").
 """
@@ -118,29 +122,23 @@ def run(w: dict) -> dict:
         if cuda:
             torch.cuda.synchronize()
 
-    def logp_of(ids, mask, pos, R):
-        if variant == "naive":
+    def logp_of(v, ids, mask, pos, R):
+        if v == "naive":
             return _naive_logp(model, ids, mask, pos, R)
         logp, _ = forward_logprobs(model, ids, mask, pos, response_length=R, temperature=1.0, compute_entropy=False,
-                                   remove_padding=variant != "padded", fused=variant == "packed_fused")
+                                   remove_padding=v != "padded", fused=v == "packed_fused")
         return logp
 
     m = w["micro_batch"]
     eps, beta = 0.2, w["kl_coef"]
-    rows_out = []
-    for k, idx in enumerate(w["step_prompts"]):
-        ids, mask, pos, R = _batch(w, [ds[i]["prompt_ids"] for i in idx], tok.pad_token_id, vocab, gen, k)
-        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
-        N = ids.shape[0]
-        resp_mask = mask[:, -R:].float()
-        adv = torch.randn(N, 1, generator=gen).expand(N, R).to(device)
-        chunks = [slice(s, min(s + m, N)) for s in range(0, N, m)]
 
+    def _step(v, k, ids, mask, pos, R, resp_mask, adv, chunks) -> dict:
+        """One step of variant ``v``: the no-grad forward, then the update (timed separately)."""
         model.eval()
         sync()
         t = time.perf_counter()
         with torch.no_grad(), amp:
-            ref = torch.cat([logp_of(ids[c], mask[c], pos[c], R) for c in chunks])
+            ref = torch.cat([logp_of(v, ids[c], mask[c], pos[c], R) for c in chunks])
         sync()
         fwd_s = time.perf_counter() - t
 
@@ -149,7 +147,7 @@ def run(w: dict) -> dict:
         total_tokens = resp_mask.sum()
         for c in chunks:
             with amp:
-                logp = logp_of(ids[c], mask[c], pos[c], R)
+                logp = logp_of(v, ids[c], mask[c], pos[c], R)
             old = logp.detach()
             ratio = torch.exp(logp - old)
             pg = torch.maximum(-adv[c] * ratio, -adv[c] * ratio.clamp(1 - eps, 1 + eps))
@@ -163,11 +161,25 @@ def run(w: dict) -> dict:
         sync()
         update_s = time.perf_counter() - t
         flops = train_flops(w["matmul_params"], w["attn_width"], mask.sum(-1).tolist()) if "matmul_params" in w else None
-        rows_out.append({"step": k + 1, "update_s": update_s, "forward_s": fwd_s, "sequences": N,
-                         "response_tokens": float(resp_mask.sum() / N), "tokens": int(mask.sum()),
-                         "tokens_computed": _computed_tokens(variant, mask, chunks), "train_flops": flops,
-                         "warmup": k < w["warmup_steps"]})
-    out = {"steps": rows_out, "variant": variant, "threads": torch.get_num_threads()}
+        N = ids.shape[0]
+        return {"step": k + 1, "update_s": update_s, "forward_s": fwd_s, "sequences": N,
+                "response_tokens": float(resp_mask.sum() / N), "tokens": int(mask.sum()),
+                "tokens_computed": _computed_tokens(v, mask, chunks), "train_flops": flops,
+                "warmup": k < w["warmup_steps"]}
+
+    timed = [variant, "padded"] if variant == "packed" else [variant]
+    rows_by: dict[str, list] = {v: [] for v in timed}
+    for k, idx in enumerate(w["step_prompts"]):
+        ids, mask, pos, R = _batch(w, [ds[i]["prompt_ids"] for i in idx], tok.pad_token_id, vocab, gen, k)
+        ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
+        N = ids.shape[0]
+        resp_mask = mask[:, -R:].float()
+        adv = torch.randn(N, 1, generator=gen).expand(N, R).to(device)
+        chunks = [slice(s, min(s + m, N)) for s in range(0, N, m)]
+        for v in (timed if k % 2 == 0 else timed[::-1]):
+            rows_by[v].append(_step(v, k, ids, mask, pos, R, resp_mask, adv, chunks))
+    out = {"steps": rows_by[variant], "variant": variant, "threads": torch.get_num_threads(),
+           "also": {v: rows for v, rows in rows_by.items() if v != variant}}
     if cuda:
         out["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return out

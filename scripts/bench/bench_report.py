@@ -8,8 +8,9 @@ Raw results, per workload, are lists of runs (one per repetition) of four progra
 - ``trl``: ``{"steps": [{"step", "seconds", "gen_tokens", "gen_s", "nograd_forward_s", "warmup"}], "monitor"}``
 - ``vllm``: ``{"plain": [{"step", "seconds", "gen_tokens", "warmup"}], "as_grpo_dist": [...], "monitor"}``
 - ``torch``: ``{"steps": [{"step", "update_s", "forward_s", "tokens", "tokens_computed", "warmup"}], "monitor"}``:
-  the naive padded loop; ``torch:<variant>`` the bare loop's other variants (``padded``, ``packed``,
-  ``packed_fused``: grpo_dist's forward without FSDP or Ray);
+  the naive padded loop; ``torch:<variant>`` the bare loop's other variants (``packed``, ``packed_fused``:
+  grpo_dist's forward without FSDP or Ray), with ``"also": {"padded": [steps]}`` for what the packed
+  process timed padded, alternating with packed on the same batches;
 - ``grpo_dist:<variant>``: grpo_dist again with another log-prob computation (the real-vocabulary
   workload: ``plain``, ``fused``; ``grpo_dist`` itself is the default, ``chunked``).
 
@@ -189,9 +190,12 @@ def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
 
     s["torch_variants"] = {}
     for key, val in runs.items():
-        if key == "torch" or key.startswith("torch:"):
-            if val:
-                s["torch_variants"][key.partition(":")[2] or "naive"] = _bare_summary(val)
+        if (key == "torch" or key.startswith("torch:")) and val:
+            s["torch_variants"][key.partition(":")[2] or "naive"] = _bare_summary(val)
+            # variants a process also timed, alternating with its own on the same batches (bare_torch.py)
+            for name in sorted({n for run in val for n in run.get("also", {})}):
+                s["torch_variants"].setdefault(name, _bare_summary(
+                    [{"steps": run["also"][name], "monitor": {}} for run in val if name in run.get("also", {})]))
     s["grpo_variants"] = {}
     for key, val in runs.items():
         if key.startswith("grpo_dist:") and val:
@@ -259,7 +263,7 @@ def _bare_summary(runs: list[dict]) -> dict:
         "tokens": median(d.get("tokens") for d in rows),
         "tokens_computed": median(d.get("tokens_computed") for d in rows),
         "response_tokens": median(d.get("response_tokens") for d in rows),
-        "peak_rss_gib": max(r["monitor"].get("peak_tree_rss_gib", 0.0) for r in runs),
+        "peak_rss_gib": max(r["monitor"].get("peak_tree_rss_gib", 0.0) for r in runs) or None,
     }
 
 
