@@ -155,11 +155,23 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     path: str = F("builtin:tiny-reverse", "Hugging Face model directory (or hub-cache name) of the policy and reference")
-    enable_gradient_checkpointing: bool = F(True, "recompute activations in the backward pass to save memory")
+    enable_gradient_checkpointing: Any = F(
+        "auto",
+        "recompute activations in the backward pass to save memory: true | false | auto (on only when a micro-batch's "
+        "estimated activations would not fit in the rank's memory; the start-up line says what was chosen)",
+    )
     use_remove_padding: bool = F(
         True,
         "run the actor's and reference's forwards on the real tokens only, packed into one row per "
-        "micro-batch with per-sequence position ids (same results as the padded path, less compute)",
+        "micro-batch with per-sequence boundaries (same results as the padded path, less compute)",
+    )
+    use_fused_kernels: bool = F(
+        False,
+        "compute log-probs and entropy from the final hidden states and the output layer a chunk of positions at a "
+        "time, without forming the [tokens, vocabulary] logits (same results, less memory for large vocabularies)",
+    )
+    logprob_chunk_size: Optional[int] = F(
+        None, "positions per chunk of the output layer's log-softmax (per matmul with use_fused_kernels); null = chosen from the vocabulary size"
     )
     trust_remote_code: bool = F(False, "allow the model directory's own Python code to run when loading it")
     attn_implementation: str = F("auto", "attention kernel: auto (sdpa, or flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2")
@@ -173,7 +185,6 @@ class ModelConfig:
     external_lib: Optional[str] = F(None, "a Python module imported before the model is built", Refused(
         "importing a module into every worker is not built here; use trust_remote_code=true for model code "
         "shipped with the model folder"))
-    use_fused_kernels: bool = F(False, "verl's fused log-prob/entropy kernels", ENTROPY_CHUNKED)
     fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", ENTROPY_CHUNKED)
     use_liger: bool = F(False, "Liger kernels for the model's layers", SPEED_ONLY)
     use_shm: bool = F(False, "copy the model to shared memory before loading", SPEED_ONLY)
@@ -260,7 +271,8 @@ class ActorConfig:
     strategy: str = F("fsdp2", "training backend: fsdp2 (fsdp is accepted as an alias)", FSDP2_ONLY)
     ppo_mini_batch_size: int = F(16, "prompts per optimizer step (x rollout.n responses); a global size over all ranks")
     ppo_micro_batch_size_per_gpu: Optional[int] = F(
-        None, "responses per forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
+        None, "responses per forward/backward on one rank (a memory knob: the update does not depend on it); null = auto: the "
+        "whole mini-batch when its estimated activations fit in the rank's memory, else cut by a token budget that fits"
     )
     use_dynamic_bsz: bool = F(False, "cut micro-batches by token budget (ppo_max_token_len_per_gpu) instead of by count")
     ppo_max_token_len_per_gpu: int = F(16384, "token budget of one micro-batch when use_dynamic_bsz is on")
@@ -337,7 +349,9 @@ class RefFSDPConfig(FSDPEngineKeys):
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per reference forward on one rank; null = all at once")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per reference forward on one rank; null = auto: as many as the rank's memory holds (all of them on small jobs)"
+    )
     log_prob_use_dynamic_bsz: bool = F(II("actor_rollout_ref.actor.use_dynamic_bsz"),
                                        "cut reference forwards by token budget; default: the actor's use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = F(II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
@@ -437,7 +451,10 @@ class RolloutConfig:
     response_length: int = II("data.max_response_length")
     dtype: str = F("auto", "engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
     gpu_memory_utilization: float = F(0.5, "fraction of device memory the engine may take")
-    kv_cache_gib: float = F(1.0, "KV-cache size in GiB on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_gib: Any = F(
+        "auto", "KV-cache size in GiB of each vLLM engine on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE), or auto: enough for a "
+        "rank's share of a step (x1.25) within 25 % of the node's available memory shared by its engines, at most 8 GiB"
+    )
     tensor_model_parallel_size: int = F(
         1,
         "ranks per rollout engine: each group of this many consecutive ranks of a node runs one vLLM engine, a "
@@ -454,7 +471,9 @@ class RolloutConfig:
     enforce_eager: bool = F(True, "disable CUDA graphs in the engine")
     free_cache_engine: bool = F(True, "release the engine's KV cache while the actor trains (where supported)")
     update_weights_bucket_megabytes: int = F(512, "weight sync: most MiB of weights gathered and sent at once (one flat buffer per bucket)")
-    log_prob_micro_batch_size_per_gpu: Optional[int] = F(None, "responses per old-log-prob forward on one rank; null = all at once")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per old-log-prob forward on one rank; null = auto: as many as the rank's memory holds (all of them on small jobs)"
+    )
     log_prob_use_dynamic_bsz: bool = F(II("actor_rollout_ref.actor.use_dynamic_bsz"),
                                        "cut old-log-prob forwards by token budget; default: the actor's use_dynamic_bsz")
     log_prob_max_token_len_per_gpu: int = F(II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
@@ -561,9 +580,13 @@ class CriticModelConfig:
     override_config: Dict[str, Any] = F(
         {}, "fields set on the value model's Hugging Face config before it is built (attn_implementation picks the attention kernel)"
     )
-    use_remove_padding: bool = F(False, "pack sequences without padding", NoOp(
-        "the critic's forwards take the padded path, whose values are the same"))
-    enable_gradient_checkpointing: bool = F(True, "recompute the value model's activations in the backward pass to save memory")
+    use_remove_padding: bool = F(
+        True, "run the value model's forwards on the real tokens only, packed into one row per micro-batch (same results, less compute)"
+    )
+    enable_gradient_checkpointing: Any = F(
+        "auto", "recompute the value model's activations in the backward pass: true | false | auto (on only when a "
+        "micro-batch's estimated activations would not fit in the rank's memory)"
+    )
     trust_remote_code: bool = F(II("actor_rollout_ref.model.trust_remote_code"), "allow the value model directory's own Python code to run when loading it")
     fsdp_config: CriticFSDPConfig = S(
         CriticFSDPConfig, "FSDP2 settings of the value model, verl's early-2026 place for them (critic.fsdp is the current one; set either)"
@@ -633,7 +656,8 @@ class CriticConfig:
         "prompts per critic optimizer step (x rollout.n responses), a global size; default: the actor's",
     )
     ppo_micro_batch_size_per_gpu: Optional[int] = F(
-        None, "responses per critic forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
+        None, "responses per critic forward/backward on one rank (a memory knob: the update does not depend on it); null = auto, "
+        "as the actor's"
     )
     use_dynamic_bsz: bool = F(
         II("actor_rollout_ref.actor.use_dynamic_bsz"),
@@ -944,7 +968,11 @@ VERL_DEFAULT_DIFFERENCES = {
     "actor_rollout_ref.actor.strategy": "FSDP2 is the only backend (verl: fsdp)",
     "critic.strategy": "FSDP2 is the only backend (verl: fsdp)",
     "critic.model.path": "the actor's model (verl: ~/models/deepseek-llm-7b-chat)",
-    "critic.model.use_remove_padding": "the padded path (verl's current layout: true)",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": (
+        "auto: on only when the estimated activations would not fit (verl: true); the update is the same either way, "
+        "only memory and time differ; set true for verl's behaviour"
+    ),
+    "critic.model.enable_gradient_checkpointing": "auto, as the actor's (verl: true)",
     "actor_rollout_ref.rollout.n": "a GRPO group (verl: 1)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "one rank per engine (verl: 2)",
     "algorithm.adv_estimator": "GRPO (verl: gae)",

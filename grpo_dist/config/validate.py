@@ -387,6 +387,13 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         _choice(key, val, ("auto",) + DTYPES)
     _choice("actor_rollout_ref.model.attn_implementation", arr.model.attn_implementation, ATTN_IMPLEMENTATIONS)
     _check_actor_checkpoint(cfg)
+    for key, value in (("actor_rollout_ref.model.enable_gradient_checkpointing", arr.model.enable_gradient_checkpointing),
+                       ("critic.model.enable_gradient_checkpointing", cfg.critic.model.enable_gradient_checkpointing)):
+        if not (value is True or value is False or value == "auto"):
+            raise _bad(key, value, "expected true, false or auto")
+    kv = arr.rollout.kv_cache_gib
+    if kv != "auto" and (isinstance(kv, bool) or not isinstance(kv, (int, float))):
+        raise _bad("actor_rollout_ref.rollout.kv_cache_gib", kv, "expected a size in GiB (> 0) or auto")
 
     # --- ranges ------------------------------------------------------------------------------
     spec = get_adv_estimator(alg.adv_estimator)
@@ -464,7 +471,8 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         ("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size),
         ("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs),
-        ("actor_rollout_ref.rollout.kv_cache_gib", rollout.kv_cache_gib),
+        ("actor_rollout_ref.rollout.kv_cache_gib", None if rollout.kv_cache_gib == "auto" else rollout.kv_cache_gib),
+        ("actor_rollout_ref.model.logprob_chunk_size", arr.model.logprob_chunk_size),
         ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes),
         ("trainer.nnodes", tr.nnodes),
         ("trainer.n_gpus_per_node", tr.n_gpus_per_node),

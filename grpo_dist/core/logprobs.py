@@ -23,18 +23,42 @@ chunks are also faster (the temporaries stay in cache): on 2 CPU cores a chunk o
 logits ran 3-4x faster than all positions at once, for 32k and 152k vocabularies alike;
 :func:`default_chunk_size` picks that size (64 MB on CUDA). Entries with ``p_v = 0`` (``-inf`` logits)
 contribute 0.
+
+Fused with the output layer
+---------------------------
+:func:`linear_logprobs_and_entropy` starts one step earlier, from the final hidden states ``h`` [M, H]
+and the output layer ``z = h W^T + b`` (W [V, H]), so that no ``[M, V]`` tensor exists at all, not even
+the logits. It computes ``z`` for ``C`` positions at a time (one matmul), reduces it as above, and
+drops it; the backward recomputes each chunk's ``z`` and turns ``g = dL/dz`` (the closed forms above,
+[C, V]) into
+
+    dL/dh_C = g W        dL/dW += g^T h_C        dL/db += sum_c g_c
+
+(``dL/dW`` and ``dL/db`` accumulated in float32). The price is one more ``C x H x V`` matmul per chunk
+in the backward (the recomputed ``z``); the saving is the ``[M, V]`` logits, their gradient and the
+time to write and read them. :func:`default_fused_chunk_size` picks ``C``: large enough that each
+chunk's matmul reads the ``V x H`` weight once for many positions.
 """
 
 import torch
+import torch.nn.functional as F
 
-__all__ = ["token_logprobs_and_entropy", "default_chunk_size"]
+__all__ = ["token_logprobs_and_entropy", "linear_logprobs_and_entropy", "default_chunk_size",
+           "default_fused_chunk_size"]
 
 _CHUNK_ELEMENTS = {"cpu": 2**19, "cuda": 2**24}  # float32 elements of one chunk's temporaries
+_FUSED_CHUNK_ELEMENTS = {"cpu": 2**25, "cuda": 2**27}  # elements of one fused chunk's logits
 
 
 def default_chunk_size(vocab_size: int, device_type: str = "cpu") -> int:
     """Positions per chunk for a ``vocab_size`` vocabulary on ``device_type`` (module docstring)."""
     return max(1, _CHUNK_ELEMENTS.get(device_type, _CHUNK_ELEMENTS["cpu"]) // max(1, vocab_size))
+
+
+def default_fused_chunk_size(vocab_size: int, device_type: str = "cpu") -> int:
+    """Positions per matmul of :func:`linear_logprobs_and_entropy` (at least 64)."""
+    per = _FUSED_CHUNK_ELEMENTS.get(device_type, _FUSED_CHUNK_ELEMENTS["cpu"])
+    return max(64, per // max(1, vocab_size))
 
 
 def _softmax_terms(z_CV: torch.Tensor, temperature: float):
@@ -127,6 +151,116 @@ def token_logprobs_and_entropy(
         raise ValueError(f"logits_MV must be [M, V] or [B, K, V], got {tuple(logits_MV.shape)}")
     step = chunk_size if chunk_size is not None else default_chunk_size(logits_MV.shape[-1], logits_MV.device.type)
     logp_M, entropy_M = _LogprobEntropy.apply(logits_MV, labels_M, float(temperature), step, compute_entropy)
+    if not compute_entropy:
+        return logp_M, None
+    return logp_M, (entropy_M if entropy_requires_grad else entropy_M.detach())
+
+
+def _grad_of_logits(z_CV, labels_C, g_logp_C, g_entropy_C, es_C, temperature: float) -> torch.Tensor:
+    """``dL/dz`` [C, V] float32 of one chunk from the upstream gradients (module docstring)."""
+    s_CV, _, p_CV, ps_CV = _softmax_terms(z_CV, temperature)
+    del s_CV
+    g_CV = torch.zeros_like(p_CV)
+    if g_logp_C is not None:
+        g_C = g_logp_C.unsqueeze(-1)
+        g_CV -= g_C * p_CV
+        g_CV.scatter_add_(-1, labels_C.unsqueeze(-1), g_C)
+    if g_entropy_C is not None:
+        g_CV += g_entropy_C.unsqueeze(-1) * (p_CV * es_C.unsqueeze(-1) - ps_CV)
+    if temperature != 1.0:
+        g_CV /= temperature
+    return g_CV
+
+
+class _LinearLogprobEntropy(torch.autograd.Function):
+    """(logp, H) per position from hidden states and the output layer, chunked (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden_MH, weight_VH, bias_V, labels_M, temperature: float, rows: int, sub: int,
+                compute_entropy: bool):
+        M = hidden_MH.shape[0]
+        logp_M = torch.empty(M, dtype=torch.float32, device=hidden_MH.device)
+        lse_M = torch.empty_like(logp_M)
+        es_M = torch.zeros_like(logp_M)
+        for start in range(0, M, rows):
+            z_CV = F.linear(hidden_MH[start:start + rows], weight_VH, bias_V)
+            C = z_CV.shape[0]
+            for s0 in range(0, C, sub):
+                sl = slice(start + s0, start + min(s0 + sub, C))
+                s_cV, lse_c, _, ps_cV = _softmax_terms(z_CV[s0:s0 + sub], temperature)
+                logp_M[sl] = s_cV.gather(-1, labels_M[sl].unsqueeze(-1)).squeeze(-1) - lse_c
+                lse_M[sl] = lse_c
+                if compute_entropy:
+                    es_M[sl] = ps_cV.sum(dim=-1)
+            del z_CV
+        ctx.save_for_backward(hidden_MH, weight_VH, bias_V, labels_M, es_M)
+        ctx.temperature, ctx.rows, ctx.sub = temperature, rows, sub
+        ctx.set_materialize_grads(False)  # an unused output (the entropy) gets None, not zeros
+        return logp_M, lse_M - es_M
+
+    @staticmethod
+    def backward(ctx, g_logp_M, g_entropy_M):
+        hidden_MH, weight_VH, bias_V, labels_M, es_M = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias_V is not None and ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(hidden_MH) if need_h else None
+        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32, device=weight_VH.device) if need_w else None
+        grad_b = torch.zeros(bias_V.shape, dtype=torch.float32, device=bias_V.device) if need_b else None
+        M, rows, sub = hidden_MH.shape[0], ctx.rows, ctx.sub
+        for start in range(0, M, rows):
+            h_CH = hidden_MH[start:start + rows]
+            z_CV = F.linear(h_CH, weight_VH, bias_V)
+            g_CV = torch.empty(z_CV.shape, dtype=torch.float32, device=z_CV.device)
+            C = z_CV.shape[0]
+            for s0 in range(0, C, sub):
+                sl = slice(start + s0, start + min(s0 + sub, C))
+                g_CV[s0:s0 + sub] = _grad_of_logits(
+                    z_CV[s0:s0 + sub], labels_M[sl], None if g_logp_M is None else g_logp_M[sl],
+                    None if g_entropy_M is None else g_entropy_M[sl], es_M[sl], ctx.temperature)
+            del z_CV
+            if need_b:
+                grad_b += g_CV.sum(dim=0)
+            g_CV = g_CV.to(hidden_MH.dtype)
+            if need_h:
+                grad_h[start:start + rows] = g_CV @ weight_VH.to(hidden_MH.dtype)
+            if need_w:
+                gw = g_CV.t() @ h_CH
+                grad_w += gw if gw.dtype == torch.float32 else gw.float()
+        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
+                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None, None)
+
+
+def linear_logprobs_and_entropy(
+    hidden_MH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    bias_V: torch.Tensor | None,
+    labels_M: torch.Tensor,
+    *,
+    temperature: float,
+    compute_entropy: bool,
+    entropy_requires_grad: bool = True,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logp_M, entropy_M or None)`` in float32 of the logits ``z = hidden W^T + b`` without forming them.
+
+    Shapes: hidden_MH [M, H], weight_VH [V, H], bias_V [V] or None, labels_M [M] -> [M], [M]. Equal
+    to :func:`token_logprobs_and_entropy` on ``F.linear(hidden, weight, bias)`` in values and gradients
+    (to float rounding; gradients reach ``hidden``, ``weight`` and ``bias``). ``chunk_size``: positions
+    per matmul (None: :func:`default_fused_chunk_size`); no ``[M, V]`` tensor is formed either way.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if hidden_MH.dim() != 2 or weight_VH.dim() != 2 or hidden_MH.shape[1] != weight_VH.shape[1]:
+        raise ValueError(f"hidden_MH must be [M, H] and weight_VH [V, H], got {tuple(hidden_MH.shape)} and "
+                         f"{tuple(weight_VH.shape)}")
+    if labels_M.shape != hidden_MH.shape[:1]:
+        raise ValueError(f"labels_M must be [M] = [{hidden_MH.shape[0]}], got {tuple(labels_M.shape)}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be None or >= 1, got {chunk_size}")
+    V, dev = weight_VH.shape[0], hidden_MH.device.type
+    rows = chunk_size if chunk_size is not None else default_fused_chunk_size(V, dev)
+    sub = min(rows, default_chunk_size(V, dev))
+    logp_M, entropy_M = _LinearLogprobEntropy.apply(hidden_MH, weight_VH, bias_V, labels_M, float(temperature),
+                                                    rows, sub, compute_entropy)
     if not compute_entropy:
         return logp_M, None
     return logp_M, (entropy_M if entropy_requires_grad else entropy_M.detach())

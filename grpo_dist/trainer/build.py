@@ -127,10 +127,11 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
     pl = a.policy_loss
     scale = a.loss_scale_factor
     save, load = checkpoint_contents(cfg)
+    r = cfg.actor_rollout_ref.rollout
     return ActorSettings(
         ppo_mini_batch_size_per_gpu=mini_per_gpu,
-        ppo_micro_batch_size_per_gpu=None if a.use_dynamic_bsz else per_gpu(
-            a.ppo_micro_batch_size, a.ppo_micro_batch_size_per_gpu, shape.world_size),
+        ppo_micro_batch_size_per_gpu=micro_batch(a.use_dynamic_bsz, per_gpu(
+            a.ppo_micro_batch_size, a.ppo_micro_batch_size_per_gpu, shape.world_size)),
         use_dynamic_bsz=a.use_dynamic_bsz,
         ppo_max_token_len_per_gpu=a.ppo_max_token_len_per_gpu,
         ppo_epochs=a.ppo_epochs,
@@ -167,7 +168,11 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         **fsdp_dtypes(a.fsdp_config, device),
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         enable_gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        max_seq_len=r.prompt_length + r.response_length,
+        max_response_len=r.response_length,
         use_remove_padding=a.use_remove_padding,
+        use_fused_kernels=cfg.actor_rollout_ref.model.use_fused_kernels,
+        logprob_chunk_size=cfg.actor_rollout_ref.model.logprob_chunk_size,
         reshard_after_forward=a.fsdp_config.reshard_after_forward,
         optimizer_offload=a.fsdp_config.optimizer_offload,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
@@ -186,7 +191,17 @@ def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
         use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        use_fused_kernels=cfg.actor_rollout_ref.model.use_fused_kernels,
+        logprob_chunk_size=cfg.actor_rollout_ref.model.logprob_chunk_size,
     )
+
+
+def micro_batch(use_dynamic_bsz: bool, size: int | None) -> int | str | None:
+    """The settings' micro-batch size of a ``ppo_micro_batch_size_per_gpu`` key: unused with
+    ``use_dynamic_bsz``; null means ``"auto"`` (grpo_dist.training.memory)."""
+    if use_dynamic_bsz:
+        return None
+    return "auto" if size is None else size
 
 
 def needs_critic(cfg: GRPOConfig) -> bool:
@@ -213,8 +228,8 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
     W = shape.world_size
     return CriticSettings(
         ppo_mini_batch_size_per_gpu=c.ppo_mini_batch_size * shape.n // W,
-        ppo_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else per_gpu(
-            c.ppo_micro_batch_size, c.ppo_micro_batch_size_per_gpu, W),
+        ppo_micro_batch_size_per_gpu=micro_batch(c.use_dynamic_bsz, per_gpu(
+            c.ppo_micro_batch_size, c.ppo_micro_batch_size_per_gpu, W)),
         use_dynamic_bsz=c.use_dynamic_bsz,
         ppo_max_token_len_per_gpu=c.ppo_max_token_len_per_gpu,
         forward_micro_batch_size_per_gpu=None if c.use_dynamic_bsz else per_gpu(
@@ -241,6 +256,9 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
         attn_implementation=attn,
         override_config=override,
         enable_gradient_checkpointing=c.model.enable_gradient_checkpointing,
+        max_seq_len=cfg.actor_rollout_ref.rollout.prompt_length + cfg.actor_rollout_ref.rollout.response_length,
+        max_response_len=cfg.actor_rollout_ref.rollout.response_length,
+        use_remove_padding=c.model.use_remove_padding,
         reshard_after_forward=fsdp.reshard_after_forward,
         optimizer_offload=fsdp.optimizer_offload,
         trust_remote_code=c.model.trust_remote_code,
@@ -339,8 +357,10 @@ def val_sampling(cfg: GRPOConfig) -> SamplingSettings:
     )
 
 
-def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
-    """Constructor arguments of the rollout engine named by actor_rollout_ref.rollout.name."""
+def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float | None = None) -> dict:
+    """Constructor arguments of the rollout engine named by actor_rollout_ref.rollout.name (``kv_gib``:
+    the CPU KV cache chosen once for the run by :func:`kv_cache_gib`, which the role table passes;
+    without it a set size is used as it is and ``auto`` leaves the engine's own default, 1 GiB)."""
     r = cfg.actor_rollout_ref.rollout
     dtype = compute_dtype(r.dtype, device)
     trust = cfg.actor_rollout_ref.model.trust_remote_code
@@ -359,8 +379,32 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str) -> dict:
         extra_kwargs={k: v for k, v in r.engine_kwargs.vllm.items() if v is not None},
         enforce_eager=r.enforce_eager,
         enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
-        kv_cache_gib=r.kv_cache_gib if device == "cpu" else None,
+        kv_cache_gib=(kv_gib if kv_gib is not None else None if r.kv_cache_gib == "auto" else float(r.kv_cache_gib))
+        if device == "cpu" else None,
     )
+
+
+def kv_cache_gib(cfg: GRPOConfig, model_path: str, available: float | None = None) -> tuple[float, str]:
+    """The CPU KV cache of each vLLM engine: ``rollout.kv_cache_gib``, or with ``auto`` what
+    :func:`grpo_dist.training.memory.auto_kv_cache_gib` picks for one rank's share of a step (at most
+    ``max_num_seqs`` sequences at once) from this machine's available memory; and why."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.kv_cache_gib != "auto":
+        return float(r.kv_cache_gib), "set"
+    import psutil
+    from transformers import AutoConfig
+
+    from grpo_dist.training.memory import ModelShape, auto_kv_cache_gib
+
+    mc = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    ranks = data_parallel_size(cfg)
+    per_rank = -(-prompts_per_draw(cfg) * r.n // ranks)
+    sequences = max(1, min(r.max_num_seqs, per_rank))
+    b = 2 if compute_dtype(r.dtype, "cpu") in ("bfloat16", "float16") else 4
+    avail = psutil.virtual_memory().available if available is None else available
+    return auto_kv_cache_gib(ModelShape.from_config(mc), b, sequences=sequences,
+                             seq_len=r.max_model_len or (r.prompt_length + r.response_length), available=avail,
+                             engines_on_node=cfg.trainer.n_gpus_per_node)
 
 
 def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
@@ -406,11 +450,14 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             )
 
 
-def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str) -> list[str]:
+def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str,
+                  model_notes: dict[str, str] | None = None) -> list[str]:
     """What the run says once its workers are up: ranks, nodes, device, the actor's compute dtype,
-    weight-sync transport, and a warning (``cpu_half_precision_warning``) when there is one."""
+    weight-sync transport, what the "auto" memory settings chose (each model role's, and the CPU KV
+    cache), and a warning (``cpu_half_precision_warning``) when there is one."""
     lines = [f"{world} rank(s) on {len(set(placement['actor_rank_nodes']))} node(s), device {device}, "
              f"{compute} compute, weight sync {transport}"]
+    lines += [f"{role}: {note}" for role, note in (model_notes or {}).items()]
     return lines + ([f"warning: {warning}"] if warning else [])
 
 
@@ -478,8 +525,8 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
     breakdown in words. Counted: the actor's master weights, gradients and Adam's two moments (4 x
     ``fsdp_config.model_dtype``'s bytes per parameter, sharded over the ranks by FSDP2, so counted once in all); the reference's
     weights (sharded, when a KL term is used); the critic's like the actor's; one full copy of the
-    weights in every rank's rollout engine plus its KV cache (``rollout.kv_cache_gib``, 1 GiB when
-    unset, vLLM only); ``PROCESS_BASE_GIB`` per worker process and for the driver. Not counted:
+    weights in every rank's rollout engine plus its KV cache (``rollout.kv_cache_gib``; 1 GiB for
+    ``auto``, which sizes the cache from the memory left; vLLM only); ``PROCESS_BASE_GIB`` per worker process and for the driver. Not counted:
     activations, the full weights gathered for weight sync and checkpoints, Ray's own processes."""
     a = cfg.actor_rollout_ref
     gib = 2.0**30
@@ -494,7 +541,8 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
         cp = critic_params if critic_params is not None else params
         parts.append(("critic", 4 * _DTYPE_BYTES.get(critic_fsdp(cfg).model_dtype, 4) * cp / gib))
         processes += 1
-    kv = (a.rollout.kv_cache_gib if a.rollout.kv_cache_gib is not None else 1.0) if a.rollout.name == "vllm" else 0.0
+    kv_set = a.rollout.kv_cache_gib
+    kv = (1.0 if kv_set in (None, "auto") else float(kv_set)) if a.rollout.name == "vllm" else 0.0
     parts.append((f"{ranks} rollout engine(s) (weights + {kv:g} GiB KV cache each)", ranks * (rollout_b * params / gib + kv)))
     parts.append((f"{ranks * processes + 2} processes", (ranks * processes + 2) * PROCESS_BASE_GIB))
     total = sum(v for _, v in parts)

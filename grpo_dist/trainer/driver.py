@@ -92,7 +92,8 @@ class GRPOTrainer:
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes)
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
-        for line in build.startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, self.sync.transport):
+        for line in build.startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, self.sync.transport,
+                                        w.model_notes):
             print(f"grpo_dist: {line}", flush=True)
 
     def close(self) -> None:

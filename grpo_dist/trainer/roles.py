@@ -14,7 +14,7 @@ a torch.distributed process group of their own and load the model with ``init_mo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -54,6 +54,8 @@ class RoleContext:
     total_steps: int
     world_size: int
     num_threads: int
+    kv_cache_gib: float | None = None
+    """The CPU KV cache of each vLLM engine, chosen once for the run (``rollout.kv_cache_gib``)."""
 
 
 def _always(cfg: GRPOConfig) -> bool:
@@ -151,7 +153,7 @@ def _critic_model(ctx: RoleContext) -> dict:
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
     r = ctx.cfg.actor_rollout_ref.rollout
     tp = r.tensor_model_parallel_size
-    engine_kwargs = build.engine_kwargs(ctx.cfg, ctx.model_path, ctx.device)
+    engine_kwargs = build.engine_kwargs(ctx.cfg, ctx.model_path, ctx.device, ctx.kv_cache_gib)
     # every rank of a tensor-parallel engine must sample alike: the seed is the engine's
     return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=r.name, tp=tp,
                 engine_kwargs={**engine_kwargs, "seed": r.seed + tp_engine_of(rank, tp)})
@@ -202,6 +204,8 @@ class Workers:
         t = ctx.cfg.trainer
         self.resources = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
         self._timeouts = (t.worker_call_timeout_s, t.worker_call_timeout_factor)
+        self.model_notes: dict[str, str] = {}
+        """Per role, the line its workers' ``init_model`` returned (the auto memory choices)."""
 
     def _deadlines(self) -> CallDeadlines:
         """Each group's own call deadlines (``trainer.worker_call_timeout_s`` / ``_factor``)."""
@@ -216,6 +220,12 @@ class Workers:
     def start(self) -> None:
         """Place and start every active role, then load the FSDP2 models of all roles at once."""
         ctx, plan = self.ctx, self.resources
+        r = ctx.cfg.actor_rollout_ref.rollout
+        if ctx.device == "cpu" and r.name == "vllm":  # one KV-cache size for every engine, said at start-up
+            gib, why = build.kv_cache_gib(ctx.cfg, ctx.model_path)
+            self.ctx = ctx = replace(ctx, kv_cache_gib=gib)
+            if r.kv_cache_gib == "auto":
+                self.model_notes["rollout"] = f"KV cache {gib:g} GiB per engine (auto: {why})"
         self.pgs = create_placement_groups(plan)
         colocated = [r for r in self.roles if r.per_rank]
         share = 1.0 / len(colocated)
@@ -250,7 +260,10 @@ class Workers:
                                                     **role.model(ctx))))
         for group, refs in loading:
             # generous: trainer.worker_call_timeout_s (a first load may read a large model from a slow disk)
-            group.collect(refs, "model loading", timeout_s=group.deadlines.limit("init_model") if group.deadlines else None)
+            notes = group.collect(refs, "model loading",
+                                  timeout_s=group.deadlines.limit("init_model") if group.deadlines else None)
+            if notes and isinstance(notes[0], str):  # what a role's "auto" memory choices chose (rank 0's)
+                self.model_notes[group.role] = notes[0]
         # every constructor has run (an engine that failed to start says so here, naming its role)
         self.nodes = {name: group.call("node_id") for name, group in self.groups.items()}
 

@@ -54,6 +54,7 @@ from grpo_dist.distributed.process_group import all_reduce_sum, comm_device, mak
 from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
 from grpo_dist.training import checkpoint_io, fsdp
 from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.memory import forward_token_budget, resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.objective import PolicyObjective
@@ -100,6 +101,16 @@ class FSDPActor:
         self.rank, self.world_size = rank, world_size
         self.device = to_torch_device(device)
         self.mesh = make_device_mesh(world_size, self.device.type)
+        # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
+        hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
+        self.settings, self.memory_note = resolve_auto_settings(
+            settings, hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype))
+        settings = self.settings  # memory_note: what the auto choices chose and why (printed at start-up)
+        self.forward_max_tokens, _ = forward_token_budget(
+            hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
+            max_seq_len=settings.max_seq_len, fused_head=settings.use_fused_kernels,
+            response_fraction=(settings.max_response_len or 1) / (settings.max_seq_len or 1))
+        """Token budget of a no-grad forward given neither a micro-batch size nor a budget (null: auto)."""
         self.model = build_fsdp_model(
             model_path,
             mesh=self.mesh,
@@ -155,12 +166,15 @@ class FSDPActor:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs [B, R] (and entropy [B, R]) of this rank's rows under the current policy, no grad.
 
-        Micro-batches by count (``micro_batch_size``) or token budget (``max_token_len``); neither: the
-        whole batch at once. ``temperature`` defaults to ``settings.temperature``. CPU float32 tensors,
-        in the input row order; positions outside the response are 0 or arbitrary (mask them).
+        Micro-batches by count (``micro_batch_size``) or token budget (``max_token_len``); neither: as
+        many rows at once as the rank's memory allows (:attr:`forward_max_tokens`; all of them on a
+        small job). ``temperature`` defaults to ``settings.temperature``. CPU float32 tensors, in the
+        input row order; positions outside the response are 0 or arbitrary (mask them).
         """
         if micro_batch_size is not None and max_token_len is not None:
             raise ValueError("give micro_batch_size or max_token_len, not both")
+        if micro_batch_size is None and max_token_len is None:
+            max_token_len = self.forward_max_tokens
         self.model.eval()
         return batched_logprobs(
             self.model,
@@ -171,6 +185,8 @@ class FSDPActor:
             temperature=self.settings.temperature if temperature is None else temperature,
             compute_entropy=compute_entropy,
             remove_padding=self.settings.use_remove_padding,
+            fused=self.settings.use_fused_kernels,
+            logits_chunk_size=self.settings.logprob_chunk_size,
         )
 
     def update_policy(self, data: Mapping[str, torch.Tensor]) -> dict[str, float]:
@@ -232,6 +248,7 @@ class FSDPActor:
                 loss_scale=float(self.world_size),  # FSDP2 averages gradients over the ranks
                 on_micro_batch=self._gradient_sync if self.defer_grad_sync else None,
                 grad_norm=clip_grad_norm,
+                remove_padding=s.use_remove_padding,
             )
             return result.actor_metrics(), result.finite
 
@@ -243,7 +260,8 @@ class FSDPActor:
         lr = self.lr_scheduler.get_last_lr()[0]
         # with epochs_in_rows the caller laid out every epoch's (shuffled) mini-batches in the rows
         out, nonfinite = run_mini_batches(step, [torch.arange(k * mini, (k + 1) * mini) for k in range(n // mini)],
-                                          epochs=1 if s.epochs_in_rows else s.ppo_epochs)
+                                          epochs=1 if s.epochs_in_rows else s.ppo_epochs,
+                                          summed=("perf/update_tokens",))  # token counts add up over the step
         with warnings.catch_warnings():
             # torch warns when the schedule steps although every optimizer step was skipped
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")

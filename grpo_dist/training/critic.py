@@ -47,10 +47,13 @@ from grpo_dist.core.losses import AggSpec, global_counts
 from grpo_dist.core.value import value_loss
 from grpo_dist.distributed.process_group import all_reduce_sum, comm_device, make_device_mesh
 from grpo_dist.training import checkpoint_io
+from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.memory import forward_token_budget, resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
-from grpo_dist.training.policy import require_keys, trim_padding_columns
+from grpo_dist.training.model_forward import forward_at, response_positions, to_response_grid
+from grpo_dist.training.policy import require_keys
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, CriticSettings
 from grpo_dist.training.update import clip_and_step, run_mini_batches
 
@@ -67,37 +70,33 @@ def forward_values(
     position_ids: torch.Tensor,
     *,
     response_length: int,
+    remove_padding: bool = False,
 ) -> torch.Tensor:
     """Value of each response token: the head's output at the position that predicts the token.
 
     Shapes: input_ids, attention_mask, position_ids [B, P+R] -> values_BR [B, R] float32 (the head's
-    output at positions ``P-1 .. P+R-2``). Padding columns no row attends to are trimmed before the
-    forward; response positions past the last attended column get 0. Gradients flow under grad mode.
+    output at positions ``P-1 .. P+R-2``); positions that are not real response tokens hold 0. The
+    model runs through the shared forward (:func:`grpo_dist.training.model_forward.forward_at`):
+    padded, or packed with ``remove_padding``, and the head only at the response positions.
+    Gradients flow under grad mode.
     """
     if input_ids.shape != attention_mask.shape or input_ids.shape != position_ids.shape:
         raise ValueError(
             f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
             f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
         )
+    B, total = input_ids.shape
     R = response_length
-    if not 0 < R < input_ids.shape[1]:
-        raise ValueError(f"response_length {R} must be in (0, {input_ids.shape[1]})")
-    start, kept = trim_padding_columns(attention_mask, R)
-    end = input_ids.shape[1] - R + kept
+    row_M, col_M = response_positions(attention_mask, R)
+    if row_M.numel() == 0:
+        return torch.zeros(B, R, device=input_ids.device)
     with warnings.catch_warnings():
         # the token-classification head's output is a view; FSDP2 warns that an in-place op on it
         # would skip its backward hook, and nothing here modifies it in place
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-        out = model(
-            input_ids=input_ids[:, start:end],
-            attention_mask=attention_mask[:, start:end],
-            position_ids=position_ids[:, start:end],
-            use_cache=False,
-        )
-    values_BK = out.logits[:, -(kept + 1) : -1, 0].float()
-    if kept < R:
-        values_BK = nn.functional.pad(values_BK, (0, R - kept))
-    return values_BK
+        out_M1 = forward_at(model, input_ids, attention_mask, position_ids, row_M, total - R - 1 + col_M,
+                            remove_padding=remove_padding)
+    return to_response_grid(out_M1[:, 0].float(), row_M, col_M, B, R)
 
 
 class FSDPCritic:
@@ -130,6 +129,18 @@ class FSDPCritic:
         self.device = to_torch_device(device)
         self.mesh = make_device_mesh(world_size, self.device.type)
         overrides = {**(settings.override_config or {}), **VALUE_HEAD_CONFIG}
+        # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
+        self.forward_dynamic = settings.use_dynamic_bsz
+        """How value forwards are cut (the setting as given: an auto update cut does not change them)."""
+        hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
+        self.settings, self.memory_note = resolve_auto_settings(
+            settings, hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
+            value_head=True)
+        settings = self.settings
+        self.forward_max_tokens, _ = forward_token_budget(
+            hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
+            max_seq_len=settings.max_seq_len, fused_head=True)
+        """Token budget of a value forward without a micro-batch size (null: as many rows as fit)."""
         # a head missing from the checkpoint is drawn from the seed: the same on every rank (each rank
         # loads the whole model and keeps its shard), and the process's own RNG is left as it was
         with torch.random.fork_rng(devices=[]):
@@ -187,23 +198,26 @@ class FSDPCritic:
 
         Needs input_ids, attention_mask, position_ids, responses, response_mask. Micro-batches of
         ``forward_micro_batch_size_per_gpu`` rows, or by ``forward_max_token_len_per_gpu`` tokens with
-        ``use_dynamic_bsz``; neither: all rows at once.
+        ``use_dynamic_bsz``; neither: as many rows at once as the rank's memory allows
+        (:attr:`forward_max_tokens`).
         """
         s = self.settings
         require_keys(data, FORWARD_KEYS + ("response_mask",), "compute_values")
         self.model.eval()
         R = data["responses"].shape[1]
-        if s.use_dynamic_bsz:
+        if self.forward_dynamic:
             mbs = plan_micro_batches(data["attention_mask"], max_token_len=s.forward_max_token_len_per_gpu)
-        else:
+        elif s.forward_micro_batch_size_per_gpu is not None:
             mbs = plan_micro_batches(data["attention_mask"], micro_batch_size=s.forward_micro_batch_size_per_gpu)
+        else:
+            mbs = plan_micro_batches(data["attention_mask"], max_token_len=self.forward_max_tokens)
         if not mbs:
             return torch.zeros(0, R)
         pieces = []
         for idx in mbs:
             mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows({k: data[k] for k in FORWARD_KEYS}, idx).items()}
             pieces.append(forward_values(self.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
-                                         response_length=R).cpu())
+                                         response_length=R, remove_padding=s.use_remove_padding).cpu())
         values_BR = restore_order(pieces, mbs)
         mask_BR = data["response_mask"].to(values_BR.dtype)
         return torch.where(mask_BR != 0, values_BR * mask_BR, torch.zeros_like(values_BR))
@@ -270,7 +284,8 @@ class FSDPCritic:
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
             mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
             mask = mb["response_mask"]
-            vpreds = forward_values(self.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length=R)
+            vpreds = forward_values(self.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length=R,
+                                    remove_padding=s.use_remove_padding)
             loss, metrics = value_loss(vpreds, mb["values"].float(), mb["returns"].float(), mask,
                                        cliprange_value=s.cliprange_value, agg=spec)
             (loss * self.world_size).backward()

@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from grpo_dist.training import fsdp
+from grpo_dist.training.attention import VARLEN_SDPA
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS
 
@@ -52,8 +53,13 @@ def to_torch_device(device: str | torch.device) -> torch.device:
 
 
 def resolve_attn_implementation(name: str, device: torch.device, compute_dtype: torch.dtype | None = None) -> str:
-    """``"auto"`` -> ``flash_attention_2`` on CUDA when flash-attn is installed and the compute dtype
-    is bfloat16/float16, else ``sdpa``. ``flash_attention_2`` on a non-CUDA device is a ``ValueError``.
+    """The attention kernel a model is loaded with.
+
+    ``"auto"`` -> ``flash_attention_2`` on CUDA when flash-attn is installed and the compute dtype is
+    bfloat16/float16, else SDPA. SDPA (``"auto"`` without flash-attn, or ``"sdpa"``) is loaded as
+    :data:`~grpo_dist.training.attention.VARLEN_SDPA`: transformers' SDPA for padded batches, and for a
+    packed row one causal SDPA per sequence instead of a block-diagonal mask over the whole row.
+    ``flash_attention_2`` on a non-CUDA device is a ``ValueError``.
     """
     if name not in ATTN_IMPLEMENTATIONS:
         raise ValueError(f"unknown attn_implementation {name!r}; valid: {list(ATTN_IMPLEMENTATIONS)}")
@@ -61,9 +67,11 @@ def resolve_attn_implementation(name: str, device: torch.device, compute_dtype: 
         half = compute_dtype in (torch.bfloat16, torch.float16)
         if device.type == "cuda" and half and importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
-        return "sdpa"
+        return VARLEN_SDPA
     if name == "flash_attention_2" and device.type != "cuda":
         raise ValueError(f"attn_implementation='flash_attention_2' needs a CUDA device, got {device}; use sdpa")
+    if name == "sdpa":
+        return VARLEN_SDPA
     return name
 
 

@@ -71,6 +71,10 @@ class PolicyObjective:
     temperature: float
     remove_padding: bool = False
     """The packed forward (:func:`~grpo_dist.training.policy.forward_logprobs`): same values, less compute."""
+    fused: bool = False
+    """Log-probs from the hidden states without forming logits (same values, less memory)."""
+    logprob_chunk_size: int | None = None
+    """Positions per chunk of the output layer's log-softmax; None: from the vocabulary size."""
 
     def __post_init__(self) -> None:
         for name in ("loss_agg_mode", "kl_loss_agg_mode"):
@@ -100,6 +104,8 @@ class PolicyObjective:
             kl_loss_agg_mode=s.kl_loss_agg_mode,
             temperature=s.temperature,
             remove_padding=s.use_remove_padding,
+            fused=s.use_fused_kernels,
+            logprob_chunk_size=s.logprob_chunk_size,
         )
 
     def agg_spec(self, global_tokens: float, global_seqs: float) -> AggSpec:
@@ -159,6 +165,8 @@ def micro_batch_loss(
         compute_entropy=True,
         entropy_requires_grad=o.entropy_coeff != 0,
         remove_padding=o.remove_padding,
+        fused=o.fused,
+        logits_chunk_size=o.logprob_chunk_size,
     )
     # optional inputs are passed only when present (a mode need not declare them)
     extra = {"rollout_is_weights_BT": mb["rollout_is_weights"].float()} if "rollout_is_weights" in mb else {}

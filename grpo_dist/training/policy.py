@@ -4,12 +4,14 @@ Batch layout (verl's): ``input_ids`` [B, P+R] is a left-padded prompt (P) follow
 response (R); the logit at position ``t`` predicts token ``t+1``, so the R logits that predict the
 response tokens are those at positions ``P-1 .. P+R-2``.
 
-With ``remove_padding`` (verl's ``use_remove_padding``) the forward runs on the real tokens only:
-the rows of a micro-batch are concatenated into one row ``[1, N]`` (``N`` = real tokens) whose position
-ids restart at 0 for each sequence, which Hugging Face attention reads as sequence boundaries
-(flash-attention's variable-length kernels on CUDA, a block-diagonal mask with SDPA/eager), and only
-the ``M`` positions that predict a response token reach the output layer. Results equal the padded
-path's to float rounding; the compute saved is the padding's share of the tokens.
+The model runs through :func:`grpo_dist.training.model_forward.forward_at`, the forward every role
+shares: padded, or with ``remove_padding`` (verl's ``use_remove_padding``) packed into one row of
+the real tokens with per-sequence boundaries, and in both layouts the output layer sees only the
+``M`` positions that predict a real response token. Log-probs and entropy are then computed from
+those logits a few positions at a time (:func:`grpo_dist.core.logprobs.token_logprobs_and_entropy`),
+or, with ``fused``, straight from the hidden states and the output layer's weight
+(:func:`grpo_dist.core.logprobs.linear_logprobs_and_entropy`: no ``[M, V]`` logits at all). Every
+variant gives the same values and gradients to float rounding.
 
 Loading and sharding the model is :mod:`grpo_dist.training.model_builder`'s job.
 """
@@ -17,13 +19,19 @@ Loading and sharding the model is :mod:`grpo_dist.training.model_builder`'s job.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from grpo_dist.core.logprobs import token_logprobs_and_entropy
+from grpo_dist.core.logprobs import linear_logprobs_and_entropy, token_logprobs_and_entropy
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
+from grpo_dist.training.model_forward import (
+    PackedRows,
+    forward_at,
+    pack_rows,
+    response_positions,
+    to_response_grid,
+)
 from grpo_dist.training.settings import FORWARD_KEYS
 
 __all__ = [
@@ -33,7 +41,25 @@ __all__ = [
     "trim_padding_columns",
     "batched_logprobs",
     "require_keys",
+    "FUSED_MODEL_TYPES",
+    "supports_fused_head",
 ]
+
+FUSED_MODEL_TYPES: tuple[str, ...] = (
+    "llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "olmo", "olmo2", "phi3", "smollm3",
+)
+"""Model types whose causal-LM forward returns the output layer's result unchanged (no soft-capping or
+scaling of the logits afterwards), so the fused head may stand in for it."""
+
+
+def supports_fused_head(model: nn.Module) -> bool:
+    """Whether :func:`forward_logprobs` may use its fused head on ``model``: a causal LM of one of
+    :data:`FUSED_MODEL_TYPES` whose output layer is a plain ``nn.Linear`` (tied or not)."""
+    config = getattr(model, "config", None)
+    get = getattr(model, "get_output_embeddings", None)
+    layer = get() if callable(get) else None
+    return (getattr(config, "model_type", None) in FUSED_MODEL_TYPES and isinstance(layer, nn.Linear)
+            and getattr(config, "final_logit_softcapping", None) is None)
 
 
 def require_keys(data: Mapping[str, torch.Tensor], keys: tuple[str, ...] | list[str], where: str) -> None:
@@ -61,104 +87,6 @@ def trim_padding_columns(attention_mask: torch.Tensor, response_length: int) -> 
     return start, max(kept, 1)
 
 
-@dataclass(frozen=True)
-class PackedRows:
-    """A micro-batch's real tokens as one row, and where its response predictions are.
-
-    ``input_ids_1N``, ``position_ids_1N`` [1, N]: the real tokens of rows 0..B-1, in order, with their
-    own position ids (0-based per sequence). ``keep_M`` [M]: packed positions whose logit predicts a
-    real response token; ``labels_M`` [M]: that token; ``row_M``, ``col_M`` [M]: where its log-prob
-    goes in the ``[B, R]`` response grid.
-    """
-
-    input_ids_1N: torch.Tensor
-    position_ids_1N: torch.Tensor
-    keep_M: torch.Tensor
-    labels_M: torch.Tensor
-    row_M: torch.Tensor
-    col_M: torch.Tensor
-
-
-def pack_rows(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
-) -> PackedRows:
-    """Pack the attended tokens of ``[B, P+R]`` rows (left-padded prompt, right-padded response).
-
-    Each row's attended tokens must be one contiguous run that starts inside the prompt (at least one
-    prompt token) and whose position ids count 0, 1, 2, ...; ``ValueError`` names the first row that
-    is not. A row with no response token contributes only context; a row with no token, nothing.
-    """
-    B, total = input_ids.shape
-    P = total - response_length
-    real_BT = attention_mask.bool()
-    n_B = real_BT.sum(dim=1)
-    first_B = torch.where(n_B > 0, real_BT.int().argmax(dim=1), torch.full_like(n_B, P))
-    end_B = first_B + n_B  # one past the last real column, if the run is contiguous
-    cols_T = torch.arange(total, device=input_ids.device)
-    run_BT = (cols_T >= first_B[:, None]) & (cols_T < end_B[:, None])
-    bad = (run_BT != real_BT).any(dim=1) | ((n_B > 0) & (first_B > P - 1))
-    real_pos_ok = (position_ids - (cols_T[None, :] - first_B[:, None]))[real_BT] == 0
-    if bool(bad.any()) or not bool(real_pos_ok.all()):
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0])
-            why = "its attended tokens are not one run starting inside the prompt"
-        else:
-            rows_BT = torch.arange(B, device=input_ids.device)[:, None].expand(B, total)
-            b = int(rows_BT[real_BT][~real_pos_ok][0])
-            why = "its position ids do not count 0, 1, 2, ... over its attended tokens"
-        raise ValueError(f"packing rows without padding: row {b} cannot be packed ({why})")
-    offset_B = torch.cumsum(n_B, dim=0) - n_B  # packed index of each row's first token
-    input_ids_1N = input_ids[real_BT].unsqueeze(0)
-    position_ids_1N = position_ids[real_BT].unsqueeze(0)
-    # response column j of row b is predicted by padded column P-1+j, i.e. packed offset_b + P-1+j - first_b
-    resp_real_BR = real_BT[:, P:]
-    row_M, col_M = resp_real_BR.nonzero(as_tuple=True)
-    keep_M = offset_B[row_M] + (P - 1 + col_M) - first_B[row_M]
-    labels_M = input_ids_1N[0, keep_M + 1]
-    return PackedRows(input_ids_1N, position_ids_1N, keep_M, labels_M, row_M, col_M)
-
-
-def _forward_packed(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    position_ids: torch.Tensor,
-    *,
-    response_length: int,
-    temperature: float,
-    compute_entropy: bool,
-    entropy_requires_grad: bool,
-    logits_chunk_size: int | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    packed = pack_rows(input_ids, attention_mask, position_ids, response_length)
-    B = input_ids.shape[0]
-    if packed.keep_M.numel() == 0:  # no response token to score: nothing to run
-        zeros = torch.zeros(B, response_length, device=input_ids.device)
-        return zeros, (zeros.clone() if compute_entropy else None)
-    out = model(
-        input_ids=packed.input_ids_1N,
-        attention_mask=None,  # sequence boundaries come from the position ids
-        position_ids=packed.position_ids_1N,
-        use_cache=False,
-        logits_to_keep=packed.keep_M,
-    )
-    logits = out.logits[0]
-    if logits.shape[0] != packed.keep_M.shape[0]:  # a model that ignores logits_to_keep
-        logits = logits[packed.keep_M]
-    logp_M, entropy_M = token_logprobs_and_entropy(
-        logits, packed.labels_M, temperature=temperature, compute_entropy=compute_entropy,
-        entropy_requires_grad=entropy_requires_grad, chunk_size=logits_chunk_size,
-    )
-
-    def to_grid(values_M: torch.Tensor) -> torch.Tensor:
-        grid = values_M.new_zeros(B, response_length)
-        return grid.index_put((packed.row_M, packed.col_M), values_M)
-
-    logp_BR = to_grid(logp_M)
-    entropy_BR = to_grid(entropy_M) if entropy_M is not None else None
-    return logp_BR, entropy_BR
-
-
 def forward_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -171,18 +99,18 @@ def forward_logprobs(
     entropy_requires_grad: bool = True,
     remove_padding: bool = False,
     logits_chunk_size: int | None = None,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob (and entropy) of each response token under ``model`` at ``temperature``.
 
     Shapes: input_ids, attention_mask, position_ids [B, P+R] -> (logp_BR [B, R] float32,
-    entropy_BR [B, R] float32 or None). Logits are divided by ``temperature`` and cast to float32.
-    Padding columns that no row attends to are trimmed before the forward; response positions beyond
-    the last attended column get 0. Gradients flow when called under grad mode (to the entropy too
-    unless ``entropy_requires_grad=False``: then it is computed from detached logits, for metrics).
-    ``remove_padding=True`` runs the packed forward (module docstring); response positions that are
-    padding then hold 0. ``logits_chunk_size`` computes log-probs and entropy about that many
-    positions at a time (None: a size chosen from the vocabulary), recomputed in the backward (:mod:`grpo_dist.core.logprobs`: same values, far less memory
-    for large vocabularies).
+    entropy_BR [B, R] float32 or None); positions that are not real response tokens hold 0. Logits
+    are divided by ``temperature`` and cast to float32. Gradients flow when called under grad mode (to
+    the entropy too unless ``entropy_requires_grad=False``: then it is computed without a graph, for
+    metrics). ``remove_padding`` runs the packed forward. ``fused`` computes log-probs and entropy from
+    the hidden states without forming logits (models where :func:`supports_fused_head` holds; others
+    take the logits path). ``logits_chunk_size``: positions per chunk of the output layer's reduction
+    (per matmul when fused; None: chosen from the vocabulary size).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -191,36 +119,34 @@ def forward_logprobs(
             f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
             f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
         )
+    B, total = input_ids.shape
     R = response_length
-    if not 0 < R < input_ids.shape[1]:
-        raise ValueError(f"response_length {R} must be in (0, {input_ids.shape[1]})")
-    if remove_padding:
-        return _forward_packed(
-            model, input_ids, attention_mask, position_ids, response_length=R, temperature=temperature,
-            compute_entropy=compute_entropy, entropy_requires_grad=entropy_requires_grad,
-            logits_chunk_size=logits_chunk_size,
-        )
-    start, kept = trim_padding_columns(attention_mask, R)
-    end = input_ids.shape[1] - R + kept
-    out = model(
-        input_ids=input_ids[:, start:end],
-        attention_mask=attention_mask[:, start:end],
-        position_ids=position_ids[:, start:end],
-        use_cache=False,
-        logits_to_keep=kept + 1,
-    )
-    # K = kept response columns; slicing from the end also works for a model that ignores logits_to_keep
-    logits_BKV = out.logits[:, -(kept + 1) : -1, :]
-    labels_BK = input_ids[:, end - kept : end]
-    logp_BK, entropy_BK = token_logprobs_and_entropy(
-        logits_BKV, labels_BK, temperature=temperature, compute_entropy=compute_entropy,
-        entropy_requires_grad=entropy_requires_grad, chunk_size=logits_chunk_size,
-    )
-    if kept < R:
-        pad = (0, R - kept)
-        logp_BK = nn.functional.pad(logp_BK, pad)
-        entropy_BK = nn.functional.pad(entropy_BK, pad) if entropy_BK is not None else None
-    return logp_BK, entropy_BK
+    row_M, col_M = response_positions(attention_mask, R)
+    P = total - R
+    if row_M.numel() == 0:  # no response token to score: nothing to run
+        zeros = torch.zeros(B, R, device=input_ids.device)
+        return zeros, (zeros.clone() if compute_entropy else None)
+    labels_M = input_ids[row_M, P + col_M]
+    reduce = dict(temperature=temperature, compute_entropy=compute_entropy,
+                  entropy_requires_grad=entropy_requires_grad, chunk_size=logits_chunk_size)
+    if fused and supports_fused_head(model):
+        def head(h_MH, layer, _layer_forward):
+            logp, ent = linear_logprobs_and_entropy(h_MH, layer.weight, layer.bias, labels_M, **reduce)
+            return torch.stack([logp, ent if ent is not None else torch.zeros_like(logp)], dim=-1)
+
+        out_M2 = forward_at(model, input_ids, attention_mask, position_ids, row_M, P - 1 + col_M,
+                            remove_padding=remove_padding, head=head)
+        logp_M = out_M2[:, 0]
+        entropy_M = out_M2[:, 1] if compute_entropy else None
+        if entropy_M is not None and not entropy_requires_grad:
+            entropy_M = entropy_M.detach()
+    else:
+        logits_MV = forward_at(model, input_ids, attention_mask, position_ids, row_M, P - 1 + col_M,
+                               remove_padding=remove_padding)
+        logp_M, entropy_M = token_logprobs_and_entropy(logits_MV, labels_M, **reduce)
+    logp_BR = to_response_grid(logp_M, row_M, col_M, B, R)
+    entropy_BR = to_response_grid(entropy_M, row_M, col_M, B, R) if entropy_M is not None else None
+    return logp_BR, entropy_BR
 
 
 @torch.no_grad()
@@ -235,6 +161,7 @@ def batched_logprobs(
     compute_entropy: bool,
     remove_padding: bool = False,
     logits_chunk_size: int | None = None,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """No-grad log-probs (and entropy) of every row of ``data``, micro-batch by micro-batch.
 
@@ -258,6 +185,7 @@ def batched_logprobs(
             compute_entropy=compute_entropy,
             remove_padding=remove_padding,
             logits_chunk_size=logits_chunk_size,
+            fused=fused,
         )
         logps.append(logp.cpu())
         if ent is not None:

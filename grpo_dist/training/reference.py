@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 from grpo_dist.distributed.process_group import make_device_mesh
+from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.memory import forward_token_budget
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
 from grpo_dist.training.policy import batched_logprobs
 from grpo_dist.training.settings import ReferenceSettings
@@ -41,6 +43,8 @@ class FSDPReference:
         attn_implementation: str = "auto",
         trust_remote_code: bool = False,
         use_remove_padding: bool = False,
+        use_fused_kernels: bool = False,
+        logprob_chunk_size: int | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("FSDPReference needs torch.distributed initialised (init_process_group) first")
@@ -56,6 +60,8 @@ class FSDPReference:
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
             use_remove_padding=use_remove_padding,
+            use_fused_kernels=use_fused_kernels,
+            logprob_chunk_size=logprob_chunk_size,
         )
         self.rank, self.world_size = rank, world_size
         self.device = to_torch_device(device)
@@ -73,6 +79,13 @@ class FSDPReference:
             cpu_offload=param_offload,
             trust_remote_code=trust_remote_code,
         )
+        from transformers import AutoConfig
+
+        self.forward_max_tokens, _ = forward_token_budget(
+            AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code), device=self.device,
+            world_size=world_size, compute_dtype=to_dtype(param_dtype), max_seq_len=None,
+            fused_head=use_fused_kernels, trainable=False)
+        """Token budget of a forward given neither a micro-batch size nor a budget (null: auto)."""
 
     def compute_ref_log_prob(
         self,
@@ -85,10 +98,13 @@ class FSDPReference:
         """Reference log-probs [B, R] (CPU float32, input row order) of this rank's rows.
 
         Needs input_ids, attention_mask, position_ids, responses. Micro-batches by count or by token
-        budget (neither: all rows at once). ``temperature`` must be the rollout's, as for the actor.
+        budget (neither: as many rows at once as the rank's memory allows, :attr:`forward_max_tokens`).
+        ``temperature`` must be the rollout's, as for the actor.
         """
         if micro_batch_size is not None and max_token_len is not None:
             raise ValueError("give micro_batch_size or max_token_len, not both")
+        if micro_batch_size is None and max_token_len is None:
+            max_token_len = self.forward_max_tokens
         logp, _ = batched_logprobs(
             self.model,
             data,
@@ -98,5 +114,7 @@ class FSDPReference:
             temperature=temperature,
             compute_entropy=False,
             remove_padding=self.settings.use_remove_padding,
+            fused=self.settings.use_fused_kernels,
+            logits_chunk_size=self.settings.logprob_chunk_size,
         )
         return logp

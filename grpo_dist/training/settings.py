@@ -65,6 +65,17 @@ CRITIC_UPDATE_KEYS: tuple[str, ...] = (
 critic gave when the step's advantages were computed (the clip's anchor) and the returns (targets)."""
 
 
+def check_auto_settings(cls: str, s) -> None:
+    """``ValueError`` for a value that is neither a bool nor ``"auto"``, or an auto choice without the
+    sequence length it needs."""
+    if not (s.enable_gradient_checkpointing is True or s.enable_gradient_checkpointing is False
+            or s.enable_gradient_checkpointing == "auto"):
+        raise ValueError(f"{cls}.enable_gradient_checkpointing must be true, false or 'auto', got {s.enable_gradient_checkpointing!r}")
+    auto = s.enable_gradient_checkpointing == "auto" or s.ppo_micro_batch_size_per_gpu == "auto"
+    if auto and not (isinstance(s.max_seq_len, int) and s.max_seq_len >= 1):
+        raise ValueError(f"{cls}: the 'auto' memory choices need max_seq_len (prompt + response length), got {s.max_seq_len!r}")
+
+
 @dataclass
 class ActorSettings:
     """The numbers the actor uses (the trainer maps ``actor_rollout_ref.actor.*`` onto these)."""
@@ -73,8 +84,10 @@ class ActorSettings:
     ppo_mini_batch_size_per_gpu: int | None = None
     """Responses of ONE rank in one mini-batch (= one optimizer step); None: all of the rank's rows
     are one mini-batch. verl's normalisation: ``ppo_mini_batch_size * rollout.n // world_size``."""
-    ppo_micro_batch_size_per_gpu: int | None = None
-    """Responses per forward/backward on one rank (memory knob); None: the whole mini-batch."""
+    ppo_micro_batch_size_per_gpu: int | None | str = None
+    """Responses per forward/backward on one rank (memory knob); None: the whole mini-batch; ``"auto"``:
+    the whole mini-batch when its estimated activations fit in the rank's memory, else cut by a token
+    budget that fits (:mod:`grpo_dist.training.memory`; needs ``max_seq_len``)."""
     use_dynamic_bsz: bool = False
     """Cut micro-batches by token budget (``ppo_max_token_len_per_gpu``) instead of by count."""
     ppo_max_token_len_per_gpu: int = 16384
@@ -142,10 +155,22 @@ class ActorSettings:
     """dtype of the gradient reduce-scatter."""
     attn_implementation: str = "auto"
     """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool | str = False
+    """Recompute activations in the backward; ``"auto"``: only when a micro-batch's estimated
+    activations would not fit in the rank's memory (:mod:`grpo_dist.training.memory`)."""
+    max_seq_len: int | None = None
+    """Longest prompt + response the run produces (what the auto choices bound a row by)."""
+    max_response_len: int | None = None
+    """Longest response (the share of a row whose logits are formed)."""
     use_remove_padding: bool = False
     """Run every forward on the real tokens only, packed into one row with per-sequence position ids
     (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""
+    use_fused_kernels: bool = False
+    """Log-probs and entropy straight from the hidden states and the output layer, a chunk of
+    positions at a time, without forming the logits (grpo_dist/core/logprobs.py)."""
+    logprob_chunk_size: int | None = None
+    """Positions per chunk of the output layer's log-softmax (per matmul when fused); None: from the
+    vocabulary size."""
     reshard_after_forward: bool = True
     param_offload: bool = False
     """FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the CPU."""
@@ -168,9 +193,12 @@ class ActorSettings:
                 raise ValueError(f"ActorSettings.{name} must be an integer >= 1, got {v!r}")
 
         positive("ppo_mini_batch_size_per_gpu", allow_none=True)
-        positive("ppo_micro_batch_size_per_gpu", allow_none=True)
+        if self.ppo_micro_batch_size_per_gpu != "auto":
+            positive("ppo_micro_batch_size_per_gpu", allow_none=True)
+        check_auto_settings("ActorSettings", self)
         positive("ppo_max_token_len_per_gpu")
         positive("ppo_epochs")
+        positive("logprob_chunk_size", allow_none=True)
         if self.loss_mode not in list_policy_losses():
             raise ValueError(
                 f"ActorSettings.loss_mode {self.loss_mode!r} is not a registered policy loss; "
@@ -237,9 +265,15 @@ class ReferenceSettings:
     use_remove_padding: bool = False
     """Run every forward on the real tokens only, packed into one row with per-sequence position ids
     (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""
+    use_fused_kernels: bool = False
+    """Log-probs without forming the logits (as :class:`ActorSettings`)."""
+    logprob_chunk_size: int | None = None
+    """Positions per chunk of the output layer's log-softmax; None: from the vocabulary size."""
 
     def __post_init__(self) -> None:
         to_dtype(self.param_dtype)
+        if self.logprob_chunk_size is not None and (not isinstance(self.logprob_chunk_size, int) or self.logprob_chunk_size < 1):
+            raise ValueError(f"ReferenceSettings.logprob_chunk_size must be an integer >= 1 or None, got {self.logprob_chunk_size!r}")
 
 
 @dataclass
@@ -256,7 +290,8 @@ class CriticSettings:
     ppo_mini_batch_size_per_gpu: int | None = None
     """Responses of ONE rank in one critic mini-batch; None: all of the rank's rows
     (``critic.ppo_mini_batch_size * rollout.n // world_size``)."""
-    ppo_micro_batch_size_per_gpu: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None | str = None
+    """As :class:`ActorSettings` (``"auto"`` included)."""
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 32768
     forward_micro_batch_size_per_gpu: int | None = None
@@ -295,7 +330,13 @@ class CriticSettings:
     attn_implementation: str = "auto"
     override_config: dict | None = None
     """Fields set on the value model's Hugging Face config before it is built."""
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool | str = False
+    """As :class:`ActorSettings` (``"auto"`` included)."""
+    max_seq_len: int | None = None
+    max_response_len: int | None = None
+    use_remove_padding: bool = False
+    """Run every value forward on the real tokens only, packed into one row with per-sequence
+    boundaries (verl's ``critic.model.use_remove_padding``; grpo_dist/training/model_forward.py)."""
     reshard_after_forward: bool = True
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -310,12 +351,15 @@ class CriticSettings:
     def __post_init__(self) -> None:
         for name in ("ppo_mini_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
             v = getattr(self, name)
+            if name == "ppo_micro_batch_size_per_gpu" and v == "auto":
+                continue
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"CriticSettings.{name} must be an integer >= 1 or None, got {v!r}")
         for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu", "ppo_epochs"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"CriticSettings.{name} must be an integer >= 1, got {v!r}")
+        check_auto_settings("CriticSettings", self)
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"CriticSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
         if not self.cliprange_value >= 0:

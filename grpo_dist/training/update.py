@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from grpo_dist.core.losses import AggSpec, agg_loss, global_counts
+from grpo_dist.training.model_forward import tokens_computed
 from grpo_dist.training.micro_batches import take_rows
 from grpo_dist.training.objective import PolicyObjective, TermSums, micro_batch_loss
 
@@ -90,6 +91,8 @@ class PolicyStep:
         global_tokens: response tokens in the mini-batch (over all ranks).
         entropy_token_sum: 0-dim, this process's sum of per-token entropy over its response tokens
             (divided by ``global_tokens`` in one process: the entropy's token mean).
+        tokens: ``(computed, real)`` over all ranks when counted (``remove_padding`` given): the
+            positions the model ran on (padding included on the padded path) and the attended ones.
     """
 
     totals: dict[str, float]
@@ -98,11 +101,15 @@ class PolicyStep:
     finite: bool
     global_tokens: float
     entropy_token_sum: torch.Tensor
+    tokens: tuple[float, float] | None = None
 
     def actor_metrics(self) -> dict[str, float]:
-        """verl's names: ``actor/<name>`` for every total, and ``actor/grad_norm``."""
+        """verl's names: ``actor/<name>`` for every total, and ``actor/grad_norm``; with counted tokens
+        also ``perf/update_tokens_computed`` and ``perf/update_tokens_real``."""
         out = {f"actor/{name}": value for name, value in self.totals.items()}
         out["actor/grad_norm"] = self.grad_norm
+        if self.tokens is not None:
+            out["perf/update_tokens_computed"], out["perf/update_tokens_real"] = self.tokens
         return out
 
 
@@ -123,6 +130,7 @@ def policy_mini_batch_step(
     loss_scale: float = 1.0,
     on_micro_batch: Callable[[int, int], None] | None = None,
     grad_norm: GradNorm = local_grad_norm,
+    remove_padding: bool | None = None,
 ) -> PolicyStep:
     """One optimizer step of the policy over one mini-batch (module docstring).
 
@@ -130,7 +138,8 @@ def policy_mini_batch_step(
     moved to ``device`` micro-batch by micro-batch; ``micro_batches``: row indices into it, one list
     per forward/backward (every rank must run the same number). ``model`` is what
     :func:`micro_batch_loss` calls and whose gradients are clipped. ``on_micro_batch(i, count)`` runs
-    before the ``i``-th of ``count`` micro-batches.
+    before the ``i``-th of ``count`` micro-batches. With ``remove_padding`` (whether the forwards run
+    packed) the tokens the model ran on are counted (:attr:`PolicyStep.tokens`).
     """
     tokens, seqs = global_counts(mb_data["response_mask"])
     g_tokens, g_seqs = all_reduce_sum([tokens, seqs])
@@ -139,19 +148,26 @@ def policy_mini_batch_step(
     # local sums (0-dim tensors on the device, read once per mini-batch: no sync per micro-batch)
     sums = TermSums(objective, device)
     entropy_token_sum = torch.zeros((), dtype=torch.float64, device=device)
+    computed = 0
     for i, idx in enumerate(micro_batches):
         if on_micro_batch is not None:
             on_micro_batch(i, len(micro_batches))
         mb = {k: v.to(device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
+        if remove_padding is not None:
+            computed += tokens_computed(mb["attention_mask"], remove_padding)
         out = micro_batch_loss(model, mb, objective=objective, agg=spec, response_length=R)
         sums.add(out)
         (out.loss if loss_scale == 1.0 else out.loss * loss_scale).backward()
         entropy_token_sum += agg_loss(out.entropy_BR, mb["response_mask"], TOKEN_SUM).double()
 
-    totals = sums.totals(all_reduce_sum(sums.local()), g_tokens)
+    local = sums.local()
+    counts = [float(computed), float(mb_data["attention_mask"].sum())] if remove_padding is not None else []
+    reduced = all_reduce_sum(local + counts)  # one collective for the terms and the token counts
+    totals = sums.totals(reduced[: len(local)], g_tokens)
     norm, finite = clip_and_step(model, optimizer, grad_clip, grad_norm)
     return PolicyStep(totals=totals, metric_names=sums.metric_names or (), grad_norm=norm, finite=finite,
-                      global_tokens=g_tokens, entropy_token_sum=entropy_token_sum)
+                      global_tokens=g_tokens, entropy_token_sum=entropy_token_sum,
+                      tokens=(reduced[len(local)], reduced[len(local) + 1]) if counts else None)
 
 
 def run_mini_batches(
@@ -160,13 +176,15 @@ def run_mini_batches(
     *,
     epochs: int,
     shuffle: torch.Generator | None = None,
+    summed: tuple[str, ...] = (),
 ) -> tuple[dict[str, float], int]:
     """``epochs`` passes over ``mini_batches`` (row indices, one optimizer step each), in order.
 
     ``step(rows)`` takes one mini-batch's rows and returns its metrics and whether its optimizer
     step was taken. ``shuffle``: a generator that permutes the rows WITHIN each mini-batch before
     the step (it changes only which rows share a micro-batch). Returns the mean of every metric
-    over the steps, and the number of steps skipped for a non-finite gradient norm.
+    over the steps (the sum for names starting with one of ``summed``: counts), and the number of
+    steps skipped for a non-finite gradient norm.
     """
     history: dict[str, list[float]] = {}
     skipped = 0
@@ -179,4 +197,5 @@ def run_mini_batches(
             skipped += 0 if finite else 1
             for name, value in metrics.items():
                 history.setdefault(name, []).append(value)
-    return {name: float(np.mean(values)) for name, values in history.items()}, skipped
+    return {name: float(np.sum(values) if name.startswith(summed) else np.mean(values))
+            for name, values in history.items()}, skipped

@@ -32,7 +32,7 @@ class ActorWorker:
         return current_node_id()
 
     def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any,
-                   timeout_s: float = 600.0) -> None:
+                   timeout_s: float = 600.0) -> str | None:
         from grpo_dist.distributed.process_group import init_process_group
         from grpo_dist.training.actor import FSDPActor
 
@@ -40,6 +40,7 @@ class ActorWorker:
                            master_addr=master_addr, master_port=master_port, timeout_s=timeout_s)
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.actor = FSDPActor(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
+        return self.actor.memory_note  # what the auto memory choices chose (printed by the driver)
 
     @timed
     def compute_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,

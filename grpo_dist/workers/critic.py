@@ -30,7 +30,7 @@ class CriticWorker:
         return current_node_id()
 
     def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any,
-                   timeout_s: float = 600.0) -> None:
+                   timeout_s: float = 600.0) -> str | None:
         from grpo_dist.distributed.process_group import init_process_group
         from grpo_dist.training.critic import FSDPCritic
 
@@ -38,6 +38,7 @@ class CriticWorker:
                            master_addr=master_addr, master_port=master_port, timeout_s=timeout_s)
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.critic = FSDPCritic(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
+        return self.critic.memory_note  # what the auto memory choices chose (printed by the driver)
 
     @timed
     def compute_values(self, data: dict[str, torch.Tensor]) -> torch.Tensor:

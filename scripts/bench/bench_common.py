@@ -42,7 +42,42 @@ def gpu_peak_flops(device_name: str) -> float | None:
     return None
 
 
-def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm", precision: str = "auto") -> list[dict]:
+#: Shape of the real-vocabulary model: Qwen2-architecture layers, Qwen2.5's 151,936-token vocabulary.
+REAL_VOCAB_SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
+                        intermediate_size=704, max_position_embeddings=512)
+REAL_VOCAB_SIZE = 151_936
+
+#: Every workload name, in run order; ``--workloads`` takes a comma-separated subset of these.
+WORKLOAD_NAMES = ("tiny", "large", "gen_heavy", "real_vocab", "gpu")
+CPU_WORKLOADS = ("tiny", "large", "gen_heavy", "real_vocab")
+
+#: grpo_dist's variants of the real-vocabulary workload: how log-probs meet the 151,936-token output
+#: layer. "plain": one chunk of all positions (the [M, V] logits and float32 temporaries at once);
+#: "chunked": the default (a few positions at a time); "fused": from the hidden states, no logits.
+REAL_VOCAB_VARIANTS = {
+    "chunked": [],
+    "plain": ["actor_rollout_ref.model.logprob_chunk_size=1000000000"],
+    "fused": ["actor_rollout_ref.model.use_fused_kernels=true"],
+}
+
+
+#: The bare torch loop's processes (scripts/bench/bare_torch.py): the naive padded loop, grpo_dist's forward
+#: packed (which also times it padded, alternating, on the same batches), and packed with the fused head.
+BARE_VARIANTS = ("naive", "packed", "packed_fused")
+
+
+def check_workload_names(names: list[str], device: str = "cpu") -> list[str]:
+    """``names`` if each is a workload of ``device``; else ``ValueError`` naming the unknown ones and the
+    valid names (a typo must not silently run nothing)."""
+    valid = ("gpu",) if device == "cuda" else CPU_WORKLOADS
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise ValueError(f"unknown workload(s) {bad or names!r} for device {device}; valid: {', '.join(valid)}")
+    return names
+
+
+def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm", precision: str = "auto",
+              names: list[str] | None = None) -> list[dict]:
     """The workloads of a run. Steps = warmup_steps (not measured) + measured steps.
 
     ``tiny``: the embedded task (builtin:tiny-reverse, builtin:reverse/train) with its natural
@@ -51,10 +86,21 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm", precision
     sampled with top_k=20, so EOS is never among the candidates: every response is exactly
     ``response_length`` = 256 tokens in every program (equal work, no length noise). 2 prompts x 4
     responses per step: a decode batch of 8, where generation is the largest phase of TRL's step.
+    ``gen_heavy``: generation-heavy, as a new user's first run: the large model's shape with an EOS
+    bias (:func:`build_bench_model`: every sampled token is EOS with probability 1/64, so lengths are
+    geometric with mean ~56, capped at 128; the same distribution in every program), 8 prompts x 8
+    responses of up to 128 tokens, full-vocabulary sampling, KL loss on, micro-batches of 16.
+    ``real_vocab``: a random model with Qwen2.5's 151,936-token vocabulary (4 layers of 256: the output
+    layer is most of the work and memory; sampling stays on the tokenizer's ids), the same EOS bias,
+    4 prompts x 4 responses of up to 128 tokens, micro-batches of 8; grpo_dist runs in three variants
+    of its log-prob computation (:data:`REAL_VOCAB_VARIANTS`).
+
+    Quick mode: the same workloads with 2 steps (1 measured); without ``names`` only ``tiny``.
 
     ``precision``: ``fp32`` (everything float32) or ``bf16`` (float32 master weights, bf16 compute in
     every program: grpo_dist's FSDP2 mixed precision, TRL's ``bf16=True``, autocast in the bare loop,
-    bf16 rollout engines); ``auto``: bf16 on CUDA, fp32 on the CPU.
+    bf16 rollout engines); ``auto``: bf16 on CUDA, fp32 on the CPU. ``names``: the workloads to return
+    (:func:`check_workload_names`); None: the default set of the mode.
     """
     if precision == "auto":
         precision = "bf16" if device == "cuda" else "fp32"
@@ -62,13 +108,9 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm", precision
         raise ValueError(f"precision must be auto, fp32 or bf16, not {precision!r}")
     common = dict(temperature=1.0, top_p=1.0, lr=1e-6, kl_coef=0.001, max_prompt_length=64, seed=1,
                   data_seed=42, gradient_checkpointing=False)
-    tiny = dict(common, name="tiny", model="builtin:tiny-reverse",
-                model_desc="builtin:tiny-reverse (embedded task, warmed-up Qwen2 128x4 layers)", batch_size=8, n=4, response_length=24,
-                micro_batch=16, top_k=-1, warmup_steps=1, steps=2 if quick else 11)
-    large = dict(common, name="large", model="large",
-                 model_desc="random Qwen2 512 hidden x 8 layers (8 heads, 2 KV heads), EOS logits zeroed", batch_size=2, n=4, response_length=256,
-                 micro_batch=4, top_k=20, warmup_steps=2, steps=5)
     if device == "cuda":
+        if names is not None:
+            check_workload_names(names, device)
         # Same recipe as "large", sized for one GPU: 16 prompts x 8 responses of exactly 256 tokens,
         # bf16 compute over float32 master weights (grpo_dist's default on CUDA; TRL: bf16=True; the bare
         # loop: autocast), 4 micro-batches of 32 per update.
@@ -78,9 +120,52 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm", precision
                    steps=2 if quick else 4)
         gpu["precision"] = precision
         return [gpu]
-    for w in (tiny, large):
-        w.update(device="cpu", rollout=rollout, precision=precision)
-    return [tiny] if quick else [tiny, large]
+    table = {
+        "tiny": dict(common, name="tiny", model="builtin:tiny-reverse",
+                     model_desc="builtin:tiny-reverse (embedded task, warmed-up Qwen2 128x4 layers)", batch_size=8, n=4,
+                     response_length=24, micro_batch=16, top_k=-1, warmup_steps=1, steps=2 if quick else 11),
+        "large": dict(common, name="large", model="large",
+                      model_desc="random Qwen2 512 hidden x 8 layers (8 heads, 2 KV heads), EOS logits zeroed",
+                      batch_size=2, n=4, response_length=256, micro_batch=4, top_k=20, warmup_steps=2,
+                      steps=3 if quick else 5),
+        "gen_heavy": dict(common, name="gen_heavy", model="gen_heavy", mean_response=64,
+                          model_desc="random Qwen2 512 hidden x 8 layers (8 heads, 2 KV heads), EOS with p = 1/64 per token",
+                          batch_size=8, n=8, response_length=128, micro_batch=16, top_k=-1, warmup_steps=1,
+                          steps=2 if quick else 4, bare_variants=list(BARE_VARIANTS)),
+        "real_vocab": dict(common, name="real_vocab", model="real_vocab", mean_response=64,
+                           model_desc="random Qwen2 256 hidden x 4 layers, 151,936-token vocabulary, EOS with p = 1/64",
+                           batch_size=4, n=4, response_length=128, micro_batch=8, top_k=-1, warmup_steps=1,
+                           steps=2 if quick else 4, grpo_variants=list(REAL_VOCAB_VARIANTS),
+                           bare_variants=list(BARE_VARIANTS)),
+    }
+    if names is None:
+        names = ["tiny"] if quick else ["tiny", "large"]
+    check_workload_names(names, device)
+    out = []
+    for name in names:
+        w = dict(table[name], device="cpu", rollout=rollout, precision=precision)
+        out.append(w)
+    return out
+
+
+def response_lengths(w: dict, step: int, rows: int) -> list[int]:
+    """Per-row response lengths the bare torch loop trains on in ``step``: for a workload with an EOS
+    bias, draws from its length distribution (each token EOS with probability 1 / mean_response,
+    capped at response_length; seeded by the step, the same in every run); else every row
+    ``response_tokens`` (the mean grpo_dist generated) or ``response_length``."""
+    import random
+
+    if w.get("mean_response"):
+        rng = random.Random(1000 + step)
+        p, cap = 1.0 / w["mean_response"], w["response_length"]
+        out = []
+        for _ in range(rows):
+            n = 1
+            while n < cap and rng.random() >= p:
+                n += 1
+            out.append(n)
+        return out
+    return [int(w.get("response_tokens") or w["response_length"])] * rows
 
 
 def cache_dir() -> Path:
@@ -98,6 +183,11 @@ def prepare(workload: dict, work_dir: Path) -> dict:
     w = dict(workload)
     if w["model"] == "large":
         w["model_dir"] = str(build_large_model(work_dir / "large_model"))
+    elif w["model"] == "gen_heavy":
+        w["model_dir"] = str(build_bench_model(work_dir / "gen_heavy_model", LARGE_SHAPE, mean_response=w["mean_response"]))
+    elif w["model"] == "real_vocab":
+        w["model_dir"] = str(build_bench_model(work_dir / "real_vocab_model", REAL_VOCAB_SHAPE, vocab_size=REAL_VOCAB_SIZE,
+                                               mean_response=w["mean_response"]))
     elif w["model"] == "gpu":
         w["model_dir"] = str(build_large_model(work_dir / "gpu_model", GPU_SHAPE))
     else:
@@ -134,6 +224,71 @@ def build_large_model(out: Path, shape: dict | None = None) -> Path:
     w[list(EOS_TOKEN_IDS)] = 0.0
     state["lm_head.weight"] = w
     save_file({k: v.contiguous() for k, v in state.items()}, str(files[0]), metadata={"format": "pt"})
+    marker.write_text(spec)
+    return out
+
+
+def build_bench_model(out: Path, shape: dict, *, vocab_size: int | None = None, mean_response: float | None = None) -> Path:
+    """A random Qwen2 model of ``shape`` whose response lengths vary in a known way and whose sampling
+    stays on the tokenizer's ids, in every program alike.
+
+    The tokenizer is the tiny model's (``n`` ~ 100 tokens); ``vocab_size`` (e.g. Qwen2.5's 151,936) makes
+    the model's embedding and output layer that large, so the output layer's work and memory are a real
+    vocabulary's. A constant direction carries the control: dimension 0 of every embedding is ``C`` and no
+    layer writes to it (rows 0 of every ``o_proj`` and ``down_proj`` are zero), so it dominates the final
+    RMSNorm's input and comes out of it as ~sqrt(hidden) for every token. Output rows read it:
+
+    - ids at or past ``n`` (not in the tokenizer): a logit of -60: never sampled;
+    - EOS ids (1 and 3): a logit ``b`` with ``2 e^b / (2 e^b + n - 2) = 1 / mean_response``, the other
+      rows' logits being ~0 (the other dimensions are ~1/C of it): each response token is EOS with
+      probability ``1 / mean_response``, so lengths are geometric (capped by ``response_length``), the same
+      distribution in vLLM, Hugging Face ``generate`` and TRL.
+    """
+    import math
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    marker = out / "bench_model.json"
+    spec = json.dumps({"shape": shape, "vocab_size": vocab_size, "mean_response": mean_response, "version": 1},
+                      sort_keys=True)
+    if marker.exists() and marker.read_text() == spec:
+        return out
+    build_tiny_model(out, seed=0, **shape)
+    files = sorted(out.glob("*.safetensors"))
+    assert len(files) == 1, files
+    state = load_file(str(files[0]))
+    cfg = json.loads((out / "config.json").read_text())
+    n, H = cfg["vocab_size"], cfg["hidden_size"]
+    V = vocab_size or n
+    g = torch.Generator().manual_seed(1)
+    emb = torch.zeros(V, H)
+    emb[:n] = state["model.embed_tokens.weight"]
+    emb[n:] = 0.02 * torch.randn(V - n, H, generator=g)
+    C = 50.0
+    emb[:, 0] = C
+    state["model.embed_tokens.weight"] = emb
+    for k in list(state):
+        if k.endswith("self_attn.o_proj.weight") or k.endswith("mlp.down_proj.weight"):
+            w = state[k].clone()
+            w[0] = 0.0
+            state[k] = w
+    head = torch.zeros(V, H)
+    head[:n] = state["lm_head.weight"]
+    head[:n, 0] = 0.0
+    root_h = math.sqrt(H)
+    head[n:, 0] = -60.0 / root_h
+    if mean_response:
+        b = math.log((n - 2) / (2 * (mean_response - 1)))
+        for eos in EOS_TOKEN_IDS:
+            head[eos] = 0.0
+            head[eos, 0] = b / root_h
+    state["lm_head.weight"] = head
+    save_file({k: v.contiguous() for k, v in state.items()}, str(files[0]), metadata={"format": "pt"})
+    cfg["vocab_size"] = V
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
     marker.write_text(spec)
     return out
 

@@ -11,6 +11,13 @@ Workloads (random Qwen2-style models, float32, SDPA attention, no gradient check
 - ``real-vocabulary``: 16 responses of 64..256 tokens, micro-batches of 4 rows, Qwen2.5's 151,936-token
   vocabulary (the output layer dominates memory).
 
+grpo_dist's variants use the model builder's attention (per-sequence SDPA for packed rows) unless the
+variant says "plain sdpa" (transformers' SDPA: a block-diagonal mask over the whole packed row).
+"saving vs grpo_dist padded" is the time packing (and the rest) saves against grpo_dist's own padded
+path, to compare with the padding fraction printed below each workload: the share of the padded path's
+tokens that are padding. "peak above model" is the peak resident memory minus the memory held before
+the first forward (model and rows), i.e. what the forwards and backwards added.
+
 Every variant computes the same loss (sum of response log-probs and entropies, through
 grpo_dist.training.policy.forward_logprobs) on the same rows and micro-batches; "bare torch" is the plain
 Hugging Face forward with a padded batch and torch's own log-softmax, as a training loop without
@@ -38,8 +45,10 @@ QUICK = {
 VARIANTS = {
     "bare torch (padded)": dict(bare=True),
     "grpo_dist padded": dict(remove_padding=False, chunk=None),
+    "grpo_dist packed, block-diagonal mask (plain sdpa)": dict(remove_padding=True, chunk=None, attn="sdpa"),
     "grpo_dist packed, log-probs unchunked": dict(remove_padding=True, chunk=10**9),
-    "grpo_dist packed (default)": dict(remove_padding=True, chunk=None),
+    "grpo_dist packed, chunked log-probs": dict(remove_padding=True, chunk=None),
+    "grpo_dist packed, fused log-probs": dict(remove_padding=True, chunk=None, fused=True),
 }
 
 
@@ -48,6 +57,7 @@ def run_variant(spec: dict, variant: dict, repeats: int) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from grpo_dist.training.attention import VARLEN_SDPA
     from grpo_dist.training.policy import forward_logprobs
 
     torch.manual_seed(0)
@@ -56,7 +66,7 @@ def run_variant(spec: dict, variant: dict, repeats: int) -> dict:
     config = Qwen2Config(
         vocab_size=spec["vocab"], hidden_size=h, intermediate_size=4 * h, num_hidden_layers=spec["layers"],
         num_attention_heads=max(1, h // 64), num_key_value_heads=max(1, h // 64), max_position_embeddings=1024,
-        tie_word_embeddings=False, attn_implementation="sdpa",
+        tie_word_embeddings=False, attn_implementation=variant.get("attn", VARLEN_SDPA),
     )
     model = Qwen2ForCausalLM(config).train()
     g = torch.Generator().manual_seed(1)
@@ -82,9 +92,11 @@ def run_variant(spec: dict, variant: dict, repeats: int) -> dict:
             logp, ent = forward_logprobs(
                 model, i, m, ps, response_length=R, temperature=1.0, compute_entropy=True,
                 remove_padding=variant["remove_padding"], logits_chunk_size=variant["chunk"],
+                fused=variant.get("fused", False),
             )
         return -((logp + 0.01 * ent) * rm).sum()
 
+    baseline_mb = _rss_mb()
     times = []
     for rep in range(repeats + 1):  # the first pass warms up allocators and kernels
         model.zero_grad(set_to_none=True)
@@ -109,7 +121,14 @@ def run_variant(spec: dict, variant: dict, repeats: int) -> dict:
         "tokens_computed": computed,
         "tokens_real": real,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_above_model_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mb,
     }
+
+
+def _rss_mb() -> float:
+    """Resident memory of this process now (MB)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,21 +143,28 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     specs = QUICK if args.quick else WORKLOADS
     repeats = 1 if args.quick else 3
-    print(f"| workload | variant | forward+backward s (best of {repeats}) | vs bare torch | tokens computed | "
-          "tokens that count | peak RSS MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| workload | variant | forward+backward s (best of {repeats}) | vs bare torch | saving vs grpo_dist padded "
+          "| tokens computed | tokens that count | peak RSS MB | peak above model MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in args.workloads:
-        base = None
+        base = padded = None
         for vname, variant in VARIANTS.items():
             job = json.dumps({"spec": specs[name], "variant": variant, "repeats": repeats})
             out = subprocess.run([sys.executable, __file__, "--child", job], capture_output=True, text=True)
             if out.returncode != 0:
-                print(f"| {name} | {vname} | failed: {out.stderr.strip().splitlines()[-1:]} | | | | |")
+                print(f"| {name} | {vname} | failed: {out.stderr.strip().splitlines()[-1:]} | | | | | | |")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
             base = r["seconds"] if base is None else base
-            print(f"| {name} | {vname} | {r['seconds']:.3f} | {base / r['seconds']:.2f}x | {r['tokens_computed']} | "
-                  f"{r['tokens_real']} | {r['peak_rss_mb']:.0f} |", flush=True)
+            if vname == "grpo_dist padded":
+                padded = r
+            saving = "" if padded is None else f"{100 * (1 - r['seconds'] / padded['seconds']):.0f} %"
+            print(f"| {name} | {vname} | {r['seconds']:.3f} | {base / r['seconds']:.2f}x | {saving} | "
+                  f"{r['tokens_computed']} | {r['tokens_real']} | {r['peak_rss_mb']:.0f} | "
+                  f"{r['peak_above_model_mb']:.0f} |", flush=True)
+        if padded is not None:
+            print(f"| {name} | padding fraction of the padded path: "
+                  f"{100 * (1 - padded['tokens_real'] / padded['tokens_computed']):.0f} % | | | | | | | |", flush=True)
     return 0
 
 

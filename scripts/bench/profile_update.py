@@ -70,7 +70,7 @@ def entropy_off(variant: str):
     """For ``no_entropy``: the update's forward skips the entropy metric (zeros instead), for this variant only."""
     import torch
 
-    import grpo_dist.training.actor as actor_mod
+    import grpo_dist.training.objective as actor_mod
 
     orig = actor_mod.forward_logprobs
 
@@ -93,7 +93,7 @@ def step_batch(w: dict, k: int, ds, tok, vocab: int, gen):
     from bare_torch import _batch
 
     idx = w["step_prompts"][k]
-    ids, mask, pos, R = _batch(w, [ds[i]["prompt_ids"] for i in idx], tok.pad_token_id, vocab, gen)
+    ids, mask, pos, R = _batch(w, [ds[i]["prompt_ids"] for i in idx], tok.pad_token_id, vocab, gen, k)
     N = ids.shape[0]
     resp_mask = mask[:, -R:].clone()
     return {

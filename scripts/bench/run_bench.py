@@ -2,15 +2,21 @@
 
     .venv/bin/python scripts/bench/run_bench.py            # full: tiny + large workload, 3 repetitions
     .venv/bin/python scripts/bench/run_bench.py --quick    # tiny workload, 2 steps, 1 repetition
+    .venv/bin/python scripts/bench/run_bench.py --workloads gen_heavy,real_vocab   # this issue's measurement
+    .venv/bin/python scripts/bench/run_bench.py --quick --workloads gen_heavy      # its smoke run
 
 For each workload (see bench_common.workloads) and repetition, four programs run one after another, each
 in its own fresh process, on the same model directory, prompts and settings:
 
 1. grpo_dist through its entry point, ``python -m grpo_dist.main key=value ...`` (one CPU rank);
-   its metrics.jsonl gives the phase times, a psutil monitor the peak RSS of each Ray worker;
+   its metrics.jsonl gives the phase times, a psutil monitor the peak RSS of each Ray worker (a workload
+   with ``grpo_variants`` runs it once per variant: the real-vocabulary workload's log-prob computations);
 2. TRL's GRPOTrainer (scripts/bench/trl_grpo.py; skipped when trl is not installed);
 3. bare vLLM, ``LLM.generate`` alone (scripts/bench/bare_vllm.py);
-4. a bare torch forward/backward/AdamW loop (scripts/bench/bare_torch.py).
+4. a bare torch forward/backward/AdamW loop (scripts/bench/bare_torch.py), once per ``bare_variants``
+   entry (the naive padded loop; grpo_dist's forward padded, packed, packed + fused).
+
+Unknown workload names are refused.
 
 grpo_dist and TRL alternate (A B, then B A, ...). The report (markdown) is printed and written to
 ``OUT/report.md`` with the raw numbers in ``OUT/results.json``. See docs/benchmarks.md.
@@ -42,9 +48,11 @@ from bench_procmon import TreeMonitor  # noqa: E402
 ROOT = common.ROOT
 
 
-def grpo_overrides(w: dict, out_dir: Path) -> list[str]:
-    """The grpo_dist command line for a workload: one rank (CPU or GPU), one update per step, KL loss on."""
+def grpo_overrides(w: dict, out_dir: Path, variant: str | None = None) -> list[str]:
+    """The grpo_dist command line for a workload: one rank (CPU or GPU), one update per step, KL loss on;
+    ``variant``: one of the real-vocabulary workload's log-prob variants (bench_common.REAL_VOCAB_VARIANTS)."""
     m = w["micro_batch"]
+    extra = common.REAL_VOCAB_VARIANTS[variant] if variant else []
     dtype = "bfloat16" if common.is_bf16(w) else "float32"
     return [
         f"actor_rollout_ref.rollout.name={w.get('rollout', 'vllm')}",
@@ -84,6 +92,7 @@ def grpo_overrides(w: dict, out_dir: Path) -> list[str]:
         "trainer.logger=[console,file]",
         "trainer.progress_bar=false",
         f"trainer.default_local_dir={out_dir}",
+        *extra,
     ]
 
 
@@ -146,11 +155,12 @@ def run_monitored(cmd: list[str], log: Path, *, metrics_path: Path | None = None
     return res
 
 
-def run_grpo(w: dict, run_dir: Path, ray_niceness: str | None) -> dict:
-    out = run_dir / "grpo_dist"
+def run_grpo(w: dict, run_dir: Path, ray_niceness: str | None, variant: str | None = None) -> dict:
+    tag = "grpo_dist" + (f"_{variant}" if variant else "")
+    out = run_dir / tag
     shutil.rmtree(out, ignore_errors=True)  # a metrics.jsonl from an earlier run would confuse the monitor
-    cmd = [sys.executable, "-m", "grpo_dist.main", *grpo_overrides(w, out)]
-    mon = run_monitored(cmd, run_dir / "grpo_dist.log", metrics_path=out / "metrics.jsonl", env=_env(ray_niceness))
+    cmd = [sys.executable, "-m", "grpo_dist.main", *grpo_overrides(w, out, variant)]
+    mon = run_monitored(cmd, run_dir / f"{tag}.log", metrics_path=out / "metrics.jsonl", env=_env(ray_niceness))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return {"metrics": rows, "monitor": mon, "command": shlex.join(cmd)}
 
@@ -221,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny workload only, 2 steps (1 measured), 1 repetition")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per program (default: 3, quick: 1)")
-    ap.add_argument("--workloads", default=None, help="comma-separated subset of: tiny,large")
+    ap.add_argument("--workloads", default=None,
+                    help="comma-separated workloads: " + ",".join(common.CPU_WORKLOADS) + " on the CPU, gpu with "
+                         "--device cuda (default: tiny,large; quick: tiny); an unknown name is an error")
     ap.add_argument("--programs", default="grpo_dist,trl,vllm,torch",
                     help="comma-separated subset of the programs to run: grpo_dist,trl,vllm (the bare rollout "
                          "baseline: vLLM or Hugging Face generate),torch")
@@ -243,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--render", metavar="RESULTS_JSON", default=None,
                     help="only print the report of an earlier run's results.json (no program runs)")
     args = ap.parse_args(argv)
+    names = None
+    if args.workloads:
+        try:
+            names = common.check_workload_names([n.strip() for n in args.workloads.split(",") if n.strip()], args.device)
+        except ValueError as exc:
+            ap.error(str(exc))
     if args.render:
         print(render_results(common.read_json(args.render)))
         return 0
@@ -264,10 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     t_start = time.perf_counter()
 
-    wls = common.workloads(args.quick, args.device, rollout, args.precision)
-    if args.workloads:
-        keep = set(args.workloads.split(","))
-        wls = [w for w in wls if w["name"] in keep]
+    wls = common.workloads(args.quick, args.device, rollout, args.precision, names)
     prepared = [common.prepare(w, out) for w in wls]
 
     results: dict = {"machine": machine, "command": command, "reps": reps, "workloads": prepared, "runs": {}}
@@ -279,13 +294,18 @@ def main(argv: list[str] | None = None) -> int:
         # runs["vllm"] holds the bare rollout baseline: vLLM's LLM.generate, or Hugging Face generate when
         # the workload's rollout engine is "hf" (w["rollout"])
         runs: dict[str, list] = {"grpo_dist": [], "trl": [], "vllm": [], "torch": []}
+        grpo_variants = [v for v in w.get("grpo_variants", []) if v != "chunked"]
+        bare_variants = [v for v in w.get("bare_variants", ["naive"]) if v != "naive"]
+        runs.update({f"grpo_dist:{v}": [] for v in grpo_variants})
+        runs.update({f"torch:{v}": [] for v in bare_variants})
         results["runs"][w["name"]] = runs
         for rep in range(reps):
             run_dir = out / w["name"] / f"rep{rep}"
             run_dir.mkdir(parents=True, exist_ok=True)
             order = ["grpo_dist", "trl"] if rep % 2 == 0 else ["trl", "grpo_dist"]
-            for prog in order + ["vllm", "torch"]:
-                if (prog == "trl" and not have_trl) or prog not in programs:
+            order += [f"grpo_dist:{v}" for v in grpo_variants] + ["vllm", "torch"] + [f"torch:{v}" for v in bare_variants]
+            for prog in order:
+                if (prog == "trl" and not have_trl) or prog.partition(":")[0] not in programs:
                     continue
                 note = ""
                 if quiet_wait > 0 and quiet_budget > 0:
@@ -294,20 +314,23 @@ def main(argv: list[str] | None = None) -> int:
                     note = f" (waited {waited:.0f} s for a quiet machine, other load {load:.2f} cores)"
                 t = time.perf_counter()
                 print(f"[{w['name']} rep {rep + 1}/{reps}] {prog}{note} ...", end="", flush=True, file=sys.stderr)
-                if prog == "grpo_dist":
-                    runs[prog].append(run_grpo(w, run_dir, None if args.ray_default_niceness else "0"))
+                if prog.startswith("grpo_dist"):
+                    variant = prog.partition(":")[2] or None
+                    runs[prog].append(run_grpo(w, run_dir, None if args.ray_default_niceness else "0", variant))
                 elif prog == "trl":
                     runs[prog].append(run_script("trl_grpo.py", w, run_dir, "trl"))
                 elif prog == "vllm":
                     script = "bare_vllm.py" if w["rollout"] == "vllm" else "bare_hf.py"
                     runs[prog].append(run_script(script, w, run_dir, "vllm"))
                 else:
-                    wt = dict(w)
+                    wt = dict(w, bare_variant=prog.partition(":")[2] or "naive")
                     gen = report.median(d["gen_tokens"] for r in runs["grpo_dist"]
                                         for d in report.grpo_steps(r, w["warmup_steps"], w["batch_size"] * w["n"]))
-                    if gen:  # the bare loop trains on as many response tokens as grpo_dist generated
+                    if gen and not w.get("mean_response"):
+                        # the bare loop trains on as many response tokens as grpo_dist generated (workloads
+                        # with an EOS bias draw per-row lengths from its distribution instead)
                         wt["response_tokens"] = max(1, round(gen / (w["batch_size"] * w["n"])))
-                    runs[prog].append(run_script("bare_torch.py", wt, run_dir, "torch"))
+                    runs[prog].append(run_script("bare_torch.py", wt, run_dir, prog.replace(":", "_")))
                 runs[prog][-1]["quiet_gate"] = note.strip(" ()")
                 print(f" {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
             common.write_json(out / "results.json", results)

@@ -49,10 +49,13 @@ def run(w: dict) -> dict:
     train = Dataset.from_list([{"prompt": it["raw_prompt"], "ground_truth": str(it["ground_truth"])} for it in items])
 
     gen_tokens: list[int] = []
+    gen_computed: list[int] = []
 
     def reward_reverse(completions, ground_truth, completion_ids=None, **kwargs):
         if completion_ids is not None:
             gen_tokens.append(sum(len(c) for c in completion_ids))
+            # Hugging Face generate runs every sequence of the batch until the longest one ends
+            gen_computed.append(len(completion_ids) * max((len(c) for c in completion_ids), default=0))
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
         return [reverse.score(t, g) for t, g in zip(texts, ground_truth)]
 
@@ -120,9 +123,20 @@ def run(w: dict) -> dict:
         finally:
             gen_s.append(time.perf_counter() - t)
 
+    tokens: dict[str, list[int]] = {"nograd_computed": [], "nograd_real": [], "grad_computed": [], "grad_real": []}
+
+    def count(kind: str, a, k) -> None:
+        ids = k.get("input_ids", a[1] if len(a) > 1 else None)
+        mask = k.get("attention_mask", a[2] if len(a) > 2 else None)
+        if isinstance(ids, torch.Tensor) and isinstance(mask, torch.Tensor):
+            tokens[f"{kind}_computed"].append(int(ids.numel()))
+            tokens[f"{kind}_real"].append(int(mask.sum()))
+
     def timed_fwd(*a, **k):
         if torch.is_grad_enabled():
+            count("grad", a, k)
             return orig_fwd(*a, **k)
+        count("nograd", a, k)
         t = time.perf_counter()
         try:
             return orig_fwd(*a, **k)
@@ -145,6 +159,15 @@ def run(w: dict) -> dict:
             "nograd_forward_s": fwd_s[k] if k < len(fwd_s) else None,
             "warmup": k < w["warmup_steps"],
         })
+    # tokens per step (the forward calls of a step are summed: the no-grad ones of the reference, the
+    # grad ones of the update, one per micro-batch)
+    per = max(1, len(steps))
+    for kind, vals in tokens.items():
+        for k, row in enumerate(steps):
+            chunk = len(vals) // per if vals else 0
+            row[f"{kind}_tokens"] = sum(vals[k * chunk:(k + 1) * chunk]) if chunk else None
+    for k, row in enumerate(steps):
+        row["gen_tokens_computed"] = gen_computed[k] if k < len(gen_computed) else None
     out = {"steps": steps, "trl_version": trl.__version__, "threads": torch.get_num_threads()}
     if cuda:
         out["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30

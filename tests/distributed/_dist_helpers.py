@@ -20,8 +20,9 @@ import torch.multiprocessing as mp
 VOCAB = 64
 
 
-def build_tiny_model(directory: str | os.PathLike, *, seed: int = 0) -> Path:
-    """A 2-layer Qwen2 (vocab 64, hidden 64, head_dim 64) and a word-level tokenizer, saved to ``directory``."""
+def build_tiny_model(directory: str | os.PathLike, *, seed: int = 0, tie_word_embeddings: bool = False) -> Path:
+    """A 2-layer Qwen2 (vocab 64, hidden 64, head_dim 64) and a word-level tokenizer, saved to ``directory``
+    (the output layer tied to the input embeddings with ``tie_word_embeddings``)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -35,7 +36,7 @@ def build_tiny_model(directory: str | os.PathLike, *, seed: int = 0) -> Path:
         num_key_value_heads=1,
         head_dim=64,
         intermediate_size=128,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():  # non-zero biases, so a wrong (sharded / stale) copy cannot look right by accident

@@ -97,13 +97,13 @@ def full_params(actor) -> dict[str, torch.Tensor]:
 def cross_rank_config(mode: str, world_size: int, **extra):
     """Same update on 1 and 2 ranks: 2 mini-batches, 2 epochs, KL loss and entropy bonus on.
     1 rank cuts padded micro-batches of 1 row; 2 ranks cut by token budget and run packed forwards
-    (use_remove_padding)."""
+    (use_remove_padding) with the fused log-prob head (no logits formed)."""
     common = dict(loss_agg_mode=mode, ppo_epochs=2, use_kl_loss=True, kl_loss_coef=0.1, entropy_coeff=0.01, **extra)
     if world_size == 1:
         return settings(ppo_mini_batch_size_per_gpu=4, ppo_micro_batch_size_per_gpu=1, **common)
     return settings(
         ppo_mini_batch_size_per_gpu=2, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40,
-        use_remove_padding=True, **common
+        use_remove_padding=True, use_fused_kernels=True, logprob_chunk_size=5, **common
     )
 
 
@@ -170,7 +170,8 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
     ref_logp = ref.compute_ref_log_prob(mine, max_token_len=16, temperature=T)
     packed_actor = make(settings(use_remove_padding=True))
     packed_logp, packed_ent = packed_actor.compute_log_prob(mine, max_token_len=16, temperature=T, compute_entropy=True)
-    packed_ref = FSDPReference(model_dir, rank=rank, world_size=world_size, device="cpu", use_remove_padding=True)
+    packed_ref = FSDPReference(model_dir, rank=rank, world_size=world_size, device="cpu", use_remove_padding=True,
+                               use_fused_kernels=True)
     packed_ref_logp = packed_ref.compute_ref_log_prob(mine, micro_batch_size=3, temperature=T)
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -272,13 +273,44 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
         "micro4_checkpointing": dict(ppo_micro_batch_size_per_gpu=4, enable_gradient_checkpointing=True),
         "micro4_packed": dict(ppo_micro_batch_size_per_gpu=4, use_remove_padding=True),
         "dynamic_packed": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, use_remove_padding=True),
+        "dynamic_packed_fused": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, use_remove_padding=True,
+                                     use_fused_kernels=True, logprob_chunk_size=3),
+        "micro4_packed_fused_checkpointing": dict(ppo_micro_batch_size_per_gpu=4, use_remove_padding=True,
+                                                  use_fused_kernels=True, enable_gradient_checkpointing=True),
+        "auto": dict(ppo_micro_batch_size_per_gpu="auto", enable_gradient_checkpointing="auto", max_seq_len=14,
+                     max_response_len=8, use_remove_padding=True),
     }
     out["invariance"] = {}
+    out["packed_rows"] = {}
     for mode in ALL_LOSS_AGG_MODES:
         for cut, kw in cuts.items():
             actor = make(settings(loss_agg_mode=mode, ppo_mini_batch_size_per_gpu=8, use_kl_loss=True, **kw))
+            # the width of every row the model runs on (packed: one row of the micro-batch's real tokens)
+            widths: list[tuple[int, int]] = []
+            hook = actor.model.get_input_embeddings().register_forward_hook(
+                lambda mod, inp, o, widths=widths: widths.append(tuple(inp[0].shape)))
             metrics = actor.update_policy(data)
-            out["invariance"][(mode, cut)] = {"metrics": metrics, "params": actor.state_dict_for_sync()}
+            hook.remove()
+            out["invariance"][(mode, cut)] = {"metrics": metrics, "params": actor.state_dict_for_sync(),
+                                              "memory_note": actor.memory_note,
+                                              "resolved": (actor.settings.enable_gradient_checkpointing,
+                                                           actor.settings.ppo_micro_batch_size_per_gpu,
+                                                           actor.settings.use_dynamic_bsz)}
+            out["packed_rows"][(mode, cut)] = widths
+
+    # fused vs logits path on a model whose output layer is tied to the input embeddings (SmolLM2's
+    # and Qwen2.5-0.5B's layout): the tied weight gets both gradients under FSDP2
+    import tempfile
+
+    from tests.distributed._dist_helpers import build_tiny_model
+
+    tied_dir = build_tiny_model(tempfile.mkdtemp(prefix="tied_"), tie_word_embeddings=True)
+    out["tied"] = {}
+    for name, kw in {"logits": {}, "fused": dict(use_fused_kernels=True, logprob_chunk_size=4)}.items():
+        actor = FSDPActor(tied_dir, settings(ppo_mini_batch_size_per_gpu=8, ppo_micro_batch_size_per_gpu=4,
+                                             use_kl_loss=True, use_remove_padding=True, entropy_coeff=0.01, **kw),
+                          rank=rank, world_size=world_size, device="cpu")
+        out["tied"][name] = {"metrics": actor.update_policy(data), "params": actor.state_dict_for_sync()}
 
     # (b) the 1-rank side of the cross-rank comparison
     out["cross"] = {}
@@ -440,7 +472,8 @@ def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mod
     runs = {cut: r for (m, cut), r in one_rank["invariance"].items() if m == mode}
     ref = runs["micro1"]
     assert ref["metrics"]["actor/grad_norm"] > 1e-3
-    for cut in ("micro4", "dynamic", "micro4_checkpointing", "micro4_packed", "dynamic_packed"):
+    for cut in ("micro4", "dynamic", "micro4_checkpointing", "micro4_packed", "dynamic_packed", "dynamic_packed_fused",
+                "micro4_packed_fused_checkpointing", "auto"):
         got = runs[cut]
         assert rel(got["metrics"]["actor/grad_norm"], ref["metrics"]["actor/grad_norm"]) < 1e-5, cut
         assert max_param_diff(got["params"], ref["params"]) < 1e-6, cut
@@ -448,6 +481,37 @@ def test_update_does_not_depend_on_micro_batching(one_rank, initial_weights, mod
             assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), (cut, key)
     # the update moved the weights far more than the tolerance (not two untouched models compared)
     assert max_param_diff(ref["params"], initial_weights) > 5e-6
+
+
+def test_packed_micro_batches_stay_within_the_token_budget(one_rank):
+    """use_dynamic_bsz counts real tokens: every packed row the model runs on holds at most
+    ppo_max_token_len_per_gpu (20) tokens, while the same micro-batches padded would be wider."""
+    data = update_batch(1)
+    lengths = data["attention_mask"].sum(-1)
+    for (mode, cut), widths in one_rank["packed_rows"].items():
+        if cut.startswith("dynamic_packed"):
+            assert widths and all(b == 1 and n <= 20 for b, n in widths), (cut, widths)
+            assert sum(n for _, n in widths) == int(lengths.sum()), "every real token runs exactly once"
+        if cut == "dynamic":  # the padded forwards of the same cut: rows x width exceeds the budget
+            assert max(b * n for b, n in widths) > 20, widths
+
+
+def test_auto_memory_settings_resolve_and_say_why(one_rank):
+    """A tiny model on this machine: the whole mini-batch fits, checkpointing stays off, and the note
+    the driver prints says so; explicit settings leave no note."""
+    got = one_rank["invariance"][("token-mean", "auto")]
+    assert got["resolved"] == (False, None, False)
+    assert got["memory_note"].startswith("micro-batch auto: the whole mini-batch (8 x 14 tokens at most) fits")
+    assert "gradient checkpointing auto: off" in got["memory_note"] and "available" in got["memory_note"]
+    assert one_rank["invariance"][("token-mean", "micro4")]["memory_note"] is None
+
+
+def test_fused_head_with_tied_embeddings_equals_the_logits_path(one_rank):
+    got, ref = one_rank["tied"]["fused"], one_rank["tied"]["logits"]
+    assert ref["metrics"]["actor/grad_norm"] > 1e-3
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss", "actor/entropy"):
+        assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-5, abs=1e-7), key
+    assert max_param_diff(got["params"], ref["params"]) < 1e-6
 
 
 def test_aggregation_modes_differ(one_rank):

@@ -1,5 +1,5 @@
-"""FSDP2 critic on gloo: values at the right positions (against a plain Hugging Face forward), GAE +
-value-loss update invariant to the micro-batch cut and to 1 vs 2 ranks, the update fits the returns,
+"""FSDP2 critic on gloo: values at the right positions (against a plain Hugging Face forward, padded
+and packed), GAE + value-loss update invariant to the micro-batch cut, to packing and to 1 vs 2 ranks, the update fits the returns,
 sharded checkpoints (exact resume, also on another world size), and the Hugging Face export, which a
 critic then loads with its trained head.
 
@@ -66,14 +66,14 @@ def full_params(critic) -> dict[str, torch.Tensor]:
 
 
 def cross_rank_config(mode: str, world_size: int):
-    """The same update on 1 and 2 ranks: 2 mini-batches, 2 epochs. 1 rank: forwards of 3 rows and
-    micro-batches of 1 row; 2 ranks: forwards and micro-batches by token budget."""
+    """The same update on 1 and 2 ranks: 2 mini-batches, 2 epochs. 1 rank: padded forwards of 3 rows and
+    micro-batches of 1 row; 2 ranks: packed forwards and micro-batches by token budget."""
     common = dict(loss_agg_mode=mode, ppo_epochs=2)
     if world_size == 1:
         return settings(ppo_mini_batch_size_per_gpu=4, ppo_micro_batch_size_per_gpu=1,
                         forward_micro_batch_size_per_gpu=3, **common)
     return settings(ppo_mini_batch_size_per_gpu=2, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40,
-                    forward_max_token_len_per_gpu=20, **common)
+                    forward_max_token_len_per_gpu=20, use_remove_padding=True, **common)
 
 
 def gae_and_update(critic, data, *, rank: int, world_size: int, num_mini_batches: int) -> dict:
@@ -110,6 +110,7 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
     critic = make(settings(use_dynamic_bsz=True, forward_max_token_len_per_gpu=16))
     values = critic.compute_values(mine)
     by_count = make(settings(forward_micro_batch_size_per_gpu=3)).compute_values(mine)
+    packed = make(settings(use_dynamic_bsz=True, forward_max_token_len_per_gpu=16, use_remove_padding=True)).compute_values(mine)
     torch.manual_seed(7)
     plain = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -121,6 +122,8 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
     out["positions"] = {
         "err_budget": (values - want)[m].abs().max().item(),
         "err_count": (by_count - want)[m].abs().max().item(),
+        "err_packed": (packed - want)[m].abs().max().item(),
+        "packed_outside_mask": packed[~m].abs().max().item() if (~m).any() else 0.0,
         "shifted_err": (values - head[:, -R:])[m].abs().max().item(),  # one position later: must differ
         "outside_mask": values[~m].abs().max().item() if (~m).any() else 0.0,
     }
@@ -165,6 +168,9 @@ def job_one_rank(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> d
         "micro1": dict(ppo_micro_batch_size_per_gpu=1, forward_micro_batch_size_per_gpu=1),
         "dynamic": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, forward_max_token_len_per_gpu=30),
         "micro4_checkpointing": dict(ppo_micro_batch_size_per_gpu=4, enable_gradient_checkpointing=True),
+        "micro4_packed": dict(ppo_micro_batch_size_per_gpu=4, forward_micro_batch_size_per_gpu=3, use_remove_padding=True),
+        "dynamic_packed": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, forward_max_token_len_per_gpu=30,
+                               use_remove_padding=True),
     }
     out["invariance"] = {}
     for mode in LOSS_AGG_MODES:
@@ -259,7 +265,8 @@ def moved(params: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> 
 def test_values_are_read_where_the_response_tokens_are_predicted(two_rank):
     for r in two_rank["ranks"]:
         p = r["positions"]
-        assert p["err_budget"] < 1e-5 and p["err_count"] < 1e-5
+        assert p["err_budget"] < 1e-5 and p["err_count"] < 1e-5 and p["err_packed"] < 1e-5
+        assert p["packed_outside_mask"] == 0.0
         assert p["shifted_err"] > 1e-3, "the next position's output is a different value"
         assert p["outside_mask"] == 0.0
 
@@ -269,7 +276,7 @@ def test_gae_and_value_update_do_not_depend_on_micro_batching(one_rank, initial_
     runs = {cut: r for (m, cut), r in one_rank["invariance"].items() if m == mode}
     ref = runs["micro1"]
     assert ref["metrics"]["critic/grad_norm"] > 1e-3
-    for cut in ("dynamic", "micro4_checkpointing"):
+    for cut in ("dynamic", "micro4_checkpointing", "micro4_packed", "dynamic_packed"):
         got = runs[cut]
         for key in ("values", "advantages", "returns"):
             torch.testing.assert_close(got[key], ref[key], rtol=1e-5, atol=1e-6)

@@ -17,6 +17,11 @@ def test_default_job_short_version_learns(tmp_path):
                     env={"GRPO_DIST_CACHE": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "building the embedded base model" in proc.stdout
+    # the memory-driven defaults say what they chose: the whole mini-batch fits, no recomputation; the
+    # CPU KV cache sized from the step (256 sequences of 88 tokens)
+    assert "grpo_dist: actor: micro-batch auto: the whole mini-batch" in proc.stdout, proc.stdout[-3000:]
+    assert "gradient checkpointing auto: off" in proc.stdout
+    assert "grpo_dist: rollout: KV cache 0.25 GiB per engine (auto: 256 sequences x 88 tokens" in proc.stdout
     m = read_metrics(out)
     before, after = m[0][VAL], m[10][VAL]
     # measured on the 2-core CI machine: 0.12 -> 0.41 in 10 steps (docs/quickstart.md)

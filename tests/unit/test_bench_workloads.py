@@ -19,22 +19,44 @@ import run_bench  # noqa: E402
 def test_workloads_shape(quick):
     ws = common.workloads(quick)
     assert [w["name"] for w in ws] == (["tiny"] if quick else ["tiny", "large"])
-    for w in ws:
+    every = common.workloads(quick, names=list(common.CPU_WORKLOADS))
+    assert [w["name"] for w in every] == ["tiny", "large", "gen_heavy", "real_vocab"]
+    for w in every:
         assert w["steps"] > w["warmup_steps"] >= 1
         assert (w["batch_size"] * w["n"]) % w["micro_batch"] == 0  # TRL's gradient accumulation is whole
-    if not quick:
-        large = ws[1]
-        assert large["response_length"] >= 128 and large["top_k"] > 0
+        assert w["gradient_checkpointing"] is False  # equal settings in every program
+    large, gen, real = every[1], every[2], every[3]
+    assert large["response_length"] >= 128 and large["top_k"] > 0
+    # generation-heavy: 64 responses of up to 128 tokens whose lengths vary (EOS bias), full sampling
+    assert gen["batch_size"] * gen["n"] == 64 and gen["response_length"] == 128 and gen["mean_response"] > 1
+    assert gen["top_k"] == -1 and gen["bare_variants"] == ["naive", "packed", "packed_fused"]
+    assert set(real["grpo_variants"]) == {"plain", "chunked", "fused"} and real["mean_response"] > 1
 
 
-@pytest.mark.parametrize("name", ["tiny", "large"])
-def test_grpo_command_line_is_a_valid_config(name, tmp_path):
+@pytest.mark.parametrize("names", [["gen"], ["tiny", "large", "nope"], []])
+def test_unknown_workload_names_are_refused(names):
+    with pytest.raises(ValueError, match="unknown workload"):
+        common.workloads(False, names=names)
+    with pytest.raises(ValueError, match="valid: gpu"):
+        common.workloads(False, device="cuda", names=["gen_heavy"])
+
+
+def test_the_command_line_refuses_an_unknown_workload(capsys):
+    with pytest.raises(SystemExit) as e:
+        run_bench.main(["--workloads", "tiny,gen"])
+    assert e.value.code == 2
+    assert "unknown workload(s) ['gen']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,variant", [("tiny", None), ("large", None), ("gen_heavy", None),
+                                          ("real_vocab", "plain"), ("real_vocab", "fused")])
+def test_grpo_command_line_is_a_valid_config(name, variant, tmp_path):
     from grpo_dist.config.loader import compose, to_typed
     from grpo_dist.config.validate import validate_config
 
-    w = next(w for w in common.workloads(False) if w["name"] == name)
+    w = next(w for w in common.workloads(False, names=list(common.CPU_WORKLOADS)) if w["name"] == name)
     w = dict(w, model_dir=str(tmp_path / "model"), train_file=str(tmp_path / "train.parquet"))
-    overrides = run_bench.grpo_overrides(w, tmp_path / "out")
+    overrides = run_bench.grpo_overrides(w, tmp_path / "out", variant)
     cfg = to_typed(compose(overrides), overrides)
     validate_config(cfg, check_paths=False)
     assert cfg.trainer.n_gpus_per_node == 1 and cfg.trainer.nnodes == 1 and cfg.trainer.device == "cpu"
@@ -42,9 +64,45 @@ def test_grpo_command_line_is_a_valid_config(name, tmp_path):
     assert a.ppo_mini_batch_size == cfg.data.train_batch_size == w["batch_size"] and a.ppo_epochs == 1
     assert a.use_kl_loss and a.kl_loss_coef == w["kl_coef"]
     assert a.ppo_micro_batch_size_per_gpu == w["micro_batch"]
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False  # not auto: equal settings
     r = cfg.actor_rollout_ref.rollout
     assert (r.n, r.top_k, cfg.data.max_response_length) == (w["n"], w["top_k"], w["response_length"])
     assert cfg.trainer.val_before_train is False and cfg.trainer.test_freq == -1
+    m = cfg.actor_rollout_ref.model
+    assert m.use_fused_kernels == (variant == "fused")
+    assert (m.logprob_chunk_size or 0) >= (10**9 if variant == "plain" else 0)
+
+
+def test_bench_model_varies_lengths_and_samples_only_tokenizer_ids(tmp_path):
+    """The EOS bias gives every position the same EOS probability, 1 / mean_response; the rows past the
+    tokenizer's ids of a 151,936-token output layer are never sampled."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shape = dict(hidden_size=64, num_layers=2, num_heads=1, num_kv_heads=1, head_dim=64, intermediate_size=128,
+                 max_position_embeddings=256)
+    d = common.build_bench_model(tmp_path / "m", shape, vocab_size=common.REAL_VOCAB_SIZE, mean_response=64)
+    assert common.build_bench_model(tmp_path / "m", shape, vocab_size=common.REAL_VOCAB_SIZE, mean_response=64) == d
+    model = AutoModelForCausalLM.from_pretrained(d)
+    n = len(AutoTokenizer.from_pretrained(d))
+    assert model.config.vocab_size == common.REAL_VOCAB_SIZE and n < 200
+    ids = torch.randint(4, n, (4, 96), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        p = torch.softmax(model(input_ids=ids).logits.float(), -1)
+    p_eos = p[..., list(common.EOS_TOKEN_IDS)].sum(-1)
+    assert torch.allclose(p_eos, torch.full_like(p_eos, 1 / 64), rtol=0.05)
+    assert p[..., n:].sum(-1).max() < 1e-12
+
+
+def test_bare_loop_lengths_follow_the_eos_bias():
+    w = next(w for w in common.workloads(False, names=["gen_heavy"]))
+    a = common.response_lengths(w, 0, 2000)
+    assert a == common.response_lengths(w, 0, 2000) and a != common.response_lengths(w, 1, 2000)
+    assert max(a) == 128 and min(a) >= 1
+    # geometric with p = 1/64 capped at 128: mean = 64 (1 - (63/64)^128) = 55.7
+    assert 52 < sum(a) / len(a) < 59
+    tiny = common.workloads(False)[0]
+    assert common.response_lengths(dict(tiny, response_tokens=7), 0, 3) == [7, 7, 7]
 
 
 @pytest.mark.parametrize("precision,dtype", [("auto", "float32"), ("fp32", "float32"), ("bf16", "bfloat16")])

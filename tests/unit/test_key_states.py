@@ -90,7 +90,7 @@ def test_the_off_values_of_refused_features_are_accepted():
 # ---- no effect here -------------------------------------------------------------------------------------
 def test_knobs_with_no_effect_are_accepted_at_any_value_and_noted_once():
     cfg = load("actor_rollout_ref.actor.use_torch_compile=false", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-               "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true", "actor_rollout_ref.model.use_fused_kernels=true",
+               "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true", "actor_rollout_ref.actor.use_fused_kernels=true",
                "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "global_profiler.steps=[1,2]",
                "actor_rollout_ref.model.lora_alpha=64", "trainer.use_legacy_worker_impl=disable")
     notes = noop_notes(cfg)

@@ -221,7 +221,7 @@ def test_packing_refuses_a_row_with_a_hole_or_without_a_prompt(tiny_model):
                          remove_padding=True)
     no_prompt = am.clone()
     no_prompt[0, :6] = 0
-    with pytest.raises(ValueError, match="row 0 cannot be packed"):
+    with pytest.raises(ValueError, match="row 0 cannot be scored: its response has no attended prompt token"):
         forward_logprobs(tiny_model, ids, no_prompt, pos, response_length=5, temperature=1.0, compute_entropy=False,
                          remove_padding=True)
 
