@@ -32,12 +32,13 @@ def prompt_batch(collated: dict[str, Any], uid_prefix: str) -> Batch:
 
     ``collated`` is :func:`grpo_dist.data.dataset.collate_prompts`' output (left-padded
     ``input_ids``/``attention_mask``/``position_ids`` [B, P] and per-row ``prompt_ids``,
-    ``data_source``, ``ground_truth``, ``extra_info``). Each row gets the group id ``uid`` =
+    ``data_source``, ``ground_truth``, ``extra_info``, and ``raw_prompt`` (the chat messages, which a
+    reward model with its own chat template reads) when the items have it). Each row gets the group id ``uid`` =
     ``f"{uid_prefix}-{i}"``, which the responses of prompt ``i`` share.
     """
     tensors = {k: collated[k] for k in ("input_ids", "attention_mask", "position_ids")}
     rows = len(collated["prompt_ids"])
-    non = {k: collated[k] for k in ("data_source", "ground_truth", "extra_info", "prompt_ids")}
+    non = {k: collated[k] for k in ("data_source", "ground_truth", "extra_info", "prompt_ids", "raw_prompt") if k in collated}
     non["uid"] = [f"{uid_prefix}-{i}" for i in range(rows)]
     return Batch.from_dict(tensors, non)
 

@@ -2,12 +2,12 @@
 
 One step, as data::
 
-    prompts -> rollout (n responses each) -> reward -> old log-probs -> reference log-probs
-            -> values (with a critic) -> advantages -> critic update (with a critic)
+    prompts -> rollout (n responses each) -> reward (rules and/or a reward model) -> old log-probs
+            -> reference log-probs -> values (with a critic) -> advantages -> critic update (with a critic)
             -> actor update (after the critic warm-up) -> weight sync -> metrics, validation, checkpoint
 
 The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync is a protocol
-object of its own (:mod:`grpo_dist.trainer.weight_sync`), and the batch is assembled by
+object of its own (:mod:`grpo_dist.trainer.weight_sync`), the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch is assembled by
 :mod:`grpo_dist.rollout.assemble`; what remains here is the recipe. Each phase is timed on the driver
 (``timing_s/<phase>``); phases done by workers also log the workers' own busy time
 (``timing_s/<phase>/worker``, slowest rank; see :class:`grpo_dist.workers.common.Timed`).
@@ -29,7 +29,6 @@ from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.distributed.worker_group import cluster_cpus
-from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer import build, checkpoint
@@ -43,6 +42,7 @@ from grpo_dist.trainer.metrics import (
     throughput_metrics,
     token_count,
 )
+from grpo_dist.trainer.reward_stage import RewardStage
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
@@ -89,6 +89,8 @@ class GRPOTrainer:
         w = self.workers
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")
+        self.rewards = RewardStage.from_config(self.cfg, self.reward, w.get("reward_model"), world_size=world, tokenizer=self.tokenizer,
+                                               tokenizer_path=self.tokenizer_path, overlong=self.overlong)
         r = self.cfg.actor_rollout_ref.rollout
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=build.compute_dtype(r.dtype, dev),
@@ -113,22 +115,6 @@ class GRPOTrainer:
                                    response_length=self.cfg.actor_rollout_ref.rollout.response_length)
         return batch, busy_s
 
-    def score(self, batch: Batch, *, token_level: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores [B]; with ``token_level`` also ``token_level_scores`` in the batch (the score on the last
-        response token or, with process supervision, each step's reward on the token that ends the step,
-        and ``step_end_mask``)."""
-        step_rewards = token_level and self.estimator.needs_step_rewards
-        result = self.reward.call("compute", batch["responses"], batch["response_mask"], list(batch["data_source"]),
-                                  list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards)[0]
-        if token_level:
-            batch["token_level_scores"] = result.token_level_scores_BR
-        if token_level and self.overlong is not None:  # DAPO's overlong shaping (training rewards only)
-            batch["token_level_scores"], shaping = apply_overlong_penalty(batch["token_level_scores"], batch["response_mask"], self.overlong)
-            result.stats.update(shaping)
-        if step_rewards:
-            batch["step_end_mask"] = result.step_end_mask_BR
-        return result.scores_B, {k: float(v) for k, v in result.stats.items()}
-
     def scored_rollout(self, items: list[dict], k: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Generation batch ``k`` of the step, scored (``scores``: the reward function's; ``reward_baselines``:
         the greedy response's reward, for estimators that need one); and the reward stats."""
@@ -139,10 +125,10 @@ class GRPOTrainer:
         if self.estimator.needs_baseline_rollout:
             with timer("gen_max"):
                 baseline, _ = self.generate(items, tag + "b", build.baseline_sampling(self.cfg))
-                self.score(baseline)
+                self.rewards.score(baseline)
                 batch["reward_baselines"] = baseline["token_level_scores"].sum(-1).repeat_interleave(self.shape.n)
         with timer("reward"):
-            batch["scores"], stats = self.score(batch)
+            batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats
 
     def next_items(self) -> list[dict]:
@@ -272,7 +258,7 @@ class GRPOTrainer:
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
             batch, _ = self.generate(items, f"v{start}", self.val_sampling)
-            s, _ = self.score(batch, token_level=False)
+            s, _ = self.rewards.score(batch, token_level=False)
             sources += [str(x) for x in batch["data_source"]]
             scores += s.tolist()
         return reduce_validation(sources, scores, self.val_sampling.n)

@@ -1,6 +1,6 @@
 """The learned reward model's configuration: verl's two spellings (legacy ``reward_model.*``, current
 ``reward.reward_model.*``) and their conflicts, verl's defaults, every refusal, the grpo_dist keys
-(combination, process reward model, iterative RL), and verl's PPO-with-reward-model
+(combination, process reward model, iterative RL), the role rows, and verl's PPO-with-reward-model
 scripts."""
 
 from __future__ import annotations
@@ -129,6 +129,28 @@ def test_the_reward_model_folder_must_exist():
     with pytest.raises(ConfigError) as e:
         validate_config(to_typed(compose(over), over))
     assert "reward.reward_model.model_path = '/nowhere'" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------- the roles
+def test_role_rows_follow_the_configuration():
+    from grpo_dist.trainer.roles import ROLES, active_roles
+
+    def rows(cfg):
+        return {r.name: r for r in active_roles(cfg)}
+
+    plain = rows(load())
+    assert "reward_model" not in plain
+    cfg = load(*RM)
+    r = rows(cfg)
+    rm = r["reward_model"]
+    assert rm.per_rank and rm.model is not None
+    assert not rm.saves(cfg) and not r["reference"].saves(cfg)  # a frozen reward model is its folder
+    cfg = load(*ITER)
+    r = rows(cfg)
+    assert r["reward_model"].saves(cfg) and r["reference"].saves(cfg)  # trained, and a reset reference
+    cfg = load(*ITER, "reward_model.iterative.reset_reference=false")
+    assert not rows(cfg)["reference"].saves(cfg)
+    assert [r.name for r in ROLES].index("reward_model") < [r.name for r in ROLES].index("rollout")
 
 
 # ------------------------------------------------------------------------------------------- verl's scripts
