@@ -4,10 +4,13 @@ One step, as data::
 
     prompts -> rollout (n responses each) -> reward (rules and/or a reward model) -> old log-probs
             -> reference log-probs -> values (with a critic) -> advantages -> critic update (with a critic)
-            -> actor update (after the critic warm-up) -> weight sync -> metrics, validation, checkpoint
+            -> actor update (after the critic warm-up) -> weight sync
+            -> reward-model update and reference reset (iterative RL, every N steps)
+            -> metrics, validation, checkpoint
 
-The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync is a protocol
-object of its own (:mod:`grpo_dist.trainer.weight_sync`), the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch is assembled by
+The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync and iterative RL
+are protocol objects of their own (:mod:`grpo_dist.trainer.weight_sync`, :mod:`grpo_dist.trainer.iterative`),
+the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch is assembled by
 :mod:`grpo_dist.rollout.assemble`; what remains here is the recipe. Each phase is timed on the driver
 (``timing_s/<phase>``); phases done by workers also log the workers' own busy time
 (``timing_s/<phase>/worker``, slowest rank; see :class:`grpo_dist.workers.common.Timed`).
@@ -42,6 +45,7 @@ from grpo_dist.trainer.metrics import (
     throughput_metrics,
     token_count,
 )
+from grpo_dist.trainer.iterative import IterativeRL
 from grpo_dist.trainer.reward_stage import RewardStage
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
@@ -91,6 +95,8 @@ class GRPOTrainer:
         self.critic = w.get("critic")
         self.rewards = RewardStage.from_config(self.cfg, self.reward, w.get("reward_model"), world_size=world, tokenizer=self.tokenizer,
                                                tokenizer_path=self.tokenizer_path, overlong=self.overlong)
+        self.iterative = IterativeRL.from_config(self.cfg, w.get("reward_model"), actor=self.actor, reference=self.ref,
+                                                 device=dev, world_size=world)
         r = self.cfg.actor_rollout_ref.rollout
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=build.compute_dtype(r.dtype, dev),
@@ -233,6 +239,8 @@ class GRPOTrainer:
                 with timer("update_weights"):
                     for name, seconds in self.sync().items():
                         timer.add(name, seconds)
+            if self.iterative is not None:  # iterative RL: every N steps, the reward-model update and reference reset
+                m.update(self.iterative.after_step(batch, self.global_step + 1, timer))
             elif cfg.actor_rollout_ref.rollout.free_cache_engine:
                 # critic warm-up: the policy did not change, so there is nothing to send; the engine
                 # only gets its memory back
@@ -269,6 +277,8 @@ class GRPOTrainer:
         tmp = checkpoint.tmp_dir(root, self.global_step)
         contents = self.cfg.actor_rollout_ref.actor.checkpoint.contents
         self.workers.save(tmp, export_hf="hf_model" in contents or self.global_step >= self.total_steps)
+        if self.iterative is not None:
+            self.iterative.save(tmp)
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "total_steps": self.total_steps}
         final = checkpoint.publish(root, tmp, self.global_step, state, self.cfg.trainer.max_actor_ckpt_to_keep)
@@ -281,6 +291,8 @@ class GRPOTrainer:
             return
         state = checkpoint.read_state(ckpt)
         self.workers.load(ckpt)
+        if self.iterative is not None:
+            self.iterative.load(ckpt)
         self.sampler.load_state_dict(state["sampler"])
         self.global_step = int(state["global_step"])
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
