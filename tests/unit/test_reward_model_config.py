@@ -174,3 +174,45 @@ def test_the_scripts_set_keys_of_the_reward_model():
     legacy = RM_SCRIPTS["rm_legacy"]["overrides"]
     assert "reward_model.model.fsdp_config.param_offload=True" in legacy and "reward_model.use_reward_loop=False" in legacy
     assert any(o.startswith("reward_model.rollout.") for o in RM_SCRIPTS["rm_reward_loop"]["overrides"])
+
+
+# ------------------------------------------------------------------------------------------- start-up checks
+def test_a_reward_model_folder_that_cannot_be_read_stops_at_start_up_naming_it(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from grpo_dist.trainer import build
+
+    broken = tmp_path / "rm"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    cfg = load("reward_model.enable=true", f"reward_model.model.path={broken}")
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(ValueError) as e:
+        build.check_model_fits(cfg, str(tiny_model_dir), tok)
+    msg = str(e.value)
+    assert msg.startswith(f"the reward model {broken} (reward_model.model.path) cannot be loaded")
+
+
+def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_model_dir):
+    """A reward model whose tokenizer differs from the policy's would be re-encoded; a process reward
+    model (and iterative RL) read the policy's own step-end tokens, so that is refused at start-up."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from grpo_dist.trainer import build
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", vocab=list("0123456789abc"), max_position_embeddings=256)
+    policy = tmp_path / "policy"
+    shutil.copytree(tiny_model_dir, policy)
+    tok = AutoTokenizer.from_pretrained(policy)
+    common = ("reward_model.enable=true", f"reward_model.model.path={other}", f"actor_rollout_ref.model.path={policy}")
+    cfg = load(*common)
+    build.check_model_fits(cfg, str(policy), tok)  # an outcome reward model is re-encoded
+    assert build.reward_model_reencodes(cfg, str(other), str(policy)) == str(policy)
+    cfg = load(*common, "reward_model.process.enable=true", "algorithm.adv_estimator=grpo_process")
+    with pytest.raises(ValueError, match="a process reward model reads the policy's own tokens"):
+        build.check_model_fits(cfg, str(policy), tok)
+    cfg = load(*common, "reward_model.model.input_tokenizer=null")
+    assert build.reward_model_reencodes(cfg, str(other), str(policy)) is None

@@ -141,3 +141,11 @@ def test_rows_are_padded_to_equal_shares():
     rm.call = lambda method, per_rank: seen.append([d["input_ids"].shape[0] for d, _ in per_rank]) or orig(method, per_rank)
     scores, _ = stage(rm=rm).score(batch(3))
     assert seen == [[2, 2]] and len(scores) == 3 and not math.isnan(scores[-1])
+
+
+def test_the_missing_separator_warning_is_said_once(capsys):
+    s = stage(combine=RewardCombine("verl"), process_separator="\n", steps=True)
+    s.score(batch())
+    s.score(batch())
+    out = capsys.readouterr().out
+    assert out.count("hold no step separator") == 1 and "2 of 3 responses" in out
