@@ -44,6 +44,10 @@ def _yaml_scalar(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_yaml_scalar(k)}: {_yaml_scalar(x)}" for k, x in v.items()) + "}"
     s = str(v)
+    if any(not c.isprintable() for c in s):  # a newline, a tab: YAML's double-quoted form keeps the escapes
+        import json
+
+        return json.dumps(s)
     if s == "" or any(c in s for c in ":#{}[],&*?|<>=!%@`'\"") or s.strip() != s or _not_a_string_in_yaml(s):
         return "'" + s.replace("'", "''") + "'"
     return s

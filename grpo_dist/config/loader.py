@@ -110,7 +110,19 @@ def _schema_plus(override: str) -> str:
         key = override[1:].split("=", 1)[0]
         if key in _schema_keys():
             return override[1:]
+    if not override.startswith(("+", "~")):
+        # a key inside a free-form mapping of the schema (e.g. reward.reward_model.rollout.name, which
+        # verl's YAML spells out): add it or replace it, as verl's command line does without a '+'
+        key = override.split("=", 1)[0]
+        if any(key.startswith(m + ".") for m in _mapping_keys()):
+            return "++" + override
     return override
+
+
+@functools.lru_cache(maxsize=1)
+def _mapping_keys() -> tuple[str, ...]:
+    """Schema keys whose value is a free-form mapping (``Dict[str, Any]``)."""
+    return tuple(k for k, f in iter_keys() if callable(f.default_factory) and isinstance(f.default_factory(), dict))
 
 
 @functools.lru_cache(maxsize=1)

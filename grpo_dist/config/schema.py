@@ -23,6 +23,7 @@ from omegaconf import II, OmegaConf
 from grpo_dist.config.fields import F, ConfigError, Honoured, NoOp, Refused, S  # noqa: F401 - re-exported
 from grpo_dist.config.sections.engine import (
     ENTROPY_CHUNKED,
+    FSDP_INTERNAL,
     SPEED_ONLY,
     ULYSSES,
     UNUSED_WITHOUT,
@@ -44,6 +45,7 @@ from grpo_dist.config.sections.engine import (
     router_replay_section,
 )
 from grpo_dist.config.sections.features import (
+    MANAGER_NAME,
     DistillationConfig,
     EarlyRewardManagerConfig,
     RewardCustomFunctionConfig,
@@ -437,11 +439,9 @@ class RolloutConfig:
                   Honoured(refuse=(
                       ("sglang", "the SGLang engine is not built here; use vllm (the same sampling) or hf"),
                       ("trtllm", "the TensorRT-LLM engine is not built here; use vllm (the same sampling) or hf"))))
-    mode: str = F(
-        "sync",
-        "sync | async (verl's agent-loop mode; for single-turn rollouts it runs the same generation path and gives "
-        "the same responses as sync)",
-    )
+    mode: str = F("sync", "sync | async (verl's agent-loop mode)", NoOp(
+        "for single-turn rollouts verl's agent-loop mode gives the same responses as sync; both run the same "
+        "generation path here", values=("sync", "async"), otherwise="use sync or async"))
     n: int = F(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = F(1.0, "sampling temperature")
     top_p: float = F(1.0, "nucleus sampling")
@@ -777,17 +777,136 @@ class RewardKwargsConfig:
     max_resp_len: int = II("data.max_response_length")
 
 
+_RM_FSDP_ONLY = NoOp("the reward model is an FSDP2 forward on every rank here, not served by an inference engine")
+_RM_OWN_POOL = Refused("a device pool of the reward model's own is not built here: it shares every rank's device; leave it false")
+_RM_POOL_ONLY = NoOp("read only with a reward-model pool of its own (enable_resource_pool), which is accepted only off here")
+
+
+@dataclass
+class RMWrapPolicyConfig:
+    min_num_params: int = F(0, "verl's FSDP1 auto-wrap threshold", FSDP_INTERNAL)
+
+
+@dataclass
+class RMFSDPConfig:
+    param_offload: bool = F(False, "keep the reward model's parameters in CPU memory between uses")
+    reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
+    fsdp_size: int = F(-1, "devices per FSDP shard group", Refused(
+        "hybrid sharding of the reward model is not built here; -1 shards it over all data-parallel ranks", accept=(-1,)))
+    forward_prefetch: bool = F(False, "prefetch the next layer's parameters in the forward", FSDP_INTERNAL)
+    wrap_policy: RMWrapPolicyConfig = S(RMWrapPolicyConfig, "verl's FSDP1 wrap policy")
+    model_dtype: str = F("float32", "dtype of the reward model's master weights: float32 | bfloat16 (grpo_dist)")
+    dtype: str = F("auto", "compute dtype of the reward model: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16 (grpo_dist)")
+
+
+@dataclass
+class RewardModelModelConfig:
+    input_tokenizer: Optional[str] = F(
+        II("actor_rollout_ref.model.path"),
+        "the policy's tokenizer as the reward model sees it: when the reward model's own tokenizer differs "
+        "(vocabulary or chat template), responses are decoded with this one and re-encoded with the reward "
+        "model's chat template (outcome reward models only); null = feed the policy's token ids as they are",
+    )
+    path: str = F(
+        "~/models/FsfairX-LLaMA3-RM-v0.1",
+        "reward model: a Hugging Face directory saved with AutoModelForSequenceClassification or "
+        "AutoModelForTokenClassification and one label (a causal LM gets a new scalar head); the "
+        "current spelling is reward.reward_model.model_path (set either)",
+    )
+    trust_remote_code: bool = F(False, "allow the reward model directory's own Python code to run when loading it")
+    use_remove_padding: bool = F(False, "pack sequences without padding", NoOp(
+        "the reward model's forwards take the padded path, whose scores are the same"))
+    override_config: Dict[str, Any] = F({}, "fields set on the reward model's Hugging Face config before it is built")
+    fsdp_config: RMFSDPConfig = S(RMFSDPConfig, "FSDP2 settings of the reward model")
+
+
+@dataclass
+class RMProcessConfig:
+    enable: bool = F(
+        False,
+        "process reward model: a score at the end of every reasoning step (the tokens whose text holds "
+        "step_separator, and the last response token) instead of one at the last token; needs "
+        "algorithm.adv_estimator=grpo_process",
+    )
+    step_separator: str = F("\n", "the text that ends a reasoning step (a token whose decoded text contains it ends one)")
+
+
+@dataclass
+class RMIterativeConfig:
+    enable: bool = F(
+        False,
+        "iterative RL (DeepSeekMath's Algorithm 1): every steps_per_iteration steps, train the reward model further "
+        "on the policy's new samples labelled by the rule-based verifier (with a replay of older samples), then "
+        "reset the reference model to the policy",
+    )
+    steps_per_iteration: int = F(10, "training steps per iteration: the reward model is updated after every this many steps")
+    replay_fraction: float = F(0.1, "share of historical samples in the reward model's training mix (the paper's 10%)")
+    buffer_size: int = F(8192, "most samples the replay buffer keeps (the oldest go first)")
+    heldout_fraction: float = F(
+        0.1, "share of each iteration's fresh samples held out of training to measure reward_model/accuracy before and after the update"
+    )
+    epochs: int = F(1, "passes over the training mix per iteration")
+    lr: float = F(1e-5, "learning rate of the reward model's AdamW (constant)")
+    weight_decay: float = F(0.01, "AdamW weight decay of the reward model")
+    betas: List[float] = F([0.9, 0.999], "AdamW betas of the reward model")
+    grad_clip: float = F(1.0, "clip the reward model's global gradient norm to this value")
+    mini_batch_size: int = F(64, "samples per reward-model optimizer step (a global size over all ranks)")
+    micro_batch_size_per_gpu: Optional[int] = F(
+        None, "samples per reward-model forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
+    )
+    reset_reference: bool = F(True, "after each reward-model update, set the reference model to the current policy (the KL term then starts from 0)")
+
+
 @dataclass
 class RewardModelConfig:
-    enable: bool = F(False, "score with a learned reward model (not supported yet; rule-based scorers are used)")
-    reward_manager: str = F(
-        "naive", "how responses are scored: naive (one score per response) | prime (parallel, same result) | dapo (naive; overlong shaping by its keys)"
+    enable: bool = F(
+        False,
+        "score responses with a learned reward model (FSDP2 forward on every rank); the current spelling is "
+        "reward.reward_model.enable (set either)",
     )
+    strategy: str = F("fsdp2", "training backend of the reward model", NoOp(
+        "the reward model runs under FSDP2 either way", values=("fsdp", "fsdp2"),
+        otherwise="the Megatron backend is not built here; use fsdp or fsdp2"))
+    model: RewardModelModelConfig = S(RewardModelModelConfig, "the reward model (verl's legacy layout)")
+    micro_batch_size: Optional[int] = F(None, "verl's deprecated global micro-batch size: divided over the ranks when micro_batch_size_per_gpu is null")
+    micro_batch_size_per_gpu: Optional[int] = F(None, "responses per reward-model forward on one rank; null = all at once")
+    max_length: Optional[int] = F(
+        None, "longest re-encoded input (with input_tokenizer): longer ones keep their last max_length tokens; null = no limit"
+    )
+    use_dynamic_bsz: bool = F(II("critic.use_dynamic_bsz"), "cut reward-model forwards by token budget; default: the critic's")
+    forward_max_token_len_per_gpu: int = F(
+        II("critic.forward_max_token_len_per_gpu"), "token budget of one reward-model forward when use_dynamic_bsz is on; default: the critic's"
+    )
+    use_reward_loop: bool = F(True, "verl's switch between its reward-loop server and its FSDP worker", _RM_FSDP_ONLY)
+    rollout: Dict[str, Any] = F({}, "verl's inference-engine settings for serving the reward model", _RM_FSDP_ONLY)
+    enable_resource_pool: bool = F(False, "give the reward model devices of its own", _RM_OWN_POOL)
+    n_gpus_per_node: int = F(8, "devices per node of the reward model's own pool", _RM_POOL_ONLY)
+    nnodes: int = F(0, "nodes of the reward model's own pool", _RM_POOL_ONLY)
+    combine: str = F(
+        "verl",
+        "how reward-model and rule scores make the reward: verl (the reward model's score, or the custom function's "
+        "when custom_reward_function.path is set) | weighted (rm_weight x reward model + rule_weight x rule/custom score)",
+    )
+    rm_weight: float = F(1.0, "weight of the reward model's score with combine=weighted")
+    rule_weight: float = F(1.0, "weight of the rule-based (or custom function's) score with combine=weighted")
+    process: RMProcessConfig = S(RMProcessConfig, "process reward model (a score per reasoning step)")
+    iterative: RMIterativeConfig = S(RMIterativeConfig, "iterative RL: reward-model retraining with replay and reference reset")
+    reward_manager: str = F("naive", "how responses are scored: naive | prime | dapo", MANAGER_NAME)
     num_workers: int = F(2, "processes scoring responses in parallel")
     timeout_s: float = F(10.0, "time limit for scoring one response, in seconds")
     on_error: str = F("raise", "a scorer that raises, hangs or returns a non-number: raise (stop, naming the sample) | zero (score 0, counted)")
     overlong_buffer: OverlongBufferConfig = S(OverlongBufferConfig, "DAPO's overlong reward shaping (its recipe's spelling; max_resp_len = data.max_response_length)")
     reward_kwargs: RewardKwargsConfig = S(RewardKwargsConfig, "reward-manager arguments (verl's spelling of the overlong shaping)")
+
+
+@dataclass
+class RewardRewardModelConfig:
+    enable: bool = F(False, "score with a learned reward model (verl's current spelling of reward_model.enable; set either)")
+    model_path: Optional[str] = F(None, "the reward model's directory (verl's current spelling of reward_model.model.path; set either)")
+    enable_resource_pool: bool = F(False, "verl's current spelling of reward_model.enable_resource_pool", _RM_OWN_POOL)
+    n_gpus_per_node: int = F(8, "verl's current spelling of reward_model.n_gpus_per_node", _RM_POOL_ONLY)
+    nnodes: int = F(0, "verl's current spelling of reward_model.nnodes", _RM_POOL_ONLY)
+    rollout: Dict[str, Any] = F({}, "verl's inference-engine settings for serving the reward model", _RM_FSDP_ONLY)
 
 
 @dataclass
@@ -799,6 +918,7 @@ class RewardConfig:
     custom_reward_function: RewardCustomFunctionConfig = S(
         RewardCustomFunctionConfig, "a user-supplied reward function (verl's current layout of custom_reward_function)")
     sandbox_fusion: SandboxFusionConfig = sandbox_section("verl's current layout")
+    reward_model: RewardRewardModelConfig = S(RewardRewardModelConfig, "the learned reward model (verl's current layout)")
 
 
 @dataclass
@@ -967,6 +1087,7 @@ VERL_DEFAULT_DIFFERENCES = {
     "actor_rollout_ref.actor.optim.lr": "a tiny model needs a large step (verl: 1e-6)",
     "actor_rollout_ref.actor.strategy": "FSDP2 is the only backend (verl: fsdp)",
     "critic.strategy": "FSDP2 is the only backend (verl: fsdp)",
+    "reward_model.strategy": "FSDP2 is the only backend (verl: fsdp)",
     "critic.model.path": "the actor's model (verl: ~/models/deepseek-llm-7b-chat)",
     "actor_rollout_ref.model.enable_gradient_checkpointing": (
         "auto: on only when the estimated activations would not fit (verl: true); the update is the same either way, "

@@ -7,12 +7,22 @@ that it exists (checks that need the model or the data run later, in the trainer
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable
 
-from grpo_dist.config.schema import ConfigError, CriticConfig, CriticFSDPConfig, CriticOptimConfig, GRPOConfig
+from grpo_dist.config.schema import (
+    ConfigError,
+    CriticConfig,
+    CriticFSDPConfig,
+    CriticOptimConfig,
+    GRPOConfig,
+    RewardModelConfig,
+    RewardModelModelConfig,
+    RewardRewardModelConfig,
+)
 from grpo_dist.config.states import check_states, setting
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
@@ -30,13 +40,13 @@ DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "file", "tensorboard", "wandb", "mlflow")
 #: verl's tracking backends that grpo_dist does not have, and what to use instead.
 OTHER_VERL_LOGGERS = ("swanlab", "vemlp_wandb", "clearml", "trackio")
-ROLLOUT_MODES = ("sync", "async")
 REWARD_MANAGERS = ("naive", "prime", "dapo")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # trainer.dynamic_sampling.FILTER_METRICS
 FILTER_ON_EXHAUSTED = ("error", "train")
 ON_ERROR = ("raise", "zero")
 DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")  # verl's short names too
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+RM_COMBINE = ("verl", "weighted")
 
 
 def _bad(key: str, value: Any, valid: str) -> ConfigError:
@@ -101,11 +111,10 @@ def _check_loggers(value: Any) -> None:
 
 
 def _check_rollout_extras(cfg: GRPOConfig) -> None:
-    """``rollout.mode``, the agent loop's worker count and vLLM's pass-through arguments (the multi-turn
-    and other agent-loop keys are checked by their states in the schema)."""
+    """The agent loop's worker count and vLLM's pass-through arguments (``rollout.mode``, the multi-turn
+    and the other agent-loop keys are checked by their states in the schema)."""
     r = cfg.actor_rollout_ref.rollout
     pre = "actor_rollout_ref.rollout."
-    _choice(pre + "mode", r.mode, ROLLOUT_MODES)
     a = r.agent
     if a.num_workers < 1:
         raise _bad(pre + "agent.num_workers", a.num_workers, "expected a number >= 1")
@@ -285,6 +294,102 @@ def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         _check_exists("critic.model.path", c.model.path, kind="model")
 
 
+@dataclass(frozen=True)
+class RewardModelSpec:
+    """The reward-model keys verl spells two ways (``reward_model.*`` legacy, ``reward.reward_model.*``
+    current), resolved to one value each."""
+
+    enable: bool
+    path: str
+    path_key: str  # the key the path came from, for messages
+    enable_resource_pool: bool
+    n_gpus_per_node: int
+    nnodes: int
+
+
+def reward_model_spec(cfg: GRPOConfig) -> RewardModelSpec:
+    """The learned reward model's switch, folder and pool from either spelling: per setting, the one
+    changed from its default wins; both changed to different values is a ``ConfigError``."""
+    legacy, current = cfg.reward_model, cfg.reward.reward_model
+    d_legacy, d_current = RewardModelConfig(), RewardRewardModelConfig()
+    default_path = RewardModelModelConfig().path
+    if current.model_path is not None and legacy.model.path != default_path and current.model_path != legacy.model.path:
+        raise _bad("reward.reward_model.model_path", current.model_path, f"it contradicts reward_model.model.path = "
+                   f"{legacy.model.path!r}, another name for the same setting; set only one of them")
+    from_current = current.model_path is not None
+    pair = lambda name: _one_of_two(f"reward_model.{name}", getattr(legacy, name), f"reward.reward_model.{name}",  # noqa: E731
+                                    getattr(current, name), getattr(d_legacy, name))
+    assert all(getattr(d_legacy, n) == getattr(d_current, n) for n in ("enable", "enable_resource_pool", "n_gpus_per_node", "nnodes"))
+    return RewardModelSpec(
+        enable=bool(legacy.enable or current.enable),
+        path=str(current.model_path if from_current else legacy.model.path),
+        path_key="reward.reward_model.model_path" if from_current else "reward_model.model.path",
+        enable_resource_pool=bool(pair("enable_resource_pool")),
+        n_gpus_per_node=int(pair("n_gpus_per_node")),
+        nnodes=int(pair("nnodes")),
+    )
+
+
+def reward_model_micro_batch(cfg: GRPOConfig) -> int | None:
+    """Responses per reward-model forward on one rank: ``micro_batch_size_per_gpu``, else verl's
+    deprecated global ``micro_batch_size`` divided over the data-parallel ranks; None: all at once."""
+    rm = cfg.reward_model
+    if rm.micro_batch_size_per_gpu is not None:
+        return rm.micro_batch_size_per_gpu
+    if rm.micro_batch_size is not None:
+        return max(1, rm.micro_batch_size // data_parallel_size(cfg))
+    return None
+
+
+def validate_reward_model(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
+    """The ``reward_model.*`` / ``reward.reward_model.*`` keys of a run with a learned reward model."""
+    from grpo_dist.core.advantages import get_adv_estimator
+
+    rm, spec = cfg.reward_model, reward_model_spec(cfg)
+    pre = "reward_model."
+    # strategy, enable_resource_pool and fsdp_size are checked by their states in the schema
+    fsdp = rm.model.fsdp_config
+    _choice(pre + "model.fsdp_config.model_dtype", fsdp.model_dtype, DTYPES)
+    _choice(pre + "model.fsdp_config.dtype", fsdp.dtype, ("auto",) + DTYPES)
+    for key, val in (("micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu), ("micro_batch_size", rm.micro_batch_size),
+                     ("max_length", rm.max_length), ("forward_max_token_len_per_gpu", rm.forward_max_token_len_per_gpu)):
+        _positive(pre + key, val)
+    _choice(pre + "combine", rm.combine, RM_COMBINE)
+    for key, val in (("rm_weight", rm.rm_weight), ("rule_weight", rm.rule_weight)):
+        if not math.isfinite(val):
+            raise _bad(pre + key, val, "expected a finite number")
+    estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
+    custom = bool(cfg.custom_reward_function.path)
+    if rm.process.enable:
+        if not rm.process.step_separator:
+            raise _bad(pre + "process.step_separator", rm.process.step_separator, "expected a non-empty text, e.g. a newline")
+        if not estimator.needs_step_rewards:
+            raise _bad(pre + "process.enable", True, f"a process reward model gives a reward per step; algorithm.adv_estimator="
+                       f"{cfg.algorithm.adv_estimator} reads one per response: use algorithm.adv_estimator=grpo_process")
+    elif estimator.needs_step_rewards and rm.combine == "verl" and not custom:
+        raise _bad("algorithm.adv_estimator", cfg.algorithm.adv_estimator, "it needs a reward per step, and the reward "
+                   "comes from an outcome reward model (one score per response): set reward_model.process.enable=true, "
+                   "or custom_reward_function.path to a function returning step_rewards")
+    it = rm.iterative
+    if it.enable:
+        ipre = pre + "iterative."
+        for key, val in (("steps_per_iteration", it.steps_per_iteration), ("buffer_size", it.buffer_size),
+                         ("epochs", it.epochs), ("lr", it.lr), ("mini_batch_size", it.mini_batch_size),
+                         ("micro_batch_size_per_gpu", it.micro_batch_size_per_gpu), ("grad_clip", it.grad_clip)):
+            _positive(ipre + key, val)
+        _positive(ipre + "weight_decay", it.weight_decay, allow_zero=True)
+        for key, val in (("replay_fraction", it.replay_fraction), ("heldout_fraction", it.heldout_fraction)):
+            if not 0 <= val < 1:
+                raise _bad(ipre + key, val, "expected a fraction in [0, 1)")
+        if len(it.betas) != 2 or not all(0 <= b < 1 for b in it.betas):
+            raise _bad(ipre + "betas", list(it.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+    if check_paths:
+        _check_exists(spec.path_key, spec.path, kind="model")
+        tok = rm.model.input_tokenizer
+        if tok and tok != cfg.actor_rollout_ref.model.path:
+            _check_exists(pre + "model.input_tokenizer", tok, kind="model")
+
+
 def rollout_correction_params(cfg: GRPOConfig) -> RolloutCorrectionParams:
     """The parsed ``algorithm.rollout_correction.*`` keys; ``ConfigError`` naming the key."""
     rc = cfg.algorithm.rollout_correction
@@ -376,8 +481,12 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("trainer.val_only", True, "there is nothing to validate: data.val_files is null; give validation files")
     _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
     _choice("reward_model.on_error", cfg.reward_model.on_error, ON_ERROR)
-    if cfg.reward_model.enable:
-        raise _bad("reward_model.enable", True, "learned reward models are not supported yet; use rule-based scorers or custom_reward_function.path")
+    if reward_model_spec(cfg).enable:
+        validate_reward_model(cfg, check_paths=check_paths)
+    elif cfg.reward_model.iterative.enable or cfg.reward_model.process.enable:
+        key = "reward_model.iterative.enable" if cfg.reward_model.iterative.enable else "reward_model.process.enable"
+        raise _bad(key, True, "it needs a reward model: set reward_model.enable=true and reward_model.model.path "
+                   "(or reward.reward_model.enable / model_path)")
     _choice("actor_rollout_ref.actor.fsdp_config.model_dtype", actor.fsdp_config.model_dtype, DTYPES)
     for key, val in (
         ("actor_rollout_ref.actor.fsdp_config.dtype", actor.fsdp_config.dtype),

@@ -1,6 +1,7 @@
 """Pure GRPO/PPO math: advantage estimators, policy losses (and their registry), loss aggregation,
 the critic's value loss, KL estimators, rollout correction, group filtering, learning-rate
-schedules, and diagnostics (the rollout-vs-actor probability gap).
+schedules, diagnostics (the rollout-vs-actor probability gap), and the reward model's loss and
+replay share.
 
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
 """
@@ -69,6 +70,7 @@ from grpo_dist.core.policy_loss import (
     register_policy_loss,
     vanilla_policy_loss,
 )
+from grpo_dist.core.reward_model import labelled_bce, replay_count, verifier_agreement
 from grpo_dist.core.rollout_correction import (
     RejectionCriterion,
     RolloutCorrectionParams,
@@ -157,4 +159,8 @@ __all__ = [
     "apply_kl_penalty",
     # diagnostics
     "rollout_probs_diff",
+    # reward models
+    "labelled_bce",
+    "verifier_agreement",
+    "replay_count",
 ]

@@ -54,6 +54,7 @@ class BatchRewarder:
         *,
         token_level: bool,
         step_rewards: bool,
+        optional_steps: bool = False,
     ) -> RewardResult:
         """Score B responses.
 
@@ -65,6 +66,8 @@ class BatchRewarder:
             step_rewards: process supervision (needs ``token_level``): the reward function returns
                 ``{"score": ..., "step_rewards": [one per line]}`` and each step's reward goes on the
                 token that ends the step; ``step_end_mask_BR`` marks those tokens.
+            optional_steps: with ``step_rewards``, a function that returns no step rewards is not an
+                error: its score goes on the last token and ``step_end_mask_BR`` is None.
         """
         if responses_BR.dim() != 2 or responses_BR.shape != response_mask_BR.shape:
             raise ValueError(f"expected responses and response mask of the same shape [B, R], got "
@@ -77,6 +80,8 @@ class BatchRewarder:
                                                        list(extra_infos))
         scores_B = torch.tensor(scores, dtype=torch.float32)
         token_level_BR = step_end_BR = None
+        if step_rewards and optional_steps and "step_rewards" not in extra:
+            step_rewards = False
         if step_rewards:
             per_step = extra["step_rewards"] if "step_rewards" in extra else [None] * len(texts_B)
             token_level_BR, step_end_BR = place_step_rewards(per_step, texts_B, self.token_char_lengths(ids_B),

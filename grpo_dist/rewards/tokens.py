@@ -1,4 +1,5 @@
-"""From one score per response to token-level scores (outcome reward on the last response token)."""
+"""From scores to token-level scores: an outcome reward on the last response token, step rewards on the
+tokens that end a step (from the text's lines, or, for a process reward model, from separator tokens)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,57 @@ def place_step_rewards(
             rewards_BR[b, t] += float(r)
             ends_BR[b, t] = 1.0
     return rewards_BR, ends_BR
+
+
+class SeparatorTokens:
+    """Which token ids end a reasoning step: those whose text, decoded on its own, contains
+    ``separator`` (a process reward model is read there). Each id is decoded once and remembered.
+
+    Args:
+        tokenizer: the policy's tokenizer (``decode``).
+        separator: the text that ends a step (non-empty), e.g. a newline.
+    """
+
+    def __init__(self, tokenizer, separator: str) -> None:
+        if not separator:
+            raise ValueError("the step separator must be a non-empty text")
+        self.tokenizer, self.separator = tokenizer, separator
+        self._ends: dict[int, bool] = {}
+
+    def __call__(self, token_ids: Sequence[int]) -> list[bool]:
+        new = sorted({int(t) for t in token_ids} - self._ends.keys())
+        if new:
+            pieces = self.tokenizer.batch_decode([[t] for t in new], skip_special_tokens=False)
+            self._ends.update({t: self.separator in piece for t, piece in zip(new, pieces)})
+        return [self._ends[int(t)] for t in token_ids]
+
+
+def token_step_ends(responses_BR: torch.Tensor, response_mask_BR: torch.Tensor,
+                    separator_tokens: SeparatorTokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each response's reasoning steps end, in tokens.
+
+    A response token ends a step when its text contains the separator; the last response token always
+    ends the last step (so a response without any separator is one step).
+
+    Args:
+        responses_BR: [B, R] token ids.
+        response_mask_BR: [B, R] 1 on response tokens (contiguous from column 0), 0 on padding.
+        separator_tokens: the predicate on token ids.
+
+    Returns:
+        ``(step_end_mask_BR, has_separator_B)``: [B, R] float32, 1 on step-end tokens (0 outside the
+        mask; a row without response tokens has none); [B] bool, whether the response holds a separator.
+    """
+    if responses_BR.shape != response_mask_BR.shape or responses_BR.dim() != 2:
+        raise ValueError(f"expected responses and mask of the same shape [B, R], got {tuple(responses_BR.shape)} "
+                         f"and {tuple(response_mask_BR.shape)}")
+    mask_BR = response_mask_BR != 0
+    flat = responses_BR[mask_BR].tolist()
+    is_sep = torch.zeros_like(mask_BR)
+    is_sep[mask_BR] = torch.tensor(separator_tokens(flat), dtype=torch.bool) if flat else torch.zeros(0, dtype=torch.bool)
+    ends_BR = is_sep.clone()
+    positions_R = torch.arange(mask_BR.shape[1])
+    last_B = torch.where(mask_BR, positions_R, -1).amax(dim=1) if mask_BR.shape[1] else torch.full((mask_BR.shape[0],), -1)
+    rows_K = torch.nonzero(last_B >= 0, as_tuple=True)[0]
+    ends_BR[rows_K, last_B[rows_K]] = True
+    return ends_BR.float(), is_sep.any(dim=1)

@@ -32,13 +32,14 @@ def prompt_batch(collated: dict[str, Any], uid_prefix: str) -> Batch:
 
     ``collated`` is :func:`grpo_dist.data.dataset.collate_prompts`' output (left-padded
     ``input_ids``/``attention_mask``/``position_ids`` [B, P] and per-row ``prompt_ids``,
-    ``data_source``, ``ground_truth``, ``extra_info``, and ``reward_source`` when the items have it: the
-    value the reward function gets as ``data_source``). Each row gets the group id ``uid`` =
+    ``data_source``, ``ground_truth``, ``extra_info``, ``reward_source`` when the items have it (the
+    value the reward function gets as ``data_source``), and ``raw_prompt`` (the chat messages, which a
+    reward model with its own chat template reads) when the items have it). Each row gets the group id ``uid`` =
     ``f"{uid_prefix}-{i}"``, which the responses of prompt ``i`` share.
     """
     tensors = {k: collated[k] for k in ("input_ids", "attention_mask", "position_ids")}
     rows = len(collated["prompt_ids"])
-    non = {k: collated[k] for k in ("data_source", "ground_truth", "extra_info", "prompt_ids")}
+    non = {k: collated[k] for k in ("data_source", "ground_truth", "extra_info", "prompt_ids", "raw_prompt") if k in collated}
     # what the reward function gets as its data_source (data.reward_fn_key's column; default: data_source)
     non["reward_source"] = collated.get("reward_source", collated["data_source"])
     non["uid"] = [f"{uid_prefix}-{i}" for i in range(rows)]

@@ -190,6 +190,63 @@ def ensure_model(cache: str | os.PathLike) -> Path:
     return final
 
 
+RM_VERSION = "v1"
+
+
+def build_reward_model(out_dir: Path, policy_dir: Path, *, prompts: int = 512, n: int = 4, steps: int = 600,
+                       lr: float = 3e-4, seed: int = 0, log_every: int = 0) -> dict:
+    """A starting reward model for the task: the base policy's samples (``n`` per prompt, on prompts
+    drawn like the training split's) and one edited copy of each (one digit replaced: a near-miss),
+    labelled by :func:`score` at every prefix, and a head trained on the policy's backbone
+    (:mod:`grpo_dist.training.reward_model_warmup`). About a minute on 2 CPU cores.
+
+    Measured (512 prompts x 4, 600 steps): agreement with the verifier on held-out samples 0.64 before
+    training, 0.92 after; on hand-made answers it accepts 83 % of exact reversals and rejects every
+    copy, but still accepts a third of the reversals with one wrong digit: a reward model a policy
+    can exploit, which iterative RL then retrains on the policy's own samples."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from grpo_dist.data.dataset import tokenize_prompt
+    from grpo_dist.training.reward_model_warmup import sample_and_label, train_reward_model
+
+    rng = random.Random(seed + 7)
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    items = []
+    for _ in range(prompts):
+        d = _digits(rng)
+        items.append((list(tokenize_prompt(tok, make_prompt(d))), DATA_SOURCE, d[::-1], {}))
+    threads = torch.get_num_threads()
+    try:
+        rows = sample_and_label(policy_dir, items, lambda src, text, truth, extra: score(text, truth), n=n,
+                                max_new_tokens=MAX_DIGITS + 2, every_prefix=True, edits_per_response=1, seed=seed)
+        report = train_reward_model(policy_dir, out_dir, rows, steps=steps, lr=lr, seed=seed, log_every=log_every)
+    finally:
+        torch.set_num_threads(threads)
+    (out_dir / "grpo_dist_reward_model.json").write_text(json.dumps({"task": "reverse", "version": RM_VERSION,
+                                                                     "policy": str(policy_dir), **report}))
+    return report
+
+
+def ensure_reward_model(cache: str | os.PathLike) -> Path:
+    """The embedded task's starting reward model (built once from the embedded base policy, cached)."""
+    final = Path(cache) / f"tiny-reverse-rm-{RM_VERSION}"
+    if (final / "grpo_dist_reward_model.json").exists():
+        return final
+    policy = ensure_model(cache)
+    with _lock(Path(cache) / ".tiny-reverse-rm.lock"):
+        if (final / "grpo_dist_reward_model.json").exists():
+            return final
+        print(f"grpo_dist: training a starting reward model in {final} (one time)", flush=True)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        build_reward_model(tmp, policy)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return final
+
+
 def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
     d = Path(cache) / f"reverse-data-{VERSION}"
     paths = {"train": d / "train.parquet", "test": d / "test.parquet"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -15,13 +16,15 @@ from grpo_dist.config.validate import (  # noqa: F401
     data_parallel_size,
     needs_reference,
     overlong_buffer,
+    reward_model_micro_batch,
+    reward_model_spec,
     rollout_correction_params,
 )
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer.dynamic_sampling import DynamicSampling, SingleBatch
 from grpo_dist.training.dtypes import dtype_name
-from grpo_dist.training.settings import ActorSettings, CriticSettings
+from grpo_dist.training.settings import ActorSettings, CriticSettings, RewardModelSettings
 
 
 def choose_device(name: str, cluster_gpus: float) -> str:
@@ -268,6 +271,94 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
     )
 
 
+def needs_reward_model(cfg: GRPOConfig) -> bool:
+    """Whether the run scores with a learned reward model (either spelling of its switch)."""
+    return reward_model_spec(cfg).enable
+
+
+def reward_model_trained(cfg: GRPOConfig) -> bool:
+    """Whether the reward model is trained during the run (iterative RL): it is then checkpointed."""
+    return needs_reward_model(cfg) and cfg.reward_model.iterative.enable
+
+
+def reference_is_reset(cfg: GRPOConfig) -> bool:
+    """Whether iterative RL resets the reference to the policy: its weights are then checkpointed."""
+    return reward_model_trained(cfg) and cfg.reward_model.iterative.reset_reference and needs_reference(cfg)
+
+
+def reward_model_path(cfg: GRPOConfig) -> str:
+    """The reward model's local folder (an embedded name or a hub name resolved like the actor's);
+    ``ValueError`` naming the key when it cannot be found."""
+    from grpo_dist import tasks
+
+    spec = reward_model_spec(cfg)
+    try:
+        return tasks.resolve(spec.path)
+    except ValueError as exc:
+        raise ValueError(f"the reward model ({spec.path_key} = {spec.path!r}) cannot be found: {exc}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizers_differ(a: str, b: str, trust_remote_code: bool) -> bool:
+    """Whether the tokenizers of two local folders tokenize differently (vocabulary or chat template);
+    a folder without tokenizer files reads the other's token ids, so they count as the same."""
+    from transformers import AutoTokenizer
+
+    try:
+        ta = AutoTokenizer.from_pretrained(a, trust_remote_code=trust_remote_code)
+        tb = AutoTokenizer.from_pretrained(b, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return False
+    return ta.get_vocab() != tb.get_vocab() or getattr(ta, "chat_template", None) != getattr(tb, "chat_template", None)
+
+
+def reward_model_reencodes(cfg: GRPOConfig, rm_path: str, policy_tokenizer_path: str) -> str | None:
+    """The folder of the policy's tokenizer to decode responses with when the reward model reads its
+    own tokens (``reward_model.model.input_tokenizer`` set and the two tokenizers differ); None when
+    the reward model reads the policy's token ids as they are."""
+    tok = cfg.reward_model.model.input_tokenizer
+    if not tok:
+        return None
+    from grpo_dist import tasks
+
+    path = policy_tokenizer_path if tok == cfg.actor_rollout_ref.model.path else tasks.resolve(tok)
+    return path if _tokenizers_differ(path, rm_path, cfg.reward_model.model.trust_remote_code) else None
+
+
+def reward_model_settings(cfg: GRPOConfig, device: str, rm_path: str, policy_tokenizer_path: str) -> RewardModelSettings:
+    rm, it = cfg.reward_model, cfg.reward_model.iterative
+    fsdp = rm.model.fsdp_config
+    world = step_shape(cfg).world_size
+    override = dict(rm.model.override_config)
+    attn = override.pop("attn_implementation", cfg.actor_rollout_ref.model.attn_implementation)
+    reencode = reward_model_reencodes(cfg, rm_path, policy_tokenizer_path)
+    return RewardModelSettings(
+        micro_batch_size_per_gpu=None if rm.use_dynamic_bsz else reward_model_micro_batch(cfg),
+        use_dynamic_bsz=rm.use_dynamic_bsz,
+        forward_max_token_len_per_gpu=rm.forward_max_token_len_per_gpu,
+        reencode=reencode is not None,
+        input_tokenizer_path=reencode,
+        max_length=rm.max_length,
+        trainable=it.enable,
+        mini_batch_size_per_gpu=-(-it.mini_batch_size // world),
+        update_micro_batch_size_per_gpu=it.micro_batch_size_per_gpu,
+        epochs=it.epochs,
+        lr=it.lr,
+        weight_decay=it.weight_decay,
+        betas=tuple(it.betas),
+        grad_clip=it.grad_clip,
+        seed=cfg.trainer.seed,
+        model_dtype=fsdp.model_dtype,
+        param_dtype=compute_dtype(fsdp.dtype, device),
+        reduce_dtype="float32",
+        attn_implementation=attn,
+        override_config=override,
+        reshard_after_forward=fsdp.reshard_after_forward,
+        param_offload=fsdp.param_offload,
+        trust_remote_code=rm.model.trust_remote_code,
+    )
+
+
 def actor_update_due(finished_steps: int, critic_warmup: int) -> bool:
     """Whether the step now running updates the actor (``trainer.critic_warmup``).
 
@@ -434,6 +525,8 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             f"(num_attention_heads = {heads}, num_key_value_heads = {kv_heads} in {model_path}/config.json): each of "
             f"an engine's {tp} ranks holds a whole number of heads; use a divisor of {heads}"
         )
+    if needs_reward_model(cfg):
+        check_reward_model_fits(cfg, model_path, tokenizer, need)
     if needs_critic(cfg):
         path = critic_model_path(cfg, model_path)
         cc = AutoConfig.from_pretrained(path, trust_remote_code=cfg.critic.model.trust_remote_code)
@@ -448,6 +541,40 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
                 f"the tokenizer has {len(tokenizer)} tokens but the value model's vocab_size is {vocab}: the critic reads "
                 f"the actor's token ids, so critic.model.path = {cfg.critic.model.path!r} must share the actor's vocabulary"
             )
+
+
+def check_reward_model_fits(cfg: GRPOConfig, policy_path: str, tokenizer, need: int) -> None:
+    """The reward model's folder can be read and fits the run: its context holds prompt + response;
+    when it reads the policy's token ids, its vocabulary covers the policy's tokenizer; a process
+    reward model, and iterative RL, read the policy's tokens. ``ValueError`` naming the reward model."""
+    from transformers import AutoConfig
+
+    spec = reward_model_spec(cfg)
+    path = reward_model_path(cfg)
+    try:
+        mc = AutoConfig.from_pretrained(path, trust_remote_code=cfg.reward_model.model.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ValueError(f"the reward model {path} ({spec.path_key}) cannot be loaded: {type(exc).__name__}: {first}") from None
+    reencode = reward_model_reencodes(cfg, path, getattr(tokenizer, "name_or_path", None) or policy_path)
+    ctx, vocab = getattr(mc, "max_position_embeddings", None), getattr(mc, "vocab_size", None)
+    if ctx is not None and not reencode and need > ctx:
+        raise ValueError(
+            f"data.max_prompt_length + data.max_response_length = {need} is longer than the reward model's context "
+            f"(max_position_embeddings = {ctx} in {path}/config.json, {spec.path_key}); lower one of them"
+        )
+    if reencode is None and vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the reward model's vocab_size is {vocab}: the reward model "
+            f"reads the actor's token ids, so {spec.path_key} = {spec.path!r} must share the actor's vocabulary "
+            "(or give its own tokenizer in its folder and keep reward_model.model.input_tokenizer set)"
+        )
+    if reencode is not None and (cfg.reward_model.process.enable or cfg.reward_model.iterative.enable):
+        what = "a process reward model" if cfg.reward_model.process.enable else "iterative RL"
+        raise ValueError(
+            f"{what} reads the policy's own tokens, but the reward model {path} has a tokenizer of its own; use a reward "
+            "model built on the policy's tokenizer, or set reward_model.model.input_tokenizer=null to feed it the policy's ids"
+        )
 
 
 def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str,

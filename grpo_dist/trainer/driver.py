@@ -2,12 +2,15 @@
 
 One step, as data::
 
-    prompts -> rollout (n responses each) -> reward -> old log-probs -> reference log-probs
-            -> values (with a critic) -> advantages -> critic update (with a critic)
-            -> actor update (after the critic warm-up) -> weight sync -> metrics, validation, checkpoint
+    prompts -> rollout (n responses each) -> reward (rules and/or a reward model) -> old log-probs
+            -> reference log-probs -> values (with a critic) -> advantages -> critic update (with a critic)
+            -> actor update (after the critic warm-up) -> weight sync
+            -> reward-model update and reference reset (iterative RL, every N steps)
+            -> metrics, validation, checkpoint
 
-The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync is a protocol
-object of its own (:mod:`grpo_dist.trainer.weight_sync`), and the batch is assembled by
+The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync and iterative RL
+are protocol objects of their own (:mod:`grpo_dist.trainer.weight_sync`, :mod:`grpo_dist.trainer.iterative`),
+the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch is assembled by
 :mod:`grpo_dist.rollout.assemble`; what remains here is the recipe. Each phase is timed on the driver
 (``timing_s/<phase>``); phases done by workers also log the workers' own busy time
 (``timing_s/<phase>/worker``, slowest rank; see :class:`grpo_dist.workers.common.Timed`).
@@ -31,15 +34,16 @@ from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.distributed.worker_group import cluster_cpus
-from grpo_dist.rewards.shaping import apply_overlong_penalty
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import build, checkpoint
+from grpo_dist.trainer.iterative import IterativeRL
 from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
                                        decode_rows, pick_val_generations, reduce_validation, throughput_metrics,
                                        token_count)
 from grpo_dist.trainer.plan import driver_plan
+from grpo_dist.trainer.reward_stage import RewardStage
 from grpo_dist.trainer.roles import RoleContext, Workers
 from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
@@ -71,10 +75,12 @@ class GRPOTrainer:
         self.val_sampling, self.clip_warning = p.val_sampling, ResponseClipWarning(p.response_length)
         self.workers: Workers | None
         self.workers, self.global_step = None, 0
+        self.rewards: RewardStage | None = None  # set with the workers (start_workers)
+        self.iterative: IterativeRL | None = None
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite = NonfiniteGuard(p.max_consecutive_nonfinite_steps)
         self.stop = stop if stop is not None else StopSignal(out_dir=str(self.out_dir))
-        self.rc, self.sampling, self.overlong = p.rollout_correction, p.step_sampling, p.overlong
+        self.rc, self.sampling = p.rollout_correction, p.step_sampling
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
         self.on_policy, self.old_logp_forward = p.on_policy, p.old_logp_forward
 
@@ -89,6 +95,10 @@ class GRPOTrainer:
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")
         p = self.plan
+        self.rewards = RewardStage.from_plan(self.cfg, p, self.reward, w.get("reward_model"), world_size=world,
+                                             tokenizer=self.tokenizer, tokenizer_path=self.tokenizer_path)
+        self.iterative = IterativeRL.from_plan(p, w.get("reward_model"), actor=self.actor, reference=self.ref, device=dev,
+                                               reference_dtype=p.reference_dtype)
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes)
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
@@ -114,22 +124,6 @@ class GRPOTrainer:
                                    response_length=self.plan.response_length)
         return batch, busy_s
 
-    def score(self, batch: Batch, *, token_level: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores [B]; with ``token_level`` also ``token_level_scores`` in the batch (the score on the last
-        response token or, with process supervision, each step's reward on the token that ends the step,
-        and ``step_end_mask``)."""
-        step_rewards = token_level and self.estimator.needs_step_rewards
-        result = self.reward.call("compute", batch["responses"], batch["response_mask"], list(batch["reward_source"]),
-                                  list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards)[0]
-        if token_level:
-            batch["token_level_scores"] = result.token_level_scores_BR
-        if token_level and self.overlong is not None:  # DAPO's overlong shaping (training rewards only)
-            batch["token_level_scores"], shaping = apply_overlong_penalty(batch["token_level_scores"], batch["response_mask"], self.overlong)
-            result.stats.update(shaping)
-        if step_rewards:
-            batch["step_end_mask"] = result.step_end_mask_BR
-        return result.scores_B, {k: float(v) for k, v in result.stats.items()}
-
     def scored_rollout(self, items: list[dict], k: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Generation batch ``k`` of the step, scored (``scores``: the reward function's; ``reward_baselines``:
         the greedy response's reward, for estimators that need one); and the reward stats."""
@@ -140,10 +134,10 @@ class GRPOTrainer:
         if self.estimator.needs_baseline_rollout:
             with timer("gen_max"):
                 baseline, _ = self.generate(items, tag + "b", self.plan.baseline_sampling)
-                self.score(baseline)
+                self.rewards.score(baseline)
                 batch["reward_baselines"] = baseline["token_level_scores"].sum(-1).repeat_interleave(self.shape.n)
         with timer("reward"):
-            batch["scores"], stats = self.score(batch)
+            batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats
 
     def next_items(self) -> list[dict]:
@@ -253,6 +247,8 @@ class GRPOTrainer:
                 # critic warm-up: the policy did not change, so there is nothing to send; the engine
                 # only gets its memory back
                 self.rollout.call("wake_up")
+            if self.iterative is not None:  # iterative RL: every N steps, the reward-model update and reference reset
+                m.update(self.iterative.after_step(batch, self.global_step + 1, timer))
         step_s = time.perf_counter() - t0
         ntok = token_count(batch)
         self.summary.tokens += ntok
@@ -277,7 +273,7 @@ class GRPOTrainer:
         for start in range(0, len(self.val_data), bs):
             items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
             batch, _ = self.generate(items, f"v{start}", self.val_sampling)
-            s, _ = self.score(batch, token_level=False)
+            s, _ = self.rewards.score(batch, token_level=False)
             sources += [str(x) for x in batch["data_source"]]
             scores += s.tolist()
             if n_log > 0:
@@ -297,14 +293,19 @@ class GRPOTrainer:
 
     # ================================================================ checkpoints
     def save(self) -> str:
-        """Save the step's checkpoint (:func:`grpo_dist.trainer.checkpoint.save`: the workers' shards,
-        then the driver state, published by one rename)."""
+        """Save the step's checkpoint (:func:`grpo_dist.trainer.checkpoint.save`: the workers' shards and
+        the iterative-RL state, then the driver state, published by one rename)."""
         p, t0 = self.plan, time.perf_counter()
         export_hf = p.export_hf_every_checkpoint or self.global_step >= self.total_steps
+
+        def write_shards(tmp: Path) -> None:
+            self.workers.save(tmp, export_hf=export_hf)
+            if self.iterative is not None:
+                self.iterative.save(tmp)
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "total_steps": self.total_steps}
         final = checkpoint.save(p.checkpoint_root, self.global_step, state, max_keep=p.max_ckpt_to_keep,
-                                write_shards=lambda tmp: self.workers.save(tmp, export_hf=export_hf),
+                                write_shards=write_shards,
                                 newest=self.stop.last_checkpoint, root_key="trainer.default_local_dir")
         self.summary.last_checkpoint = str(final)
         self.stop.saved(str(final), time.perf_counter() - t0)
@@ -315,6 +316,8 @@ class GRPOTrainer:
         :func:`grpo_dist.trainer.checkpoint.choose_resume`) into the workers and the driver's state."""
         state = point.state
         self.workers.load(point.path)
+        if self.iterative is not None:
+            self.iterative.load(point.path)
         self.sampler.load_state_dict(state["sampler"])
         self.global_step = point.step
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))

@@ -21,6 +21,8 @@ from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer import build
 from grpo_dist.trainer.dynamic_sampling import DynamicSampling, SingleBatch
+from grpo_dist.trainer.iterative import IterativeSettings
+from grpo_dist.rewards.combine import RewardCombine
 
 __all__ = ["LaunchPlan", "DriverPlan", "ResumeSettings", "launch_plan", "driver_plan", "total_steps"]
 
@@ -147,6 +149,17 @@ class DriverPlan:
     old_logp_forward: bool
     """Whether a step runs the actor's old-log-prob forward (``build.old_log_prob_forward``)."""
     overlong: OverlongBuffer | None
+    # learned reward model (reward_model.*)
+    reward_combine: RewardCombine
+    """How a reward model's and the rule-based scores make the reward (``reward_model.combine``)."""
+    process_separator: str | None
+    """A process reward model's step separator; None: an outcome reward model (or none)."""
+    iterative: IterativeSettings | None
+    """Iterative RL's numbers (``reward_model.iterative.*``); None when it is off."""
+    reset_reference: bool
+    """Iterative RL resets the reference to the policy after each reward-model update."""
+    reference_dtype: str
+    """The reference's compute dtype (what a reset sends)."""
     # forwards and updates
     old_logp_batching: tuple[int | None, int | None]
     ref_logp_batching: tuple[int | None, int | None]
@@ -194,6 +207,8 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
     per_draw = build.prompts_per_draw(cfg)
     kc = alg.kl_ctrl
     save, _load = build.checkpoint_contents(cfg)
+    rmc = cfg.reward_model
+    it = rmc.iterative
     return DriverPlan(
         shape=shape,
         total_steps=total_steps(cfg, train_size // per_draw if per_draw else 0),
@@ -223,6 +238,14 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         on_policy=build.on_policy(cfg),
         old_logp_forward=build.old_log_prob_forward(cfg),
         overlong=overlong_buffer(cfg),
+        reward_combine=RewardCombine(rmc.combine, rmc.rm_weight, rmc.rule_weight, bool(cfg.custom_reward_function.path)),
+        process_separator=rmc.process.step_separator if rmc.process.enable else None,
+        iterative=IterativeSettings(
+            steps_per_iteration=it.steps_per_iteration, replay_fraction=it.replay_fraction,
+            heldout_fraction=it.heldout_fraction, buffer_size=it.buffer_size, mini_batch_size=it.mini_batch_size,
+            world_size=shape.world_size, seed=t.seed) if build.reward_model_trained(cfg) else None,
+        reset_reference=it.reset_reference,
+        reference_dtype=build.reference_kwargs(cfg, device)["param_dtype"],
         old_logp_batching=build.forward_batching(rollout, shape.world_size),
         ref_logp_batching=build.forward_batching(arr.ref, shape.world_size),
         logit_temperature=rollout.temperature or 1.0,

@@ -76,7 +76,8 @@ class Role:
         model: ``init_model``'s keyword arguments (besides the process-group address and backend);
             None for roles that hold no FSDP2 model.
         checkpoint: saved with every checkpoint and restored on resume
-            (``save_checkpoint(dir)``/``load_checkpoint(dir)``).
+            (``save_checkpoint(dir)``/``load_checkpoint(dir)``); a function of the configuration for
+            roles that need it only in some runs (:meth:`saves`).
         hf_export: folder of the checkpoint that receives a Hugging Face export (``export_hf``) when
             one is asked for; None: the role exports nothing.
         setup: called once every group exists, to start what several of the role's ranks must do at
@@ -90,9 +91,13 @@ class Role:
     enabled: Callable[[GRPOConfig], bool] = _always
     per_rank: bool = True
     model: Callable[[RoleContext], dict] | None = None
-    checkpoint: bool = False
+    checkpoint: bool | Callable[[GRPOConfig], bool] = False
     hf_export: str | None = None
     setup: Callable[[RoleContext, WorkerGroup], list] | None = None
+
+    def saves(self, cfg: GRPOConfig) -> bool:
+        """Whether this run's checkpoints hold this role."""
+        return self.checkpoint(cfg) if callable(self.checkpoint) else bool(self.checkpoint)
 
 
 def _rank_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -124,6 +129,12 @@ def _critic_worker():
     return CriticWorker
 
 
+def _reward_model_worker():
+    from grpo_dist.workers.reward_model import RewardModelWorker
+
+    return RewardModelWorker
+
+
 def _reward_worker():
     from grpo_dist.workers.reward import RewardWorker
 
@@ -148,6 +159,11 @@ def _reference_model(ctx: RoleContext) -> dict:
 def _critic_model(ctx: RoleContext) -> dict:
     return dict(model_path=build.critic_model_path(ctx.cfg, ctx.model_path),
                 settings=build.critic_settings(ctx.cfg, ctx.device, ctx.total_steps), **_timeout(ctx))
+
+
+def _reward_model_model(ctx: RoleContext) -> dict:
+    path = build.reward_model_path(ctx.cfg)
+    return dict(model_path=path, settings=build.reward_model_settings(ctx.cfg, ctx.device, path, ctx.tokenizer_path))
 
 
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -179,8 +195,11 @@ def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
 
 ROLES: tuple[Role, ...] = (
     Role("actor", _actor_worker, _rank_kwargs, model=_actor_model, checkpoint=True, hf_export="huggingface"),
-    Role("reference", _reference_worker, _rank_kwargs, enabled=build.needs_reference, model=_reference_model),
+    Role("reference", _reference_worker, _rank_kwargs, enabled=build.needs_reference, model=_reference_model,
+         checkpoint=build.reference_is_reset),
     Role("critic", _critic_worker, _rank_kwargs, enabled=build.needs_critic, model=_critic_model, checkpoint=True),
+    Role("reward_model", _reward_model_worker, _rank_kwargs, enabled=build.needs_reward_model, model=_reward_model_model,
+         checkpoint=build.reward_model_trained),
     Role("rollout", _rollout_worker, _rollout_kwargs, setup=_rollout_setup),
     Role("reward", _reward_worker, _reward_kwargs, per_rank=False),
 )
@@ -285,12 +304,12 @@ class Workers:
         """Every checkpointed role into ``directory/<role>``; with ``export_hf`` the exporting roles'
         Hugging Face folders too."""
         for role in self.roles:
-            if role.checkpoint:
+            if role.saves(self.ctx.cfg):
                 self.groups[role.name].call("save_checkpoint", str(directory / role.name))
             if export_hf and role.hf_export:
                 self.groups[role.name].call("export_hf", str(directory / role.hf_export), self.ctx.tokenizer_path)
 
     def load(self, directory: Path) -> None:
         for role in self.roles:
-            if role.checkpoint:
+            if role.saves(self.ctx.cfg):
                 self.groups[role.name].call("load_checkpoint", str(directory / role.name))

@@ -59,6 +59,8 @@ __all__ = [
     "load_sharded",
     "saved_parts",
     "ALL_PARTS",
+    "save_model_sharded",
+    "load_model_sharded",
     "rng_state",
     "set_rng_state",
     "TOKENIZER_FILES",
@@ -279,6 +281,31 @@ def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torc
         set_model_state_dict(model, state["model"])
     elif "optimizer" in state:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def save_model_sharded(directory: str | os.PathLike, model: nn.Module) -> None:
+    """Collective: write a model's shards (no optimizer: a frozen model whose weights change, such as a
+    reference reset to the policy) with DCP under ``directory/dcp``; ends with a barrier."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(directory / "dcp"))
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_model_sharded(directory: str | os.PathLike, model: nn.Module) -> None:
+    """Collective: load what :func:`save_model_sharded` wrote into ``model`` (in place; the mesh size
+    may differ). ``FileNotFoundError`` when ``directory/dcp`` is missing."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    directory = Path(directory)
+    if not (directory / "dcp").is_dir():
+        raise FileNotFoundError(f"no sharded checkpoint at {directory / 'dcp'}")
+    state = {"model": get_model_state_dict(model)}
+    safe_dcp_load(state, directory / "dcp")
+    set_model_state_dict(model, state["model"])
 
 
 def save_train_state(

@@ -2,6 +2,10 @@
 
 Collective like the actor: every rank calls :meth:`FSDPReference.compute_ref_log_prob` with its own
 rows (the same number of rows on every rank).
+
+Iterative RL resets the reference to the current policy (:meth:`FSDPReference.load_full_weights`,
+fed by the same bucketed transfer as the actor -> rollout weight sync); from then on its weights are
+no longer those of its folder, so they are checkpointed (:meth:`FSDPReference.save_checkpoint`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_dist.distributed.process_group import make_device_mesh
+from grpo_dist.training import checkpoint_io
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.memory import forward_token_budget
 from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
@@ -118,3 +123,24 @@ class FSDPReference:
             logits_chunk_size=self.settings.logprob_chunk_size,
         )
         return logp
+
+    def load_full_weights(self, named: dict[str, torch.Tensor]) -> None:
+        """Collective: replace every weight with the full (unsharded) tensors of ``named`` (Hugging Face
+        names, as the actor's state dict; each rank passes all of them and keeps its shard). Every
+        weight must be given: a reference partly reset would be neither the old policy nor the new."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        expected = set(self.model.state_dict())
+        missing, unknown = sorted(expected - set(named)), sorted(set(named) - expected)
+        if missing or unknown:
+            raise ValueError(f"reference reset: weights missing {missing[:3]}, unknown {unknown[:3]} "
+                             f"({len(missing)} missing, {len(unknown)} unknown)")
+        set_model_state_dict(self.model, named, options=StateDictOptions(full_state_dict=True))
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Collective: the reference's weights (sharded, DCP)."""
+        checkpoint_io.save_model_sharded(directory, self.model)
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Collective: restore what :meth:`save_checkpoint` wrote."""
+        checkpoint_io.load_model_sharded(directory, self.model)

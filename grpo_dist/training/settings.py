@@ -16,7 +16,8 @@ from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
-__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "update_keys", "CRITIC_UPDATE_KEYS", "ActorSettings", "ReferenceSettings", "CriticSettings"]
+__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "update_keys", "CRITIC_UPDATE_KEYS", "RM_UPDATE_KEYS", "ActorSettings",
+           "ReferenceSettings", "CriticSettings", "RewardModelSettings"]
 
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "eager", "flash_attention_2")
 """Values of ``actor_rollout_ref.model.attn_implementation`` (auto: flash_attention_2 on CUDA when
@@ -63,6 +64,18 @@ CRITIC_UPDATE_KEYS: tuple[str, ...] = (
 )
 """Batch keys ``FSDPCritic.update_critic`` reads: the tokens, the response mask, the values the
 critic gave when the step's advantages were computed (the clip's anchor) and the returns (targets)."""
+
+RM_UPDATE_KEYS: tuple[str, ...] = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "rm_targets",
+)
+"""Batch keys ``FSDPRewardModel.update`` reads: the tokens, the response mask, and ``rm_targets``
+[B, R] (the verifier's label, in [0, 1], on the response tokens the reward model is scored at; NaN
+elsewhere)."""
 
 
 def check_auto_settings(cls: str, s) -> None:
@@ -371,3 +384,72 @@ class CriticSettings:
         for name in ("model_dtype", "param_dtype", "reduce_dtype"):
             to_dtype(getattr(self, name))
         resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)
+
+
+@dataclass
+class RewardModelSettings:
+    """The learned reward model's settings (the trainer maps ``reward_model.*`` onto these).
+
+    Scoring reads the head's output at response tokens (the score of a prefix that ends with that
+    token). Training (iterative RL, ``trainable``) is binary cross-entropy on those outputs as logits
+    against the verifier's labels; batching works as the critic's: a rank's rows are ``epochs``
+    passes over mini-batch chunks of ``mini_batch_size_per_gpu`` rows, each cut into micro-batches,
+    with the loss normalised by the labelled positions of the whole mini-batch (over all ranks), so
+    neither the cut nor the number of ranks changes the update.
+    """
+
+    # --- scoring ----------------------------------------------------------------------------------
+    micro_batch_size_per_gpu: int | None = None
+    """Responses per scoring forward on one rank; None: all rows at once (unless dynamic)."""
+    use_dynamic_bsz: bool = False
+    forward_max_token_len_per_gpu: int = 32768
+    """Token budget of one scoring forward when ``use_dynamic_bsz``."""
+    reencode: bool = False
+    """Decode the policy's tokens with ``input_tokenizer_path`` and re-encode prompt + response with the
+    reward model's own chat template (its tokenizer differs from the policy's); outcome scores only."""
+    input_tokenizer_path: str | None = None
+    max_length: int | None = None
+    """Re-encoded inputs longer than this keep their last ``max_length`` tokens."""
+
+    # --- training (iterative RL) ------------------------------------------------------------------
+    trainable: bool = False
+    """Build an optimizer and allow :meth:`update`; False: a frozen scorer."""
+    mini_batch_size_per_gpu: int | None = None
+    """Rows of ONE rank in one optimizer step; None: all of the rank's rows."""
+    update_micro_batch_size_per_gpu: int | None = None
+    """Rows per forward/backward in an update; None: the whole mini-batch."""
+    epochs: int = 1
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    seed: int = 0
+    """Draws a new head (a causal LM's folder) the same on every rank."""
+
+    # --- model and FSDP2 --------------------------------------------------------------------------
+    model_dtype: str = "float32"
+    param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
+    attn_implementation: str = "auto"
+    override_config: dict | None = None
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size_per_gpu", "mini_batch_size_per_gpu", "update_micro_batch_size_per_gpu",
+                     "max_length"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"RewardModelSettings.{name} must be an integer >= 1 or None, got {v!r}")
+        for name in ("forward_max_token_len_per_gpu", "epochs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"RewardModelSettings.{name} must be an integer >= 1, got {v!r}")
+        if self.reencode and not self.input_tokenizer_path:
+            raise ValueError("RewardModelSettings.reencode needs input_tokenizer_path (the policy's tokenizer)")
+        if len(tuple(self.betas)) != 2:
+            raise ValueError(f"betas must be two floats, got {self.betas!r}")
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
+            to_dtype(getattr(self, name))

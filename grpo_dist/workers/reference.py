@@ -1,7 +1,9 @@
 """Ray actor shell around the frozen FSDP2 reference policy, one per rank.
 
 ``compute_ref_log_prob`` returns a :class:`~grpo_dist.workers.common.Timed` result (value and busy
-seconds) for the driver's ``timing_s/ref/worker`` metric.
+seconds) for the driver's ``timing_s/ref/worker`` metric. ``wake_up``, ``load_bucket`` and
+``finish_load`` take the actor's weights bucket by bucket (the rollout worker's weight-sync surface,
+so :class:`grpo_dist.trainer.weight_sync.WeightSync` drives a reference reset as it drives a sync).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class ReferenceWorker:
         setup_process(device, num_threads)
         self.rank, self.world_size, self.device = rank, world_size, device
         self.ref = None
+        self._pending: dict[str, torch.Tensor] = {}  # a reset in progress: the weights received so far
 
     def address(self) -> tuple[str, int]:
         return node_ip(), free_port()
@@ -41,3 +44,37 @@ class ReferenceWorker:
 
     def node_id(self) -> str:
         return current_node_id()
+
+    def gpu_uuid(self) -> str | None:
+        from grpo_dist.rollout.weight_sync import gpu_uuid
+
+        return gpu_uuid()
+
+    @timed
+    def wake_up(self) -> None:
+        self._pending = {}
+
+    @timed
+    def load_bucket(self, bucket, payload) -> None:
+        """One bucket of the policy's weights (object-store bytes or a CUDA IPC handle), copied."""
+        import numpy as np
+
+        from grpo_dist.rollout.weight_sync import bucket_buffer, open_cuda, unpack
+
+        flat = bucket_buffer(bucket, payload) if isinstance(payload, np.ndarray) else open_cuda(payload)
+        for name, view in unpack(bucket, flat):
+            self._pending[name] = view.to("cpu", copy=True)
+        if flat.is_cuda:
+            torch.cuda.synchronize()
+
+    @timed
+    def finish_load(self) -> None:
+        """Collective: the reference becomes the weights received since :meth:`wake_up`."""
+        pending, self._pending = self._pending, {}
+        self.ref.load_full_weights(pending)
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.ref.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.ref.load_checkpoint(directory)

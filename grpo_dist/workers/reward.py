@@ -27,10 +27,10 @@ class RewardWorker:
         self.rewarder = BatchRewarder(tokenizer, self.scorer)
 
     def compute(self, responses: Any, response_mask: Any, data_sources: list[str], ground_truths: list[Any],
-                extra_infos: list[Any], token_level: bool, step_rewards: bool):
+                extra_infos: list[Any], token_level: bool, step_rewards: bool, optional_steps: bool = False):
         """A :class:`~grpo_dist.rewards.rewarder.RewardResult` for the batch (see ``BatchRewarder.compute``)."""
         return self.rewarder.compute(responses, response_mask, data_sources, ground_truths, extra_infos,
-                                     token_level=token_level, step_rewards=step_rewards)
+                                     token_level=token_level, step_rewards=step_rewards, optional_steps=optional_steps)
 
     def close(self) -> None:
         self.scorer.close()

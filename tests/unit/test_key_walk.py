@@ -17,11 +17,6 @@ from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import validate_config
 
-# Keys of the learned-reward-model work, which has its own keys' states to settle: validation reads
-# them (reward_model.enable=true is refused; the manager names are checked), no worker does yet.
-# The rollout mode is the asynchronous rollout's work (only sync is accepted until it lands).
-PENDING_ELSEWHERE = {"reward_model.enable", "reward_model.reward_manager", "actor_rollout_ref.rollout.mode"}
-
 MATRIX = {
     "grpo": [],
     "ppo_critic": ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
@@ -38,6 +33,13 @@ MATRIX = {
     "bypass": ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token",
                "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
                "reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs.overlong_buffer_cfg.len=4"],
+    "rm_outcome": ["reward_model.enable=true", "reward_model.model.path=/rm", "reward_model.model.input_tokenizer=null",
+                   "reward_model.combine=weighted", "reward_model.micro_batch_size=8",
+                   "reward_model.model.override_config.attn_implementation=eager"],
+    "rm_process_iterative": ["reward.reward_model.enable=true", "reward.reward_model.model_path=/rm",
+                             "reward_model.model.input_tokenizer=null", "reward_model.process.enable=true",
+                             "algorithm.adv_estimator=grpo_process", "reward_model.iterative.enable=true",
+                             "reward_model.use_dynamic_bsz=true"],
     "epochs": ["trainer.total_epochs=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.val_kwargs.n=2",
                "reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_kwargs.overlong_buffer_cfg.len=4"],
@@ -73,7 +75,7 @@ def builds():
 
 
 def test_every_honoured_key_is_read_when_a_run_is_built():
-    unread = [k for k in unread_honoured_keys(GRPOConfig, builds()) if k not in PENDING_ELSEWHERE]
+    unread = unread_honoured_keys(GRPOConfig, builds())
     assert not unread, ("honoured keys that no plan or worker setting reads (use them, or give them the state "
                         f"they have: no effect or refused): {unread}")
 

@@ -1,0 +1,218 @@
+"""The learned reward model's configuration: verl's two spellings (legacy ``reward_model.*``, current
+``reward.reward_model.*``) and their conflicts, verl's defaults, every refusal, the grpo_dist keys
+(combination, process reward model, iterative RL), the role rows, and verl's PPO-with-reward-model
+scripts."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_dist.config.loader import compose, to_typed
+from grpo_dist.config.schema import ConfigError
+from grpo_dist.config.validate import reward_model_micro_batch, reward_model_spec, validate_config
+from tests.verl_ppo_scripts import RM_SCRIPTS, script_args
+
+RM = ("reward_model.enable=true", "reward_model.model.path=/rm")
+ITER = (*RM, "reward_model.iterative.enable=true")
+
+
+def load(*overrides: str):
+    cfg = to_typed(compose(list(overrides)), list(overrides))
+    validate_config(cfg, check_paths=False)
+    return cfg
+
+
+def refused(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load(*overrides)
+    return str(e.value)
+
+
+# ------------------------------------------------------------------------------------------- spellings
+def test_off_by_default_and_verls_defaults():
+    cfg = load()
+    spec = reward_model_spec(cfg)
+    assert not spec.enable and spec.path == "~/models/FsfairX-LLaMA3-RM-v0.1"
+    rm = cfg.reward_model
+    assert rm.model.input_tokenizer == cfg.actor_rollout_ref.model.path  # verl: ${actor_rollout_ref.model.path}
+    assert rm.micro_batch_size is None and rm.micro_batch_size_per_gpu is None and rm.max_length is None
+    assert rm.use_dynamic_bsz == cfg.critic.use_dynamic_bsz
+    assert rm.forward_max_token_len_per_gpu == cfg.critic.forward_max_token_len_per_gpu == 32768
+    assert rm.model.trust_remote_code is False and rm.model.use_remove_padding is False
+    assert rm.model.fsdp_config.param_offload is False and rm.model.fsdp_config.reshard_after_forward is True
+    assert rm.model.fsdp_config.fsdp_size == -1 and rm.model.fsdp_config.wrap_policy.min_num_params == 0
+    assert (spec.enable_resource_pool, spec.n_gpus_per_node, spec.nnodes) == (False, 8, 0)
+    current = cfg.reward.reward_model
+    assert current.enable is False and current.model_path is None and current.rollout == {}
+    # the grpo_dist keys
+    assert rm.combine == "verl" and rm.process.enable is False and rm.process.step_separator == "\n"
+    it = rm.iterative
+    assert it.enable is False and it.replay_fraction == 0.1 and it.reset_reference is True
+
+
+@pytest.mark.parametrize("overrides", [
+    ("reward_model.enable=true", "reward_model.model.path=/rm"),
+    ("reward.reward_model.enable=true", "reward.reward_model.model_path=/rm"),
+    ("reward_model.enable=true", "reward.reward_model.model_path=/rm"),
+    ("reward.reward_model.enable=true", "reward_model.model.path=/rm"),
+    ("reward_model.enable=true", "reward_model.model.path=/rm", "reward.reward_model.model_path=/rm"),
+])
+def test_either_spelling_turns_the_same_reward_model_on(overrides):
+    spec = reward_model_spec(load(*overrides))
+    assert spec.enable and spec.path == "/rm"
+
+
+def test_the_two_spellings_may_not_contradict_each_other():
+    msg = refused(*RM, "reward.reward_model.model_path=/other")
+    assert "reward.reward_model.model_path" in msg and "reward_model.model.path" in msg and "set only one" in msg
+    msg = refused(*RM, "reward_model.n_gpus_per_node=4", "reward.reward_model.n_gpus_per_node=2")
+    assert "reward.reward_model.n_gpus_per_node" in msg and "reward_model.n_gpus_per_node" in msg
+
+
+def test_verls_engine_settings_are_accepted_in_both_layouts():
+    cfg = load(*RM, "reward_model.rollout.name=vllm", "reward_model.rollout.tensor_model_parallel_size=2",
+               "reward.reward_model.rollout.gpu_memory_utilization=0.8", "reward_model.use_reward_loop=false")
+    assert cfg.reward_model.rollout == {"name": "vllm", "tensor_model_parallel_size": 2}
+    assert cfg.reward.reward_model.rollout == {"gpu_memory_utilization": 0.8}
+
+
+def test_verls_deprecated_global_micro_batch_is_divided_over_the_ranks():
+    assert reward_model_micro_batch(load(*RM)) is None
+    assert reward_model_micro_batch(load(*RM, "reward_model.micro_batch_size=8", "trainer.n_gpus_per_node=2")) == 4
+    assert reward_model_micro_batch(load(*RM, "reward_model.micro_batch_size=8", "reward_model.micro_batch_size_per_gpu=3")) == 3
+
+
+# ------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("overrides, key", [
+    (("reward_model.enable_resource_pool=true",), "reward_model.enable_resource_pool"),
+    (("reward.reward_model.enable_resource_pool=true",), "reward.reward_model.enable_resource_pool"),
+    (("reward_model.model.fsdp_config.fsdp_size=2",), "reward_model.model.fsdp_config.fsdp_size"),
+    (("reward_model.strategy=megatron",), "reward_model.strategy"),
+    (("reward_model.combine=max",), "reward_model.combine"),
+    (("reward_model.micro_batch_size_per_gpu=0",), "reward_model.micro_batch_size_per_gpu"),
+    (("reward_model.model.fsdp_config.dtype=int8",), "reward_model.model.fsdp_config.dtype"),
+    (("reward_model.process.enable=true",), "reward_model.process.enable"),  # grpo reads one score per response
+    (("reward_model.process.enable=true", "algorithm.adv_estimator=grpo_process", "reward_model.process.step_separator=''"),
+     "reward_model.process.step_separator"),
+    (("reward_model.iterative.enable=true", "reward_model.iterative.replay_fraction=1.0"), "reward_model.iterative.replay_fraction"),
+    (("reward_model.iterative.enable=true", "reward_model.iterative.heldout_fraction=-0.1"), "reward_model.iterative.heldout_fraction"),
+    (("reward_model.iterative.enable=true", "reward_model.iterative.steps_per_iteration=0"), "reward_model.iterative.steps_per_iteration"),
+    (("reward_model.iterative.enable=true", "reward_model.iterative.lr=0"), "reward_model.iterative.lr"),
+    (("reward_model.iterative.enable=true", "reward_model.iterative.betas=[0.9,1.5]"), "reward_model.iterative.betas"),
+])
+def test_refusals_name_the_key(overrides, key):
+    msg = refused(*RM, *overrides)
+    assert msg.startswith(key + " ="), msg
+
+
+def test_an_outcome_reward_model_cannot_feed_process_supervision_alone():
+    msg = refused(*RM, "algorithm.adv_estimator=grpo_process")
+    assert "reward_model.process.enable=true" in msg and "step_rewards" in msg
+    # with a custom function returning step rewards (verl mode: the function is the reward), or a
+    # process reward model, it can
+    load(*RM, "algorithm.adv_estimator=grpo_process", "custom_reward_function.path=/f.py")
+    load(*RM, "algorithm.adv_estimator=grpo_process", "reward_model.process.enable=true")
+
+
+@pytest.mark.parametrize("key", ["reward_model.iterative.enable", "reward_model.process.enable"])
+def test_reward_model_features_need_a_reward_model(key):
+    msg = refused(f"{key}=true")
+    assert msg.startswith(key) and "reward_model.enable=true" in msg
+
+
+def test_the_reward_model_folder_must_exist():
+    cfg = to_typed(compose(list(RM)), list(RM))
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg)
+    assert "reward_model.model.path = '/rm'" in str(e.value)
+    over = ["reward.reward_model.enable=true", "reward.reward_model.model_path=/nowhere"]
+    with pytest.raises(ConfigError) as e:
+        validate_config(to_typed(compose(over), over))
+    assert "reward.reward_model.model_path = '/nowhere'" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------- the roles
+def test_role_rows_follow_the_configuration():
+    from grpo_dist.trainer.roles import ROLES, active_roles
+
+    def rows(cfg):
+        return {r.name: r for r in active_roles(cfg)}
+
+    plain = rows(load())
+    assert "reward_model" not in plain
+    cfg = load(*RM)
+    r = rows(cfg)
+    rm = r["reward_model"]
+    assert rm.per_rank and rm.model is not None
+    assert not rm.saves(cfg) and not r["reference"].saves(cfg)  # a frozen reward model is its folder
+    cfg = load(*ITER)
+    r = rows(cfg)
+    assert r["reward_model"].saves(cfg) and r["reference"].saves(cfg)  # trained, and a reset reference
+    cfg = load(*ITER, "reward_model.iterative.reset_reference=false")
+    assert not rows(cfg)["reference"].saves(cfg)
+    assert [r.name for r in ROLES].index("reward_model") < [r.name for r in ROLES].index("rollout")
+
+
+# ------------------------------------------------------------------------------------------- verl's scripts
+PATHS = dict(model="/m", rm="/rm", train="/d/train.parquet", train2="/d/math_train.parquet", test="/d/test.parquet",
+             test2="/d/math_test.parquet")
+
+
+@pytest.mark.parametrize("name", sorted(RM_SCRIPTS))
+def test_verl_ppo_with_reward_model_script_validates(name):
+    """The script as verl ships it (8 GPUs, its sizes), paths aside, composes and validates, and
+    turns on the reward model it names."""
+    cfg = load(*script_args(RM_SCRIPTS[name], cpu=False, **PATHS))
+    spec = reward_model_spec(cfg)
+    assert spec.enable and spec.path == "/rm" and cfg.algorithm.adv_estimator == "gae"
+    assert cfg.reward_model.combine == "verl" and not cfg.custom_reward_function.path  # the reward model is the reward
+    cpu = load(*script_args(RM_SCRIPTS[name], cpu=True, **PATHS))
+    assert cpu.trainer.n_gpus_per_node == 2 and reward_model_micro_batch(cpu) == 2
+
+
+def test_the_scripts_set_keys_of_the_reward_model():
+    legacy = RM_SCRIPTS["rm_legacy"]["overrides"]
+    assert "reward_model.model.fsdp_config.param_offload=True" in legacy and "reward_model.use_reward_loop=False" in legacy
+    assert any(o.startswith("reward_model.rollout.") for o in RM_SCRIPTS["rm_reward_loop"]["overrides"])
+
+
+# ------------------------------------------------------------------------------------------- start-up checks
+def test_a_reward_model_folder_that_cannot_be_read_stops_at_start_up_naming_it(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from grpo_dist.trainer import build
+
+    broken = tmp_path / "rm"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    cfg = load("reward_model.enable=true", f"reward_model.model.path={broken}")
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(ValueError) as e:
+        build.check_model_fits(cfg, str(tiny_model_dir), tok)
+    msg = str(e.value)
+    assert msg.startswith(f"the reward model {broken} (reward_model.model.path) cannot be loaded")
+
+
+def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_model_dir):
+    """A reward model whose tokenizer differs from the policy's would be re-encoded; a process reward
+    model (and iterative RL) read the policy's own step-end tokens, so that is refused at start-up."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from grpo_dist.trainer import build
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other", vocab=list("0123456789abc"), max_position_embeddings=256)
+    policy = tmp_path / "policy"
+    shutil.copytree(tiny_model_dir, policy)
+    tok = AutoTokenizer.from_pretrained(policy)
+    common = ("reward_model.enable=true", f"reward_model.model.path={other}", f"actor_rollout_ref.model.path={policy}")
+    cfg = load(*common)
+    build.check_model_fits(cfg, str(policy), tok)  # an outcome reward model is re-encoded
+    assert build.reward_model_reencodes(cfg, str(other), str(policy)) == str(policy)
+    cfg = load(*common, "reward_model.process.enable=true", "algorithm.adv_estimator=grpo_process")
+    with pytest.raises(ValueError, match="a process reward model reads the policy's own tokens"):
+        build.check_model_fits(cfg, str(policy), tok)
+    cfg = load(*common, "reward_model.model.input_tokenizer=null")
+    assert build.reward_model_reencodes(cfg, str(other), str(policy)) is None
