@@ -23,33 +23,29 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import get_adv_estimator
-from grpo_dist.core.diagnostics import rollout_probs_diff
-from grpo_dist.core.kl import apply_kl_penalty, make_kl_controller
+from grpo_dist.core.kl import make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.distributed.worker_group import cluster_cpus
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
-from grpo_dist.trainer import build, checkpoint
+from grpo_dist.trainer import build, checkpoint, validation
 from grpo_dist.trainer.iterative import IterativeRL
 from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
-                                       decode_rows, pick_val_generations, reduce_validation, throughput_metrics,
-                                       token_count)
+                                       throughput_metrics, token_count)
 from grpo_dist.trainer.plan import driver_plan
 from grpo_dist.trainer.reward_stage import RewardStage
 from grpo_dist.trainer.roles import RoleContext, Workers
-from grpo_dist.trainer.rollout_correction import apply_rollout_correction
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
-from grpo_dist.trainer.updates import sharded_forward, sharded_update
+from grpo_dist.trainer.step_rewards import token_level_rewards
+from grpo_dist.trainer.updates import sharded_forward_cat, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, update_keys
 from grpo_dist.workers.common import unwrap_timed
@@ -143,23 +139,6 @@ class GRPOTrainer:
     def next_items(self) -> list[dict]:
         return [self.train_data[i] for i in next(self.sampler)]
 
-    def old_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """Log-probs [B, R] under the current policy, and the slowest actor rank's busy seconds."""
-        outs, busy_s = sharded_forward(self.actor, "compute_log_prob", batch, self.shape.world_size,
-                                       *self.plan.old_logp_batching)
-        return torch.cat([logp for logp, _ in outs], dim=0), busy_s
-
-    def ref_log_probs(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """Log-probs [B, R] under the reference policy, and the slowest reference rank's busy seconds."""
-        outs, busy_s = sharded_forward(self.ref, "compute_ref_log_prob", batch, self.shape.world_size,
-                                       *self.plan.ref_logp_batching, self.plan.logit_temperature)
-        return torch.cat(outs, dim=0), busy_s
-
-    def values(self, batch: Batch) -> tuple[torch.Tensor, float]:
-        """The critic's values [B, R] (0 outside the response), and the slowest critic rank's busy seconds."""
-        outs, busy_s = sharded_forward(self.critic, "compute_values", batch, self.shape.world_size, extra_keys=["response_mask"])
-        return torch.cat(outs, dim=0), busy_s
-
     def advantages(self, batch: Batch) -> None:
         p = self.plan
         batch["advantages"], batch["returns"] = self.estimator.fn(
@@ -197,7 +176,7 @@ class GRPOTrainer:
 
     # ================================================================ one step
     def train_step(self, items: list[dict]) -> dict[str, float]:
-        p, timer, m = self.plan, Timer(), {}
+        p, timer, m, W = self.plan, Timer(), {}, self.shape.world_size
         t0 = time.perf_counter()
         with timer("step"):
             batch, reward_stats = self.sampling.collect(items, self.next_items, lambda it, k: self.scored_rollout(it, k, timer))
@@ -206,29 +185,23 @@ class GRPOTrainer:
             if self.rc.bypass:
                 batch["old_log_probs"] = batch["rollout_log_probs"]
             elif self.old_logp_forward:
-                with timer("old_log_prob"):
-                    batch["old_log_probs"], busy_s = self.old_log_probs(batch)
+                with timer("old_log_prob"):  # log-probs [B, R] under the current policy
+                    batch["old_log_probs"], busy_s = sharded_forward_cat(self.actor, "compute_log_prob", batch, W,
+                                                                         *p.old_logp_batching)
                 timer.add("old_log_prob/worker", busy_s)
             if self.ref is not None:
                 with timer("ref"):
-                    batch["ref_log_prob"], busy_s = self.ref_log_probs(batch)
+                    batch["ref_log_prob"], busy_s = sharded_forward_cat(self.ref, "compute_ref_log_prob", batch, W,
+                                                                        *p.ref_logp_batching, p.logit_temperature)
                 timer.add("ref/worker", busy_s)
             if self.critic is not None:
-                with timer("values"):
-                    batch["values"], busy_s = self.values(batch)
+                with timer("values"):  # [B, R], 0 outside the response
+                    batch["values"], busy_s = sharded_forward_cat(self.critic, "compute_values", batch, W,
+                                                                  extra_keys=["response_mask"])
                 timer.add("values/worker", busy_s)
             with timer("adv"):
-                batch["token_level_rewards"] = batch["token_level_scores"]
-                if p.use_kl_in_reward:
-                    batch["token_level_rewards"], kl = apply_kl_penalty(
-                        batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_prob"], batch["response_mask"],
-                        kl_coef=self.kl_ctrl.value, kind=p.kl_penalty)
-                    m.update({"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.kl_ctrl.value})
-                    # the controller advances by the step's responses (verl: the batch size, as in TRL)
-                    self.kl_ctrl.update(kl, n_steps=len(batch))
-                if "rollout_log_probs" in batch and not self.rc.bypass:  # the trainer's log-probs vs the engine's
-                    m.update(rollout_probs_diff(batch["rollout_log_probs"], batch["old_log_probs"], batch["response_mask"]))
-                    m.update(apply_rollout_correction(batch, self.rc))  # rollout_corr/*; weights and rejection if set
+                m.update(token_level_rewards(batch, kl_ctrl=self.kl_ctrl, use_kl_in_reward=p.use_kl_in_reward,
+                                             kl_penalty=p.kl_penalty, rc=self.rc))
                 self.advantages(batch)
             if self.critic is not None:
                 with timer("update_critic"):
@@ -263,25 +236,13 @@ class GRPOTrainer:
 
     # ================================================================ validation
     def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
-        """Scores of the validation set (``val-core/<source>/acc/mean@n``); with
-        ``trainer.log_val_generations`` N > 0 also N samples (input, output, score; verl's fixed-seed
-        choice) logged to ``tracker`` as a table at the current step."""
-        if self.val_data is None:
-            return {}
-        bs, n_log = self.plan.val_batch_size or len(self.val_data), self.plan.log_val_generations
-        sources, scores, inputs, outputs = [], [], [], []
-        for start in range(0, len(self.val_data), bs):
-            items = [self.val_data[i] for i in range(start, min(start + bs, len(self.val_data)))]
-            batch, _ = self.generate(items, f"v{start}", self.val_sampling)
-            s, _ = self.rewards.score(batch, token_level=False)
-            sources += [str(x) for x in batch["data_source"]]
-            scores += s.tolist()
-            if n_log > 0:
-                inputs += decode_rows(self.tokenizer, batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]])
-                outputs += decode_rows(self.tokenizer, batch["responses"], batch["response_mask"])
-        if n_log > 0 and tracker is not None:
-            tracker.log_generations(pick_val_generations(inputs, outputs, scores, n_log), step=self.global_step)
-        return reduce_validation(sources, scores, self.val_sampling.n)
+        """Scores of the validation set by the verifier (:func:`grpo_dist.trainer.validation.validate`)."""
+        p = self.plan
+        return validation.validate(
+            self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],
+            score=lambda batch: self.rewards.score(batch, token_level=False)[0], batch_size=p.val_batch_size,
+            n=self.val_sampling.n, tokenizer=self.tokenizer, log_generations=p.log_val_generations, tracker=tracker,
+            step=self.global_step)
 
     def validate_only(self, tracker: Tracker) -> RunSummary:
         """``trainer.val_only`` (verl): validate the resumed checkpoint (else the initial model), log, stop."""

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from grpo_dist.batch import Batch
 from grpo_dist.distributed.worker_group import WorkerGroup
 from grpo_dist.training.micro_batches import epoch_orders, update_layout
 from grpo_dist.training.settings import FORWARD_KEYS
 from grpo_dist.workers.common import unwrap_timed
 
-__all__ = ["sharded_forward", "sharded_update"]
+__all__ = ["sharded_forward", "sharded_forward_cat", "sharded_update"]
 
 
 def sharded_forward(group: WorkerGroup, method: str, batch: Batch, world_size: int, *args: object,
@@ -28,6 +30,15 @@ def sharded_forward(group: WorkerGroup, method: str, batch: Batch, world_size: i
     ``extra_keys``), one per rank: the per-rank results in rank order and the slowest rank's busy seconds."""
     shares = batch.select(*FORWARD_KEYS, *extra_keys).chunk(world_size)
     return unwrap_timed(group.call(method, per_rank=[(s.tensor_dict(), *args) for s in shares]))
+
+
+def sharded_forward_cat(group: WorkerGroup, method: str, batch: Batch, world_size: int, *args: object,
+                        extra_keys: Sequence[str] = ()) -> tuple[torch.Tensor, float]:
+    """:func:`sharded_forward` whose per-rank results (a tensor, or a tuple whose first item is the
+    tensor) are joined in rank order: ``[B, ...]`` for the whole batch, and the slowest rank's busy
+    seconds."""
+    outs, busy_s = sharded_forward(group, method, batch, world_size, *args, extra_keys=extra_keys)
+    return torch.cat([o[0] if isinstance(o, tuple) else o for o in outs], dim=0), busy_s
 
 
 def sharded_update(
