@@ -179,9 +179,9 @@ class ModelConfig:
     attn_implementation: str = F("auto", "attention kernel: auto (sdpa, or flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2")
     tokenizer_path: Optional[str] = F(None, "tokenizer folder; null = data.tokenizer, else the model's own")
     custom_chat_template: Optional[str] = F(None, "a Jinja chat template used instead of the tokenizer's own; null = the tokenizer's")
-    override_config: Dict[str, Any] = F({}, "fields set on the policy's Hugging Face config", Refused(
-        "changing the policy's config is not built here (the trainer and the rollout engine load the model folder as "
-        "saved); save a copy of the model with the changed config.json and point model.path at it"))
+    override_config: Dict[str, Any] = F(
+        {}, "fields set on the policy's Hugging Face config before it is built (e.g. max_position_embeddings): by the "
+        "actor, the reference and the rollout engine (vLLM's hf_overrides); the Hugging Face export writes them too")
     hf_config_path: Optional[str] = F(None, "a Hugging Face config folder other than the model's", Refused(
         "a config from another folder is not built here; put the config.json beside the weights (model.path)"))
     external_lib: Optional[str] = F(None, "a Python module imported before the model is built", Refused(

@@ -30,6 +30,8 @@ class HFEngine:
             Sampling runs under ``torch.random.fork_rng``: the process's global RNG is untouched.
         trust_remote_code: let the model folder's own Python code run (its custom model classes),
             as ``actor_rollout_ref.model.trust_remote_code`` asks.
+        config_overrides: fields set on the model's config before it is built (``model.override_config``,
+            as the actor builds the policy).
     """
 
     def __init__(
@@ -40,14 +42,21 @@ class HFEngine:
         device: str = "cpu",
         seed: int = 0,
         trust_remote_code: bool = False,
+        config_overrides: dict | None = None,
     ) -> None:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         self.device = torch.device(device)
+        extra = {}
+        if config_overrides:
+            config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+            for key, value in config_overrides.items():
+                setattr(config, key, value)
+            extra["config"] = config
         self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=_DTYPES[dtype],
-                                                          trust_remote_code=trust_remote_code)
+                                                          trust_remote_code=trust_remote_code, **extra)
         self.model.to(self.device).eval()
         gen_cfg = self.model.generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.model.config.eos_token_id

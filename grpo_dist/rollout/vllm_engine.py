@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ _GIB = 1 << 30
 #: Arguments of ``vllm.LLM`` that the engine always sets (``extra_kwargs`` may not repeat them).
 _OWN_LLM_ARGS = frozenset({"model", "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size",
                            "max_num_seqs", "enforce_eager", "seed", "enable_sleep_mode", "logprobs_mode",
-                           "distributed_executor_backend", "trust_remote_code"})
+                           "distributed_executor_backend", "trust_remote_code", "hf_overrides"})
 
 
 class _DropRotaryReloadWarning(logging.Filter):
@@ -95,6 +96,8 @@ class VLLMEngine:
             may not repeat the ones set here.
         trust_remote_code: let the model folder's own Python code run (its custom model or config
             classes), as ``actor_rollout_ref.model.trust_remote_code`` asks.
+        hf_overrides: fields set on the model's Hugging Face config (``model.override_config``, as the
+            actor builds the policy).
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class VLLMEngine:
         tp_rank: int = 0,
         tp_master: tuple[str, int] | None = None,
         trust_remote_code: bool = False,
+        hf_overrides: dict[str, Any] | None = None,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -187,6 +191,7 @@ class VLLMEngine:
             enable_sleep_mode=enable_sleep_mode,
             logprobs_mode="processed_logprobs",
             trust_remote_code=trust_remote_code,
+            **({"hf_overrides": dict(hf_overrides)} if hf_overrides else {}),
             **engine_kwargs,
         )
 
@@ -350,7 +355,38 @@ def tp_launcher_env(tp: int, tp_rank: int, master: tuple[str, int], *, on_gpu: b
     host, port = master
     os.environ.update(RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_RANK="0" if on_gpu else str(tp_rank),
                       LOCAL_WORLD_SIZE=str(tp), MASTER_ADDR=str(host), MASTER_PORT=str(int(port)))
+    if not on_gpu:
+        _name_cpu_shm_after_port(int(port))
     return {"distributed_executor_backend": "external_launcher"}
+
+
+_SHM_DIR = Path("/dev/shm")
+
+
+def _name_cpu_shm_after_port(port: int) -> None:
+    """vLLM's CPU tensor-parallel all-reduce shares memory files named from the init method, which is
+    the constant ``env://`` under the external launcher: two engines on one host would meet in the
+    same file, and a file left by a killed run makes every later engine fail with ``errno 17``. Name
+    the group after its master port instead (bound by the live group, so unique on the host among
+    running engines) and remove this rank's file of that name if a dead run left one."""
+    from vllm.distributed.device_communicators import cpu_communicator as cc
+
+    base = cc._CPUSHMDistributed.make_group_name
+    base = getattr(base, "_vllm_make_group_name", base)
+
+    def make_group_name(communicator: Any) -> str:
+        name = f"grpo-dist-{port}-" + base(communicator).lstrip("/").lstrip("-")
+        stale = _SHM_DIR / f"{name}_{communicator.rank}"
+        try:
+            stale.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:  # not ours to remove: vLLM's own error will name it
+            logger.debug("could not remove %s", stale, exc_info=True)
+        return name
+
+    make_group_name._vllm_make_group_name = base  # type: ignore[attr-defined]
+    cc._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
 
 
 def _check_prompts(prompt_token_ids: list[list[int]]) -> None:

@@ -179,6 +179,7 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         reshard_after_forward=a.fsdp_config.reshard_after_forward,
         optimizer_offload=a.fsdp_config.optimizer_offload,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+        override_config=dict(cfg.actor_rollout_ref.model.override_config) or None,
         save_contents=tuple(p for p in save if p != "hf_model"),
         load_contents=tuple(p for p in load if p != "hf_model"),
     )
@@ -193,6 +194,7 @@ def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
         reshard_after_forward=r.fsdp_config.reshard_after_forward,
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+        override_config=dict(cfg.actor_rollout_ref.model.override_config) or None,
         use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
         use_fused_kernels=cfg.actor_rollout_ref.model.use_fused_kernels,
         logprob_chunk_size=cfg.actor_rollout_ref.model.logprob_chunk_size,
@@ -455,12 +457,14 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float |
     r = cfg.actor_rollout_ref.rollout
     dtype = compute_dtype(r.dtype, device)
     trust = cfg.actor_rollout_ref.model.trust_remote_code
+    overrides = dict(cfg.actor_rollout_ref.model.override_config) or None  # the policy's config as the actor builds it
     if r.name == "hf":
-        return dict(model_path=model_path, dtype=dtype, device=device, trust_remote_code=trust)
+        return dict(model_path=model_path, dtype=dtype, device=device, trust_remote_code=trust, config_overrides=overrides)
     return dict(
         model_path=model_path,
         dtype=dtype,
         trust_remote_code=trust,
+        hf_overrides=overrides,
         max_model_len=r.max_model_len or (r.prompt_length + r.response_length),
         gpu_memory_utilization=r.gpu_memory_utilization,
         tensor_parallel_size=r.tensor_model_parallel_size,
@@ -503,6 +507,8 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
     from transformers import AutoConfig
 
     mc = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    for key, value in cfg.actor_rollout_ref.model.override_config.items():  # as the actor and engine build it
+        setattr(mc, key, value)
     r = cfg.actor_rollout_ref.rollout
     ctx = getattr(mc, "max_position_embeddings", None)
     need = r.prompt_length + r.response_length

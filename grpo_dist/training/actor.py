@@ -124,9 +124,12 @@ class FSDPActor:
             reshard_after_forward=settings.reshard_after_forward,
             cpu_offload=settings.param_offload,
             trust_remote_code=settings.trust_remote_code,
+            config_overrides=settings.override_config,
         )
-        # the model's own config (dropout as shipped) is what export_hf writes
+        # the model's own config (dropout as shipped, with model.override_config) is what export_hf writes
         self.config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
+        for key, value in (settings.override_config or {}).items():
+            setattr(self.config, key, value)
         self.optimizer = make_adamw(self.model, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
         self.lr_scheduler = make_lr_scheduler(
             self.optimizer, kind=settings.lr_scheduler_type, warmup_steps=settings.lr_warmup_steps,

@@ -47,6 +47,7 @@ class FSDPReference:
         reshard_after_forward: bool = True,
         attn_implementation: str = "auto",
         trust_remote_code: bool = False,
+        override_config: dict | None = None,
         use_remove_padding: bool = False,
         use_fused_kernels: bool = False,
         logprob_chunk_size: int | None = None,
@@ -64,6 +65,7 @@ class FSDPReference:
             reshard_after_forward=reshard_after_forward,
             attn_implementation=attn_implementation,
             trust_remote_code=trust_remote_code,
+            override_config=override_config,
             use_remove_padding=use_remove_padding,
             use_fused_kernels=use_fused_kernels,
             logprob_chunk_size=logprob_chunk_size,
@@ -83,6 +85,7 @@ class FSDPReference:
             reshard_after_forward=reshard_after_forward,
             cpu_offload=param_offload,
             trust_remote_code=trust_remote_code,
+            config_overrides=override_config,
         )
         from transformers import AutoConfig
 

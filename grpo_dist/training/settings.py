@@ -190,6 +190,9 @@ class ActorSettings:
     optimizer_offload: bool = False
     """Keep the optimizer state in CPU memory between updates (implied by param_offload)."""
     trust_remote_code: bool = False
+    override_config: dict | None = None
+    """Fields set on the policy's Hugging Face config before it is built (``model.override_config``);
+    the Hugging Face export writes them too."""
 
     # --- checkpoints ----------------------------------------------------------------------------
     save_contents: tuple[str, ...] = ("model", "optimizer", "extra")
@@ -275,6 +278,8 @@ class ReferenceSettings:
     attn_implementation: str = "auto"
     """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
     trust_remote_code: bool = False
+    override_config: dict | None = None
+    """Fields set on the policy's Hugging Face config before it is built (``model.override_config``)."""
     use_remove_padding: bool = False
     """Run every forward on the real tokens only, packed into one row with per-sequence position ids
     (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""

@@ -102,3 +102,32 @@ def test_tensor_parallel_validation():
         cfg_of(R + "tensor_model_parallel_size=8", "trainer.n_gpus_per_node=4", "trainer.nnodes=2")
     with pytest.raises(ConfigError, match="needs rollout.name=vllm"):
         cfg_of(R + "tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", R + "name=hf")
+
+
+def test_cpu_shared_memory_is_named_per_group_and_a_dead_runs_file_is_removed(monkeypatch, tmp_path):
+    """vLLM names its CPU all-reduce memory from the init method, constant under the external launcher:
+    a file left by a killed run made every later tensor-parallel engine on the host fail (errno 17)."""
+    pytest.importorskip("vllm")
+    import types
+
+    from vllm.distributed.device_communicators import cpu_communicator as cc
+
+    from grpo_dist.rollout import vllm_engine
+
+    monkeypatch.setattr(cc._CPUSHMDistributed, "make_group_name", cc._CPUSHMDistributed.make_group_name)
+    monkeypatch.setattr(vllm_engine, "_SHM_DIR", tmp_path)
+    monkeypatch.setenv("VLLM_DIST_IDENT", "//")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(var, "")  # restored after the test: tp_launcher_env writes them
+    comm = types.SimpleNamespace(unique_name="tp:0", ranks=[0, 1], rank=1)
+    vllm_engine.tp_launcher_env(2, 1, ("127.0.0.1", 29511), on_gpu=False)
+    name = cc._CPUSHMDistributed.make_group_name(comm)
+    assert "29511" in name and "/" not in name
+    stale = tmp_path / f"{name}_1"
+    stale.write_bytes(b"left by a killed run")
+    other_rank = tmp_path / f"{name}_0"
+    other_rank.write_bytes(b"rank 0's own")
+    assert cc._CPUSHMDistributed.make_group_name(comm) == name
+    assert not stale.exists() and other_rank.exists()  # each rank clears only its own file
+    vllm_engine.tp_launcher_env(2, 1, ("127.0.0.1", 29512), on_gpu=False)  # patched once, not stacked
+    assert cc._CPUSHMDistributed.make_group_name(comm) == name.replace("29511", "29512")
