@@ -1,5 +1,5 @@
-"""verl's GRPO, GSPO, RLOO and REINFORCE++ example scripts for FSDP text models, as the command-line
-overrides they pass (verl as of early 2026 and its current layout); the PPO ones are in
+"""verl's GRPO, GSPO, RLOO, REINFORCE++ and DAPO-style example scripts for FSDP text models, as the
+command-line overrides they pass (verl as of early 2026 and its current layout); the PPO ones are in
 ``tests/verl_ppo_scripts.py``.
 
 Each entry holds a script's overrides in verl's order with only the model and data paths made
@@ -8,7 +8,8 @@ is changed: every override a script passes is accepted, tensor parallelism of th
 asynchronous agent-loop mode, vLLM's pass-through keys and the table of validation generations
 included.
 
-``cpu_sizes`` scales a script down for a CPU run, and ``environment`` replaces what names this
+``cpu_sizes`` scales a script down for a CPU run (two ranks, so a script's rollout tensor parallelism
+of 2 runs as shipped: both ranks hold one vLLM engine), and ``environment`` replaces what names this
 machine's setup rather than the training (verl's ``uv`` launcher, the wandb logger): both are appended
 (later overrides win, as on verl's command line).
 """
@@ -19,7 +20,7 @@ TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 ENVIRONMENT = ["trainer.logger=[console,file]", "trainer.progress_bar=false", "trainer.default_local_dir={out}"]
 CPU_COMMON = ["data.train_batch_size=4", "data.max_prompt_length=64", "data.max_response_length=8",
               "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=2", "trainer.nnodes=1",
-              "trainer.total_training_steps=2", "data.val_max_samples=16", f"{TP}=1"]
+              "trainer.total_training_steps=2", "data.val_max_samples=16"]
 
 # examples/grpo_trainer/run_qwen2-7b.sh, early 2026
 EARLY_GRPO = {
@@ -416,7 +417,7 @@ DAPO_GMPO = {
     "cpu_sizes": ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=96",
                   "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=96",
                   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=96",
-                  "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+                  "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", f"{TP}=2",
                   "reward_model.reward_kwargs.max_resp_len=8",
                   "reward_model.reward_kwargs.overlong_buffer_cfg.len=4"],
 }
@@ -437,8 +438,8 @@ RUN_ON_CPU = ("early_gspo", "early_reinforce_pp", "current_grpo")
 
 
 def script_args(script: dict, *, cpu: bool, **paths: str) -> list[str]:
-    """The script's overrides with the paths filled in; with ``cpu`` the common CPU sizes (one rank per
-    rollout engine), the script's own and the environment's appended."""
+    """The script's overrides with the paths filled in; with ``cpu`` the common CPU sizes, the script's
+    own and the environment's appended."""
     args = [o.format(**paths) for o in script["overrides"]]
     if cpu:
         args += CPU_COMMON + list(script["cpu_sizes"]) + [o.format(**paths) for o in ENVIRONMENT]

@@ -195,7 +195,10 @@ def test_repeated_nonfinite_updates_stop_after_saving(tiny_model_dir, reverse_da
     assert any(r.get("actor/grad_norm_nonfinite_count", 0) > 0 for r in m.values())
 
 
-def test_dead_worker_stops_the_run_and_rerun_resumes(tiny_model_dir, reverse_data, tmp_path):
+def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_path):
+    """A killed actor worker stops the run within two minutes with one message naming the actor and
+    saying the same command resumes. That it does (from the newest checkpoint, exactly) is tested on the
+    run whose critic is killed, tests/e2e/test_ppo_e2e.py."""
     out = tmp_path / "o"
     args = base_args(tiny_model_dir, reverse_data, out, 40) + [
         "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
@@ -219,12 +222,6 @@ def test_dead_worker_stops_the_run_and_rerun_resumes(tiny_model_dir, reverse_dat
     assert time.time() - t_kill < 120
     assert proc.returncode == 1
     assert "actor worker rank" in err and "Traceback" not in err and "rerun the same command" in err
-    last = max(int(p.name.split("_")[-1]) for p in out.glob("global_step_*"))
-    # the same command, run again, resumes from the newest checkpoint (at most save_freq steps lost)
-    again = [a for a in args if not a.startswith("trainer.total_training_steps=")]
-    proc2 = run_main(again + [f"trainer.total_training_steps={last + 1}"])
-    assert proc2.returncode == 0, proc2.stderr[-3000:]
-    assert f"global_step_{last}" in proc2.stdout and "resumed from" in proc2.stdout
 
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}

@@ -1,17 +1,21 @@
 """verl's GRPO, GSPO and REINFORCE++ example scripts (both layouts) trained for two steps on the CPU
 through ``python -m grpo_dist.main`` (real Ray, vLLM, FSDP2): the module name and the paths changed, the
-sizes scaled down, the overrides that wait on other features left out (tests/verl_scripts.py).
+sizes scaled down (tests/verl_scripts.py).
 
 One run per script, started once and shared by the tests below:
 
 - ``early_gspo``: verl's early-2026 GSPO test script (GSPO loss, seq-mean-token-mean, token budgets,
   parameter and optimizer offload, the dapo manager, its own output folder and step count);
-- ``early_reinforce_pp``: the early-2026 REINFORCE++ script (KL in the reward, a reference);
-- ``current_grpo``: the current GRPO script (two data files each, balance_batch, the uv launcher key).
-"""
+- ``early_reinforce_pp``: the early-2026 REINFORCE++ script (KL in the reward, a reference), with its
+  rollout tensor parallelism of 2;
+- ``current_grpo``: the current GRPO script (two data files each, balance_batch, the uv launcher key),
+  with its rollout tensor parallelism of 2: both CPU ranks hold one vLLM engine (vLLM's external
+  launcher over gloo; a GPU runs the same code over NCCL). This run also asks for the engine's
+  log-probs and a table of validation generations, to check the sharded engine."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -24,18 +28,28 @@ ACTOR = ["actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/lr", "criti
          "timing_s/gen", "timing_s/update_actor", "timing_s/update_weights"]
 
 
+TP_CHECKS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=2"]
+
+
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, reverse_data, tmp_path_factory):
+def runs(reverse_data, tmp_path_factory):
+    from grpo_dist.tasks.reverse import VOCAB
+    from grpo_dist.utils.tiny_model import build_tiny_model
     from tests.e2e.conftest import epoch_data
 
     data = epoch_data(reverse_data, tmp_path_factory.mktemp("verl_script_data"))
+    # two attention heads: one per rank of a tensor-parallel engine
+    model = build_tiny_model(tmp_path_factory.mktemp("verl_script_model"), vocab=VOCAB, hidden_size=128, num_layers=2,
+                             num_heads=2, num_kv_heads=2, head_dim=64, intermediate_size=128,
+                             max_position_embeddings=256, seed=0)
     out = {}
     for name in RUN_ON_CPU:
         folder = tmp_path_factory.mktemp(f"verl_{name}") / "run"
-        paths = dict(model=str(tiny_model_dir), train=str(data["train"]), train2=str(data["small_train"]),
+        paths = dict(model=str(model), train=str(data["train"]), train2=str(data["small_train"]),
                      test=str(data["test"]), test2=str(data["test"]), out=str(folder))
+        extra = TP_CHECKS if name == "current_grpo" else []
         t0 = time.time()
-        proc = run_main(script_args(SCRIPTS[name], cpu=True, **paths))
+        proc = run_main(script_args(SCRIPTS[name], cpu=True, **paths) + extra)
         out[name] = (folder, proc, time.time() - t0)
         print(f"{name}: {out[name][2]:.0f} s")
     return out
@@ -76,3 +90,18 @@ def test_current_grpo_script_balances_and_uses_the_kl_loss(runs):
     assert "global_seqlen/balanced_max" in m[1] and "actor/kl_loss" in m[1]
     # log-prob forwards by token budget, derived from the actor's as in verl: the reference ran
     assert "timing_s/ref" in m[1]
+
+
+def test_the_tensor_parallel_engine_holds_the_trainers_policy(runs):
+    """current_grpo's rollout runs one engine over both ranks: the engine's log-probs of its samples
+    equal the actor's, at step 2 after a weight sync into both shards (full tensors to each rank)."""
+    folder, proc, _ = runs["current_grpo"]
+    assert proc.returncode == 0
+    assert "tensor_model_parallel_size=2" in " ".join(proc.args)
+    m = read_metrics(folder)
+    for step in (1, 2):
+        assert 0 <= m[step]["training/rollout_probs_diff_max"] < 1e-3, (step, m[step])
+    assert json.loads((folder / "placement.json").read_text())["rollout_rank_nodes"]
+    # validation samples come from the sharded engine too, before the first step and after the last
+    rows = [json.loads(line) for line in (folder / "val_generations.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [0, 2] and all(len(r["input"]) > 0 for r in rows)
