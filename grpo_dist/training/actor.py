@@ -48,7 +48,6 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from transformers import AutoConfig
 
 from grpo_dist.distributed.process_group import all_reduce_sum, comm_device, make_device_mesh
 from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
@@ -56,7 +55,7 @@ from grpo_dist.training import checkpoint_io, fsdp
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.memory import forward_token_budget, resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
-from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
+from grpo_dist.training.model_builder import build_fsdp_model, model_config, require_process_group, to_torch_device
 from grpo_dist.training.objective import PolicyObjective
 from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
 from grpo_dist.training.policy import batched_logprobs, require_keys
@@ -84,13 +83,7 @@ class FSDPActor:
         world_size: int,
         device: str | torch.device,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("FSDPActor needs torch.distributed initialised (init_process_group) first")
-        if dist.get_rank() != rank or dist.get_world_size() != world_size:
-            raise ValueError(
-                f"rank/world_size {rank}/{world_size} differ from the process group's "
-                f"{dist.get_rank()}/{dist.get_world_size()}"
-            )
+        require_process_group("FSDPActor", rank, world_size)
         self.settings = settings
         self.objective = PolicyObjective.from_settings(settings)
         """The loss of every micro-batch (:mod:`grpo_dist.training.objective`); the policy-loss mode is
@@ -102,7 +95,7 @@ class FSDPActor:
         self.device = to_torch_device(device)
         self.mesh = make_device_mesh(world_size, self.device.type)
         # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
-        hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
+        hf_config = model_config(self.model_path, settings.override_config, trust_remote_code=settings.trust_remote_code)
         self.settings, self.memory_note = resolve_auto_settings(
             settings, hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype))
         settings = self.settings  # memory_note: what the auto choices chose and why (printed at start-up)
@@ -127,9 +120,7 @@ class FSDPActor:
             config_overrides=settings.override_config,
         )
         # the model's own config (dropout as shipped, with model.override_config) is what export_hf writes
-        self.config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
-        for key, value in (settings.override_config or {}).items():
-            setattr(self.config, key, value)
+        self.config = model_config(self.model_path, settings.override_config, trust_remote_code=settings.trust_remote_code)
         self.optimizer = make_adamw(self.model, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
         self.lr_scheduler = make_lr_scheduler(
             self.optimizer, kind=settings.lr_scheduler_type, warmup_steps=settings.lr_warmup_steps,

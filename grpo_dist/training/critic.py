@@ -41,7 +41,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 from torch import nn
-from transformers import AutoConfig, AutoModelForTokenClassification
+from transformers import AutoModelForTokenClassification
 
 from grpo_dist.core.losses import AggSpec, global_counts
 from grpo_dist.core.value import value_loss
@@ -50,7 +50,7 @@ from grpo_dist.training import checkpoint_io
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.memory import forward_token_budget, resolve_auto_settings
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
-from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
+from grpo_dist.training.model_builder import build_fsdp_model, model_config, require_process_group, to_torch_device
 from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
 from grpo_dist.training.model_forward import forward_at, response_positions, to_response_grid
 from grpo_dist.training.policy import require_keys
@@ -116,13 +116,7 @@ class FSDPCritic:
         world_size: int,
         device: str | torch.device,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("FSDPCritic needs torch.distributed initialised (init_process_group) first")
-        if dist.get_rank() != rank or dist.get_world_size() != world_size:
-            raise ValueError(
-                f"rank/world_size {rank}/{world_size} differ from the process group's "
-                f"{dist.get_rank()}/{dist.get_world_size()}"
-            )
+        require_process_group("FSDPCritic", rank, world_size)
         self.settings = settings
         self.model_path = str(model_path)
         self.rank, self.world_size = rank, world_size
@@ -132,7 +126,7 @@ class FSDPCritic:
         # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
         self.forward_dynamic = settings.use_dynamic_bsz
         """How value forwards are cut (the setting as given: an auto update cut does not change them)."""
-        hf_config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
+        hf_config = model_config(self.model_path, overrides, trust_remote_code=settings.trust_remote_code)
         self.settings, self.memory_note = resolve_auto_settings(
             settings, hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
             value_head=True)
@@ -162,9 +156,7 @@ class FSDPCritic:
                 trust_remote_code=settings.trust_remote_code,
             )
         # what export_hf writes: the folder's config (dropout as shipped) as a value model
-        self.config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
-        for key, value in overrides.items():
-            setattr(self.config, key, value)
+        self.config = model_config(self.model_path, overrides, trust_remote_code=settings.trust_remote_code)
         self.config.architectures = [type(self.model).__name__.removeprefix("FSDP")]
         self.optimizer = make_adamw(self.model, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
         self.lr_scheduler = make_lr_scheduler(

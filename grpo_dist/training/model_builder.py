@@ -75,6 +75,31 @@ def resolve_attn_implementation(name: str, device: torch.device, compute_dtype: 
     return name
 
 
+def require_process_group(owner: str, rank: int, world_size: int) -> None:
+    """Raise unless torch.distributed is initialised, as ``rank`` of ``world_size`` ranks (a role's
+    model is built collectively on every rank of the default process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError(f"{owner} needs torch.distributed initialised (init_process_group) first")
+    if dist.get_rank() != rank or dist.get_world_size() != world_size:
+        raise ValueError(
+            f"rank/world_size {rank}/{world_size} differ from the process group's "
+            f"{dist.get_rank()}/{dist.get_world_size()}"
+        )
+
+
+def model_config(model_path: str | os.PathLike, overrides: Mapping[str, Any] | None = None, *,
+                 trust_remote_code: bool = False) -> Any:
+    """The model folder's Hugging Face config with ``overrides`` set on it (``model.override_config``,
+    a value head's ``num_labels``): what a role builds and sizes its memory from, and, dropout as
+    shipped, what its Hugging Face export writes."""
+    config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
+    return config
+
+
 def load_hf_model(
     model_path: str | os.PathLike,
     *,
@@ -93,9 +118,7 @@ def load_hf_model(
     ``nn.Dropout`` to 0, so train mode (needed by Hugging Face gradient checkpointing) computes the
     same function as eval mode and an update's forward matches a no-grad forward.
     """
-    config = AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
-    for key, value in (config_overrides or {}).items():
-        setattr(config, key, value)
+    config = model_config(model_path, config_overrides, trust_remote_code=trust_remote_code)
     if disable_dropout:
         for key, value in config.to_dict().items():
             if "dropout" in key and isinstance(value, float):

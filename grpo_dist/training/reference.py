@@ -14,13 +14,12 @@ import os
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
 
 from grpo_dist.distributed.process_group import make_device_mesh
 from grpo_dist.training import checkpoint_io
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.memory import forward_token_budget
-from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
+from grpo_dist.training.model_builder import build_fsdp_model, model_config, require_process_group, to_torch_device
 from grpo_dist.training.policy import batched_logprobs
 from grpo_dist.training.settings import ReferenceSettings
 
@@ -52,13 +51,7 @@ class FSDPReference:
         use_fused_kernels: bool = False,
         logprob_chunk_size: int | None = None,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("FSDPReference needs torch.distributed initialised (init_process_group) first")
-        if dist.get_rank() != rank or dist.get_world_size() != world_size:
-            raise ValueError(
-                f"rank/world_size {rank}/{world_size} differ from the process group's "
-                f"{dist.get_rank()}/{dist.get_world_size()}"
-            )
+        require_process_group("FSDPReference", rank, world_size)
         self.settings = ReferenceSettings(
             param_dtype=param_dtype,
             param_offload=param_offload,
@@ -87,10 +80,8 @@ class FSDPReference:
             trust_remote_code=trust_remote_code,
             config_overrides=override_config,
         )
-        from transformers import AutoConfig
-
         self.forward_max_tokens, _ = forward_token_budget(
-            AutoConfig.from_pretrained(str(model_path), trust_remote_code=trust_remote_code), device=self.device,
+            model_config(model_path, override_config, trust_remote_code=trust_remote_code), device=self.device,
             world_size=world_size, compute_dtype=to_dtype(param_dtype), max_seq_len=None,
             fused_head=use_fused_kernels, trainable=False)
         """Token budget of a forward given neither a micro-batch size nor a budget (null: auto)."""

@@ -59,7 +59,7 @@ from grpo_dist.core.reward_model import labelled_bce
 from grpo_dist.distributed.process_group import make_device_mesh
 from grpo_dist.training import checkpoint_io
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
-from grpo_dist.training.model_builder import build_fsdp_model, to_torch_device
+from grpo_dist.training.model_builder import build_fsdp_model, model_config, require_process_group, to_torch_device
 from grpo_dist.training.optim import clip_grad_norm, make_adamw
 from grpo_dist.training.policy import require_keys, trim_padding_columns
 from grpo_dist.training.settings import FORWARD_KEYS, RM_UPDATE_KEYS, RewardModelSettings
@@ -192,13 +192,7 @@ class FSDPRewardModel:
         world_size: int,
         device: str | torch.device,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError("FSDPRewardModel needs torch.distributed initialised (init_process_group) first")
-        if dist.get_rank() != rank or dist.get_world_size() != world_size:
-            raise ValueError(
-                f"rank/world_size {rank}/{world_size} differ from the process group's "
-                f"{dist.get_rank()}/{dist.get_world_size()}"
-            )
+        require_process_group("FSDPRewardModel", rank, world_size)
         self.settings = settings
         self.model_path = str(model_path)
         self.rank, self.world_size = rank, world_size
@@ -223,9 +217,7 @@ class FSDPRewardModel:
                 cpu_offload=settings.param_offload,
                 trust_remote_code=settings.trust_remote_code,
             )
-        self.config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
-        for key, value in overrides.items():
-            setattr(self.config, key, value)
+        self.config = model_config(self.model_path, overrides, trust_remote_code=settings.trust_remote_code)
         self.config.architectures = [type(self.model).__name__.removeprefix("FSDP")]
         self.optimizer = (make_adamw(self.model, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
                           if settings.trainable else None)
