@@ -10,17 +10,10 @@ import types
 import pytest
 import torch
 
-from grpo_dist.config.loader import compose, to_typed
-from grpo_dist.config.validate import validate_config
 from grpo_dist.trainer import build
+from tests.configs import cfg_of
 
 OVERRIDE = "+actor_rollout_ref.model.override_config.max_position_embeddings=512"
-
-
-def cfg_of(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
 
 
 def test_every_builder_of_the_policy_gets_the_fields():

@@ -9,18 +9,11 @@ import types
 
 import pytest
 
-from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import ConfigError
-from grpo_dist.config.validate import validate_config
 from grpo_dist.trainer import build, roles
+from tests.configs import cfg_of
 
 R = "actor_rollout_ref.rollout."
-
-
-def cfg_of(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
 
 
 # ------------------------------------------------------------------------------ mode=async

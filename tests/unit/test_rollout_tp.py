@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import ConfigError
-from grpo_dist.config.validate import validate_config
 from grpo_dist.rollout.assemble import shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.rollout.tp import engine_of, engine_outputs, engine_shares, init_args, tp_groups
 from grpo_dist.trainer import roles
+from tests.configs import cfg_of
 
 R = "actor_rollout_ref.rollout."
-
-
-def cfg_of(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
 
 
 def test_ranks_are_grouped_consecutively():

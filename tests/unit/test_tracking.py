@@ -14,22 +14,16 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import ConfigError
-from grpo_dist.config.validate import logger_names, validate_config
+from grpo_dist.config.validate import logger_names
 from grpo_dist.trainer.metrics import pick_val_generations
 from grpo_dist.trainer.tracking import GENERATIONS_FILE, Tracker, missing_backends, mlflow_key
+from tests.configs import cfg_of
 
 
 def needs(package: str):
     return pytest.mark.skipif(importlib.util.find_spec(package) is None,
                               reason=f"{package} is not installed (the [test] extra installs it)")
-
-
-def cfg_of(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
 
 
 SAMPLES = [("abc", "cba", 1.0), ("hello | world", "line1\nline2", 0.25)]
