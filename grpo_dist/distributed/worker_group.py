@@ -318,6 +318,10 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     # Ray starts worker processes at niceness 15 by default; training workers should compete for
     # the CPU on equal terms with everything else on the machine.
     os.environ.setdefault("RAY_worker_niceness", "0")
+    # Ray starts one idle worker per CPU for the first driver; every grpo_dist role gets its own process
+    # (with its own environment), so on a small machine those idle processes only hold memory (~0.15
+    # GiB each) and wake the CPU while the rollout and the update run.
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     user_env = {k: v for k, v in (runtime_env or {}).items() if v}
     if address:
         # A submitted job brings its own runtime environment; only what the user asked for is added.

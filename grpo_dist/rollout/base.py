@@ -126,6 +126,16 @@ class RolloutOutput:
         return [len(ids) for ids in self.response_ids]
 
 
+def rollout_step_seed(rollout_seed: int, global_step: int, responses: int) -> int:
+    """Sampling seed of a training step: ``(rollout_seed * 100003 + global_step) * (responses + 1)``.
+
+    ``global_step`` counts from 0 (the step being generated) and ``responses`` is the step's
+    ``prompts x n``. Prompt ``i`` of the step is sampled with ``seed + i * n`` and vLLM gives its
+    ``n`` samples ``seed + i * n + 0 .. n - 1``, so every response of every step has its own seed,
+    whichever rank generates it (the result does not depend on the number of ranks)."""
+    return (rollout_seed * 100_003 + global_step) * (responses + 1)
+
+
 def pad_responses(
     output: RolloutOutput, pad_id: int, max_len: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -32,7 +32,7 @@ from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.distributed.worker_group import cluster_cpus
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
-from grpo_dist.rollout.base import SamplingSettings
+from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import build, checkpoint, validation
 from grpo_dist.trainer.iterative import IterativeRL
@@ -171,8 +171,8 @@ class GRPOTrainer:
         return metrics | balance, busy_s
 
     def step_seed(self) -> int:
-        """Sampling seed of this step: a disjoint range of per-response seeds for every step."""
-        return (self.plan.rollout_seed * 100_003 + self.global_step) * (self.shape.responses + 1)
+        """Sampling seed of this step (:func:`rollout_step_seed`)."""
+        return rollout_step_seed(self.plan.rollout_seed, self.global_step, self.shape.responses)
 
     # ================================================================ one step
     def train_step(self, items: list[dict]) -> dict[str, float]:

@@ -7,9 +7,11 @@ One model in this process (no Ray, no trainer), in the dtype grpo_dist's engine 
 ``num_return_sequences = n``). Two variants, as for bare vLLM:
 
 - ``plain``: sampling with the workload's temperature / top_p / top_k and ``max_new_tokens``;
-- ``as_grpo_dist``: what grpo_dist's engine asks for by default on top of that: a dict output and
-  one seed per call (the processed scores and their log-softmax only with
-  ``actor_rollout_ref.rollout.calculate_log_probs=true``, which the benchmark leaves off).
+- ``as_grpo_dist``: what grpo_dist's engine asks for on top of that: a dict output, seeded with
+  grpo_dist's seed of the step (``grpo_dist.rollout.base.rollout_step_seed``), so that it samples
+  grpo_dist's responses (the processed scores and their log-softmax only with
+  ``actor_rollout_ref.rollout.calculate_log_probs=true``, which the benchmark leaves off). The rollout
+  target is measured against this variant.
 
 Step 0 .. warmup_steps-1 are warm-up.
 """
@@ -28,6 +30,8 @@ from bench_common import is_bf16, load_prompt_dataset, subprocess_main  # noqa: 
 def run(w: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
+
+    from grpo_dist.rollout.base import rollout_step_seed
 
     cuda = w.get("device") == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
@@ -59,7 +63,7 @@ def run(w: dict) -> dict:
                           eos_token_id=eos, pad_token_id=pad)
             if variant == "as_grpo_dist":
                 kwargs.update(return_dict_in_generate=True)
-                torch.manual_seed(1000 + k)
+                torch.manual_seed(rollout_step_seed(0, k, len(prompt_ids) * w["n"]))  # rollout.seed=0
             sync()
             t = time.perf_counter()
             with torch.no_grad():

@@ -7,9 +7,12 @@ One engine in this process (no Ray, no trainer), built with vLLM's defaults exce
 prompts are generated once per variant:
 
 - ``plain``: ``SamplingParams(n, temperature, top_p, top_k, max_tokens)``: the baseline;
-- ``as_grpo_dist``: what grpo_dist's engine asks for by default on top of that: no detokenisation
-  and one seed per prompt (the sampled tokens' log-probs only with
-  ``actor_rollout_ref.rollout.calculate_log_probs=true``, which the benchmark leaves off).
+- ``as_grpo_dist``: the requests grpo_dist's engine sends for the same step: no detokenisation and
+  grpo_dist's own seed for every prompt (``grpo_dist.rollout.base.rollout_step_seed``; the sampled
+  tokens' log-probs only with ``actor_rollout_ref.rollout.calculate_log_probs=true``, which the
+  benchmark leaves off). With the same prompts and seeds it samples the same responses as grpo_dist's
+  rollout (up to the policy's drift under the benchmark's learning rate of 1e-6), so the two do the
+  same decoding work: the rollout target is measured against this variant.
 
 Step 0 .. warmup_steps-1 are warm-up (the first seeded request is slower).
 """
@@ -34,6 +37,8 @@ def run(w: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from grpo_dist.rollout.base import rollout_step_seed
+
     _, ds = load_prompt_dataset(w)
     steps = [[ds[i]["prompt_ids"] for i in idx] for idx in w["step_prompts"]]
     t0 = time.perf_counter()
@@ -54,7 +59,8 @@ def run(w: dict) -> dict:
             if variant == "plain":
                 params = SamplingParams(**base)
             else:
-                params = [SamplingParams(**base, detokenize=False, seed=1000 * k + i * w["n"])
+                seed = rollout_step_seed(0, k, len(prompts) * w["n"])  # actor_rollout_ref.rollout.seed=0
+                params = [SamplingParams(**base, detokenize=False, seed=seed + i * w["n"])
                           for i in range(len(prompts))]
             t = time.perf_counter()
             res = llm.generate(prompts, params, use_tqdm=False)

@@ -66,6 +66,7 @@ def grpo_overrides(w: dict, out_dir: Path, variant: str | None = None) -> list[s
         f"data.max_response_length={w['response_length']}",
         f"data.seed={w['data_seed']}",
         f"actor_rollout_ref.rollout.n={w['n']}",
+        "actor_rollout_ref.rollout.seed=0",  # bare_vllm.py's as_grpo_dist requests use the same seeds
         f"actor_rollout_ref.rollout.temperature={w['temperature']}",
         f"actor_rollout_ref.rollout.top_p={w['top_p']}",
         f"actor_rollout_ref.rollout.top_k={w['top_k']}",

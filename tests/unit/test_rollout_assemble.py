@@ -7,7 +7,7 @@ import torch
 
 from grpo_dist.data.dataset import collate_prompts
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
-from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
+from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, rollout_step_seed
 
 
 def items(prompts: list[list[int]]) -> list[dict]:
@@ -27,6 +27,15 @@ def test_shares_cover_prompts_in_order_and_seed_by_global_position():
     assert sorted(len(p) for p, _ in shares) == [0, 0, 1] and all(st.seed is None for _, st in shares)
     with pytest.raises(ValueError, match="num_ranks"):
         shard_prompts(prompts, 0, s)
+
+
+def test_every_response_of_every_step_gets_its_own_seed():
+    # (rollout_seed * 100003 + step) * (responses + 1); response r of the step samples with seed + r
+    assert rollout_step_seed(0, 0, 64) == 0 and rollout_step_seed(0, 3, 64) == 3 * 65
+    assert rollout_step_seed(2, 1, 8) == (2 * 100_003 + 1) * 9
+    for seed in (0, 1):
+        used = [rollout_step_seed(seed, step, 12) + r for step in range(50) for r in range(12)]
+        assert len(set(used)) == len(used)
 
 
 def test_batch_layout_groups_pads_and_continues_positions():
