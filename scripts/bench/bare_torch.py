@@ -12,10 +12,11 @@ clipping at 1.0 and one AdamW step per step. No FSDP, no Ray, no process group, 
 Also timed: a no-grad forward over the same rows in the same micro-batches, the work of grpo_dist's
 ``old_log_prob`` and ``ref`` phases.
 
-The response tokens are random (the update's cost does not depend on their values). Their lengths:
-per row from the workload's length distribution when it has one (``bench_common.response_lengths``:
-the same lengths in every run), else all ``response_tokens`` (the mean grpo_dist generated) or
-``response_length``.
+The response tokens are random (the update's cost does not depend on their values). Their lengths
+(``bench_common.response_lengths``): grpo_dist's own, row for row, when the workload carries the bare
+vLLM run's (``step_response_lengths``: it sent grpo_dist's seeds, so it sampled grpo_dist's
+responses); else per row from the workload's length distribution when it has one (the same lengths
+in every run), else all ``response_tokens`` (the mean grpo_dist generated) or ``response_length``.
 
 ``bare_variant`` (the workload key) picks how the loop computes, one variant per process (so each
 one's peak memory is its own):

@@ -12,7 +12,8 @@ prompts are generated once per variant:
   tokens' log-probs only with ``actor_rollout_ref.rollout.calculate_log_probs=true``, which the
   benchmark leaves off). With the same prompts and seeds it samples the same responses as grpo_dist's
   rollout (up to the policy's drift under the benchmark's learning rate of 1e-6), so the two do the
-  same decoding work: the rollout target is measured against this variant.
+  same decoding work: the rollout target is measured against this variant. Its response lengths
+  (prompt-major, as grpo_dist's rows) are what the bare torch loop of the same repetition trains on.
 
 Step 0 .. warmup_steps-1 are warm-up (the first seeded request is slower).
 """
@@ -65,8 +66,9 @@ def run(w: dict) -> dict:
             t = time.perf_counter()
             res = llm.generate(prompts, params, use_tqdm=False)
             dt = time.perf_counter() - t
-            ntok = sum(len(c.token_ids) for r in res for c in r.outputs)
-            rows.append({"step": k + 1, "seconds": dt, "gen_tokens": ntok, "warmup": k < w["warmup_steps"]})
+            lengths = [len(c.token_ids) for r in res for c in sorted(r.outputs, key=lambda c: c.index)]
+            rows.append({"step": k + 1, "seconds": dt, "gen_tokens": sum(lengths), "warmup": k < w["warmup_steps"],
+                         "lengths": lengths})
         out[variant] = rows
     return out
 

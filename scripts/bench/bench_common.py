@@ -149,12 +149,17 @@ def workloads(quick: bool, device: str = "cpu", rollout: str = "vllm", precision
 
 
 def response_lengths(w: dict, step: int, rows: int) -> list[int]:
-    """Per-row response lengths the bare torch loop trains on in ``step``: for a workload with an EOS
-    bias, draws from its length distribution (each token EOS with probability 1 / mean_response,
-    capped at response_length; seeded by the step, the same in every run); else every row
-    ``response_tokens`` (the mean grpo_dist generated) or ``response_length``."""
+    """Per-row response lengths the bare torch loop trains on in ``step``: the lengths grpo_dist sampled
+    when the workload carries them (``step_response_lengths``: the bare vLLM run's, sent grpo_dist's
+    seeds, so the loop trains on grpo_dist's exact rows); else, for a workload with an EOS bias, draws
+    from its length distribution (each token EOS with probability 1 / mean_response, capped at
+    response_length; seeded by the step, the same in every run); else every row ``response_tokens``
+    (the mean grpo_dist generated) or ``response_length``."""
     import random
 
+    given = w.get("step_response_lengths")
+    if given and step < len(given) and len(given[step]) == rows:
+        return [max(1, min(int(n), w["response_length"])) for n in given[step]]
     if w.get("mean_response"):
         rng = random.Random(1000 + step)
         p, cap = 1.0 / w["mean_response"], w["response_length"]

@@ -248,8 +248,8 @@ def summarise_workload(w: dict, runs: dict[str, list[dict]]) -> dict:
 
 
 def _per_token(bare_s, bare_tokens, g_s, g_tokens) -> float | None:
-    """Efficiency ``bare time / grpo_dist time``, per real token when both token counts are known (the
-    programs sample their own response lengths)."""
+    """Efficiency ``bare time / grpo_dist time``, per real token when both token counts are known (equal
+    when the bare loop trained on grpo_dist's sampled lengths; otherwise each sampled its own)."""
     if not bare_s or not g_s:
         return None
     if bare_tokens and g_tokens:
@@ -589,8 +589,10 @@ def settings_table(workloads: list[dict]) -> str:
         row("updates per step", lambda w: "1 (ppo_mini_batch_size = train_batch_size, ppo_epochs 1)"),
         row("KL loss", lambda w: f"on, low_var_kl (k3), coef {w['kl_coef']}"),
         row("lr / grad clip", lambda w: f"{w['lr']} / 1.0"),
-        row("response lengths", lambda w: (f"geometric, each token EOS with p = 1/{w['mean_response']}, capped at "
-                                           f"{w['response_length']}") if w.get("mean_response") else "as the model samples"),
+        row("response lengths", lambda w: ((f"geometric, each token EOS with p = 1/{w['mean_response']}, capped at "
+                                            f"{w['response_length']}") if w.get("mean_response") else "as the model samples")
+            + ("; the bare torch loop trains on the lengths grpo_dist sampled (bare vLLM sent its seeds)"
+               if w.get("rollout", "vllm") == "vllm" else "")),
         row("gradient checkpointing", lambda w: "on" if w["gradient_checkpointing"] else "off"),
         row("grpo_dist forwards", lambda w: "packed (use_remove_padding, the default)"
             + (f"; log-prob variants {', '.join(w['grpo_variants'])}" if w.get("grpo_variants") else "")),

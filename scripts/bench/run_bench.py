@@ -325,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
                     runs[prog].append(run_script(script, w, run_dir, "vllm"))
                 else:
                     wt = dict(w, bare_variant=prog.partition(":")[2] or "naive")
+                    if runs.get("vllm") and len(runs["vllm"]) == rep + 1:
+                        # this repetition's bare vLLM run sampled grpo_dist's responses (its seeds): the bare
+                        # loop trains on their lengths, so both update the same rows
+                        sampled = [d.get("lengths") for d in runs["vllm"][-1].get("as_grpo_dist", [])]
+                        if sampled and all(sampled):
+                            wt["step_response_lengths"] = sampled
                     gen = report.median(d["gen_tokens"] for r in runs["grpo_dist"]
                                         for d in report.grpo_steps(r, w["warmup_steps"], w["batch_size"] * w["n"]))
                     if gen and not w.get("mean_response"):

@@ -103,6 +103,13 @@ def test_bare_loop_lengths_follow_the_eos_bias():
     assert 52 < sum(a) / len(a) < 59
     tiny = common.workloads(False)[0]
     assert common.response_lengths(dict(tiny, response_tokens=7), 0, 3) == [7, 7, 7]
+    # grpo_dist's sampled lengths (the bare vLLM run's, with its seeds) win, row for row, capped
+    sampled = dict(w, step_response_lengths=[[3, 200, 5], [1, 2, 3]])
+    assert common.response_lengths(sampled, 0, 3) == [3, 128, 5]
+    assert common.response_lengths(sampled, 1, 3) == [1, 2, 3]
+    # a step or row count they do not cover falls back to the distribution
+    assert common.response_lengths(sampled, 2, 3) == common.response_lengths(w, 2, 3)
+    assert common.response_lengths(sampled, 0, 4) == common.response_lengths(w, 0, 4)
 
 
 @pytest.mark.parametrize("precision,dtype", [("auto", "float32"), ("fp32", "float32"), ("bf16", "bfloat16")])
