@@ -50,7 +50,7 @@ def test_quick_benchmark_prints_the_tables(tmp_path):
         assert "skipped (trl not installed)" in trl[2]
 
     # every phase of the step was timed, inside the workers too, and the bare baselines ran
-    for phase in ("rollout (timing_s/gen) vs LLM.generate", "update_actor vs torch fwd/bwd/AdamW loop"):
+    for phase in ("rollout (timing_s/gen) vs LLM.generate (same prompts and seeds)", "update_actor vs torch fwd/bwd/AdamW loop"):
         cells = _row(out, [phase])
         assert float(cells[1]) > 0 and float(cells[4]) > 0 and float(cells[5]) > 0
         assert 0 < float(cells[2]) <= float(cells[1])
