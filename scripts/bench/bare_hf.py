@@ -63,7 +63,7 @@ def run(w: dict) -> dict:
                           eos_token_id=eos, pad_token_id=pad)
             if variant == "as_grpo_dist":
                 kwargs.update(return_dict_in_generate=True)
-                torch.manual_seed(rollout_step_seed(0, k, len(prompt_ids) * w["n"]))  # rollout.seed=0
+                torch.manual_seed(rollout_step_seed(w.get("rollout_seed", 0), k, len(prompt_ids) * w["n"]))
             sync()
             t = time.perf_counter()
             with torch.no_grad():

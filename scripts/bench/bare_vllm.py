@@ -60,7 +60,7 @@ def run(w: dict) -> dict:
             if variant == "plain":
                 params = SamplingParams(**base)
             else:
-                seed = rollout_step_seed(0, k, len(prompts) * w["n"])  # actor_rollout_ref.rollout.seed=0
+                seed = rollout_step_seed(w.get("rollout_seed", 0), k, len(prompts) * w["n"])
                 params = [SamplingParams(**base, detokenize=False, seed=seed + i * w["n"])
                           for i in range(len(prompts))]
             t = time.perf_counter()
