@@ -277,7 +277,7 @@ def _grpo_variant_summary(w: dict, runs: list[dict]) -> dict:
         "step_s": median(d["step_s"] for d in steps),
         "update_tokens_computed": median(d.get("update_tokens_computed") for d in steps),
         "max_memory_gb_actor": max((d["max_memory_gb_actor"] or 0.0) for d in steps) if steps else None,
-        "actor_peak_rss_gib": max(r["monitor"].get("peak_rss_gib", {}).get("ActorWorker", 0.0) for r in runs),
+        "actor_peak_rss_gib": max(r["monitor"].get("peak_rss_gib", {}).get("ModelWorker", 0.0) for r in runs),
     }
 
 
@@ -437,9 +437,11 @@ def token_table(s: dict) -> str:
     if g:
         rows.append(["generation", "grpo_dist (vLLM)", _f(g.get("gen")), tok(g.get("gen_tokens")), tok(g.get("gen_tokens")),
                      "1.00", _f(s.get("rollout_efficiency"))])
-    if v:
-        rows.append(["generation", f"bare {s.get('rollout_baseline', 'LLM.generate')}", _f(v.get("plain_s")),
-                     tok(v.get("plain_tokens")), tok(v.get("plain_tokens")), "1.00", ""])
+    if v:  # the same requests as grpo_dist's (its seeds), which the efficiency beside grpo_dist's row is against
+        same = "as_grpo_dist" if v.get("as_grpo_dist_s") is not None else "plain"
+        label = " (same requests)" if same == "as_grpo_dist" else ""
+        rows.append(["generation", f"bare {s.get('rollout_baseline', 'LLM.generate')}{label}", _f(v.get(f"{same}_s")),
+                     tok(v.get(f"{same}_tokens")), tok(v.get(f"{same}_tokens")), "1.00", ""])
     if t:
         rows.append(["generation", "TRL (Hugging Face generate)", _f(t.get("gen_s")), tok(t.get("gen_tokens_computed")),
                      tok(t.get("gen_tokens")), ratio_cell(t.get("gen_tokens_computed"), t.get("gen_tokens")), ""])
@@ -479,11 +481,11 @@ def real_vocab_table(s: dict) -> str:
     variants = dict(s.get("grpo_variants") or {})
     if g:
         variants = {"chunked": {"update_actor": g["update_actor"], "ref": g["ref"],
-                                "actor_peak_rss_gib": (g.get("peak_rss_gib") or {}).get("ActorWorker"),
+                                "actor_peak_rss_gib": (g.get("peak_rss_gib") or {}).get("ModelWorker"),
                                 "update_tokens_computed": g.get("update_tokens_computed")}, **variants}
     labels = {"plain": "one chunk of all positions", "chunked": "chunked (default)", "fused": "fused with the output layer"}
     for name, d in variants.items():
-        rows.append(["grpo_dist (actor worker)", labels.get(name, name), _f(d.get("update_actor")), _f(d.get("ref")),
+        rows.append(["grpo_dist (model worker)", labels.get(name, name), _f(d.get("update_actor")), _f(d.get("ref")),
                      _f(d.get("actor_peak_rss_gib"), "{:.2f}"), _f(d.get("update_tokens_computed"), "{:.0f}")])
     blabels = {"naive": "padded, full log_softmax", "padded": "padded, chunked", "packed": "packed, chunked",
                "packed_fused": "packed, fused"}
@@ -540,7 +542,7 @@ def memory_table(summaries: list[dict]) -> str:
     return table(cols, rows)
 
 
-ROLE_ORDER = ("main process", "ActorWorker", "ReferenceWorker", "RolloutWorker", "RewardWorker")
+ROLE_ORDER = ("main process", "ModelWorker", "RolloutWorker", "RewardWorker")
 ROLE_LABEL = {"main process": "grpo_dist driver (python -m grpo_dist.main)"}
 
 

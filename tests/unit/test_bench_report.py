@@ -40,7 +40,7 @@ def make_runs() -> dict:
     t2 = t1 + rows[1]["timing_s/step"] + 0.3
     t3 = t2 + rows[2]["timing_s/step"] + 0.3 + 1.0  # the last line also waits for the checkpoint
     mon = {"step_arrivals": {"1": t1, "2": t2, "3": t3}, "foreign_load_cores": 0.1,
-           "peak_rss_gib": {"ActorWorker": 1.0, "RolloutWorker": 2.0}, "peak_tree_rss_gib": 5.0}
+           "peak_rss_gib": {"ModelWorker": 1.0, "RolloutWorker": 2.0}, "peak_tree_rss_gib": 5.0}
     grpo = {"metrics": rows, "monitor": mon}
     trl = {"steps": [{"step": 1, "seconds": 50.0, "gen_tokens": 1024, "warmup": True},
                      {"step": 2, "seconds": 16.0, "gen_tokens": 1024, "gen_s": 8.0, "nograd_forward_s": 1.0, "warmup": False},
@@ -99,7 +99,7 @@ def test_summary_efficiencies_and_ratios():
     assert s["weight_sync_share"] == pytest.approx(0.2 / step)
     assert s["driver_overhead_share"] == pytest.approx(0.35 / (step + 0.3))
     assert s["speedup_vs_trl"] == pytest.approx((1024 / (step + 0.3)) / (1024 / 16.0))
-    assert g["peak_rss_gib"] == {"ActorWorker": 1.0, "RolloutWorker": 2.0}
+    assert g["peak_rss_gib"] == {"ModelWorker": 1.0, "RolloutWorker": 2.0}
     assert g["worker"]["gen"] == pytest.approx(1.8) and g["worker"]["update_actor"] == pytest.approx(3.6)
     assert g["sync"] == pytest.approx({"gather": 0.1, "transfer": 0.01, "load": 0.08})
 
@@ -174,6 +174,8 @@ def test_token_table_lists_every_program_per_phase():
     assert "| update (fwd/bwd/AdamW) | bare torch loop, naive | 6.000 | 1200 | 600 | 2.00 |  |" in text
     assert "| no-grad forward (ref) | TRL | 1.000 | 2000 | 1200 | 1.67 |  |" in text
     assert "| generation | TRL (Hugging Face generate) | 8.000 | 1600 | 1024 | 1.56 |  |" in text
+    # the bare engine's row is the one sent grpo_dist's requests, which the rollout's efficiency is against
+    assert "| generation | bare LLM.generate (same requests) | 1.600 | 1024 | 1024 | 1.00 |  |" in text
 
 
 def test_real_vocab_table_has_grpo_and_bare_variants():
@@ -181,12 +183,12 @@ def test_real_vocab_table_has_grpo_and_bare_variants():
     w = dict(W, name="real_vocab")
     run = runs["grpo_dist"][0]
     fused = {"metrics": [dict(r, **{"timing_s/update_actor": r["timing_s/update_actor"] / 2}) for r in run["metrics"]],
-             "monitor": dict(run["monitor"], peak_rss_gib={"ActorWorker": 0.5})}
+             "monitor": dict(run["monitor"], peak_rss_gib={"ModelWorker": 0.5})}
     runs["grpo_dist:fused"] = [fused]
     s = report.summarise_workload(w, runs)
     text = report.real_vocab_table(s)
-    assert "| grpo_dist (actor worker) | chunked (default) | 4.000 | 1.000 | 1.00 | 1200 |" in text
-    assert "| grpo_dist (actor worker) | fused with the output layer | 2.000 | 1.000 | 0.50 | 1200 |" in text
+    assert "| grpo_dist (model worker) | chunked (default) | 4.000 | 1.000 | 1.00 | 1200 |" in text
+    assert "| grpo_dist (model worker) | fused with the output layer | 2.000 | 1.000 | 0.50 | 1200 |" in text
     assert "| bare torch loop | packed, fused | 3.000 | 0.800 | 1.00 | 600 |" in text
     rendered = report.render([dict(w, model="m", num_params=1, response_length=128, temperature=1.0, top_p=1.0,
                                    top_k=-1, micro_batch=8, kl_coef=0.001, lr=1e-6, gradient_checkpointing=False)],
@@ -203,7 +205,7 @@ def test_render_has_the_tables_and_columns():
         assert "| " + " | ".join(columns) + " |" in text
     assert "## Targets (gen_heavy workload)" not in text and "defined on the gen_heavy CPU workload" in text
     assert "FAIL" in text and "PASS" in text
-    assert "| ActorWorker | 1.00 |" in text
+    assert "| ModelWorker | 1.00 |" in text
     # worker busy time next to the driver-side time; the weight sync's parts as indented rows
     assert "| update_actor vs torch fwd/bwd/AdamW loop | 4.000 | 3.600 | " in text
     assert "| weight sync (update_weights) | 0.200 | 0.180 | " in text
@@ -231,10 +233,9 @@ def test_trl_missing_is_reported_as_skipped():
 
 
 @pytest.mark.parametrize("cmdline, role", [
-    ("ray::ActorWorker", "ActorWorker"),
-    ("ray::ActorWorker.update_policy", "ActorWorker"),
+    ("ray::ModelWorker", "ModelWorker"),
+    ("ray::ModelWorker.call", "ModelWorker"),
     ("ray::RolloutWorker.__init__", "RolloutWorker"),
-    ("ray::ReferenceWorker", "ReferenceWorker"),
     ("ray::RewardWorker.score", "RewardWorker"),
     ("ray::IDLE", "Ray idle workers"),
     ("python .../ray/_private/workers/default_worker.py --runtime-env-hash=1", "Ray idle workers"),
