@@ -3,7 +3,9 @@
 Placement: one placement group per node (STRICT_PACK), ``devices_per_node`` bundles each, one
 bundle per rank. Rank r lives in bundle ``r % devices_per_node`` of node ``r // devices_per_node``.
 Colocated roles (actor, reference, rollout of a rank) are created in the same bundle and split
-its resources, so they share the rank's device.
+its resources, so they share the rank's device. Several roles may also share one process per rank:
+:meth:`WorkerGroup.view` gives each role a group of its own over the shared processes, whose calls
+are routed to the role (``worker.call(role, method, ...)``, :class:`grpo_dist.workers.models.ModelWorker`).
 
 Calls fan out to every rank and are collected with fault handling: if a worker dies or raises,
 ``WorkerError`` names the role and the rank, and the call never waits forever. ``WorkerError.kind``
@@ -15,6 +17,7 @@ bad value, a refused checkpoint), which a rerun would meet again.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +200,10 @@ class WorkerGroup:
         self.role = role
         self.deadlines = deadlines
         self.single = plan is None
+        self.dispatch: str | None = None
+        """For a :meth:`view`: the role its calls are routed to inside the shared processes."""
+        self.process_roles: list[str] = [role]
+        """Every role whose calls the processes of this group serve (set by the owner of the views)."""
         if plan is None:
             self.ranks = [0]
         else:
@@ -219,13 +226,32 @@ class WorkerGroup:
     def __len__(self) -> int:
         return len(self.workers)
 
+    def view(self, role: str, *, roles: Sequence[str], deadlines: CallDeadlines | None = None) -> WorkerGroup:
+        """A group for ``role`` over this group's processes, which hold ``roles`` each: its
+        ``call(method, ...)`` runs ``worker.call(role, method, ...)`` on every rank. Errors and
+        deadlines name ``role`` (and, for a lost or frozen process, the other roles it held); killing
+        any view kills the shared processes."""
+        v = copy.copy(self)
+        v.role, v.dispatch, v.deadlines, v.process_roles = role, role, deadlines, list(roles)
+        return v
+
+    def shares_processes_with(self, other: Any) -> bool:
+        """Whether rank i of both groups is the same process, for every i (two views of one group)."""
+        mine, theirs = getattr(self, "workers", None), getattr(other, "workers", None)
+        if not mine or not theirs or len(mine) != len(theirs):
+            return False
+        return all(a._actor_id == b._actor_id for a, b in zip(mine, theirs))
+
     # ---- calls ------------------------------------------------------------------------------
     def submit(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None, **kwargs: Any) -> list:
         """Start ``method`` on every rank; ``per_rank[i]`` gives rank i's positional args."""
         refs = []
         for i, w in enumerate(self.workers):
             a = per_rank[i] if per_rank is not None else args
-            refs.append(getattr(w, method).remote(*a, **kwargs))
+            if self.dispatch is None:
+                refs.append(getattr(w, method).remote(*a, **kwargs))
+            else:
+                refs.append(w.call.remote(self.dispatch, method, *a, **kwargs))
         return refs
 
     def collect(self, refs: list, what: str, timeout_s: float | None = None) -> list:
@@ -242,7 +268,8 @@ class WorkerGroup:
                     results[i] = ray.get(ref)
                 except Exception as exc:  # RayActorError, RayTaskError, ...
                     kind, cause = classify(exc)
-                    raise WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}",
+                    note = self._shared_note() if kind == "lost" else ""
+                    raise WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}{note}",
                                       kind=kind, cause=cause) from None
             if deadline is not None and time.monotonic() > deadline and pending:
                 stuck = sorted(pending.values())
@@ -251,8 +278,13 @@ class WorkerGroup:
                 hint = f" ({self.deadlines.explain(what)})" if self.deadlines is not None else ""
                 where = "; ".join(f"rank {self.ranks[i]} on {where_actor_runs(self.workers[i])}" for i in stuck[:4])
                 raise WorkerError(f"{who} did not finish {what} within {timeout_s:.0f}s{hint}: frozen, "
-                                  f"or slower than allowed ({where})", kind="frozen")
+                                  f"or slower than allowed ({where}){self._shared_note()}", kind="frozen")
         return results
+
+    def _shared_note(self) -> str:
+        """For a view whose process holds other roles too: which (a lost or frozen process stops them all)."""
+        others = [r for r in self.process_roles if r != self.role]
+        return f"; its process also held the {', '.join(others)}" if others else ""
 
     def _who(self, index: int) -> str:
         return f"{self.role} worker" if self.single else f"{self.role} worker rank {self.ranks[index]}"

@@ -6,9 +6,11 @@ worker shell in :mod:`grpo_dist.workers`, and its training module; the driver's 
 new group where the algorithm needs it.
 
 Placement: roles with ``per_rank`` get one worker per data-parallel rank, all in the rank's bundle
-(the colocated "hybrid engine" layout), each with an equal share of its device; the other roles get
-one worker that Ray places anywhere. Roles with ``model`` set hold an FSDP2 model: their ranks join
-a torch.distributed process group of their own and load the model with ``init_model``.
+(the colocated "hybrid engine" layout); the other roles get one worker that Ray places anywhere.
+Roles with the same ``process`` share one Ray worker process per rank
+(:class:`~grpo_dist.workers.models.ModelWorker`: every role that holds an FSDP2 model), and each
+process of a rank gets an equal share of the rank's device. Roles with ``model`` set load an FSDP2
+model with ``init_model``; a rank's models share the rank's torch.distributed process group.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class Role:
         setup: called once every group exists, to start what several of the role's ranks must do at
             once (a tensor-parallel rollout engine's rendezvous); returns the pending calls, which are
             collected together with the models' loading. None: nothing to do.
+        process: roles (``per_rank`` ones) with the same name here live in one Ray worker process per
+            rank, a :class:`~grpo_dist.workers.models.ModelWorker` (``worker`` then returns the plain
+            shell class); None: the role's own process (``worker`` returns a Ray actor class).
     """
 
     name: str
@@ -94,6 +99,7 @@ class Role:
     checkpoint: bool | Callable[[GRPOConfig], bool] = False
     hf_export: str | None = None
     setup: Callable[[RoleContext, WorkerGroup], list] | None = None
+    process: str | None = None
 
     def saves(self, cfg: GRPOConfig) -> bool:
         """Whether this run's checkpoints hold this role."""
@@ -193,13 +199,18 @@ def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
                 num_workers=setting(cfg, "reward_model.num_workers"), timeout_s=rm.timeout_s, on_error=rm.on_error)
 
 
+MODELS = "models"
+"""The ``process`` of the roles that hold an FSDP2 model: one process per rank holds them all."""
+
 ROLES: tuple[Role, ...] = (
-    Role("actor", _actor_worker, _rank_kwargs, model=_actor_model, checkpoint=True, hf_export="huggingface"),
+    Role("actor", _actor_worker, _rank_kwargs, model=_actor_model, checkpoint=True, hf_export="huggingface",
+         process=MODELS),
     Role("reference", _reference_worker, _rank_kwargs, enabled=build.needs_reference, model=_reference_model,
-         checkpoint=build.reference_is_reset),
-    Role("critic", _critic_worker, _rank_kwargs, enabled=build.needs_critic, model=_critic_model, checkpoint=True),
+         checkpoint=build.reference_is_reset, process=MODELS),
+    Role("critic", _critic_worker, _rank_kwargs, enabled=build.needs_critic, model=_critic_model, checkpoint=True,
+         process=MODELS),
     Role("reward_model", _reward_model_worker, _rank_kwargs, enabled=build.needs_reward_model, model=_reward_model_model,
-         checkpoint=build.reward_model_trained),
+         checkpoint=build.reward_model_trained, process=MODELS),
     Role("rollout", _rollout_worker, _rollout_kwargs, setup=_rollout_setup),
     Role("reward", _reward_worker, _reward_kwargs, per_rank=False),
 )
@@ -209,6 +220,25 @@ ROLES: tuple[Role, ...] = (
 def active_roles(cfg: GRPOConfig, roles: tuple[Role, ...] = ROLES) -> list[Role]:
     """The rows this configuration needs."""
     return [r for r in roles if r.enabled(cfg)]
+
+
+def rank_processes(roles: list[Role]) -> list[tuple[str | None, list[Role]]]:
+    """The Ray worker processes of one rank, in start-up order, as ``(process, roles)``: one entry per
+    ``process`` name with the ``per_rank`` roles it holds, and ``(None, [role])`` for each ``per_rank``
+    role in a process of its own."""
+    shared: dict[str, list[Role]] = {}
+    out: list[tuple[str | None, list[Role]]] = []
+    for r in roles:
+        if not r.per_rank:
+            continue
+        if r.process is None:
+            out.append((None, [r]))
+        elif r.process in shared:
+            shared[r.process].append(r)
+        else:
+            shared[r.process] = [r]
+            out.append((r.process, shared[r.process]))
+    return out
 
 
 class Workers:
@@ -246,8 +276,8 @@ class Workers:
             if r.kv_cache_gib == "auto":
                 self.model_notes["rollout"] = f"KV cache {gib:g} GiB per engine (auto: {why})"
         self.pgs = create_placement_groups(plan)
-        colocated = [r for r in self.roles if r.per_rank]
-        share = 1.0 / len(colocated)
+        processes = rank_processes(self.roles)
+        share = 1.0 / len(processes)
         # Ray starts a worker with OMP_NUM_THREADS = its CPU share (1 here); libraries that size their
         # thread pools when torch loads keep that even after torch.set_num_threads. On CPU, giving the
         # count at process start made rollout and update 6-14 % faster on the 2-core benchmark
@@ -255,7 +285,21 @@ class Workers:
         # one GPU run with 4 OpenMP threads was not faster (docs/benchmarks.md).
         cpu = ctx.device == "cpu"
         env = {"OMP_NUM_THREADS": str(ctx.num_threads), **CPU_WORKER_MALLOC_ENV} if cpu else {}
+        for process, members in processes:
+            if process is None:  # a role in a process of its own
+                continue
+            from grpo_dist.workers.models import RemoteModelWorker
+
+            shared = WorkerGroup(
+                process, RemoteModelWorker, plan, self.pgs,
+                init_kwargs=lambda r, members=members: {"parts": {m.name: (m.worker(), m.init_kwargs(ctx, r))
+                                                                  for m in members}},
+                num_cpus=share, num_gpus=0.0 if cpu else share, env=env)
+            for m in members:
+                self.groups[m.name] = shared.view(m.name, roles=[m.name for m in members], deadlines=self._deadlines())
         for role in self.roles:
+            if role.name in self.groups:
+                continue
             if role.per_rank:
                 self.groups[role.name] = WorkerGroup(
                     role.name, role.worker(), plan, self.pgs, init_kwargs=lambda r, role=role: role.init_kwargs(ctx, r),

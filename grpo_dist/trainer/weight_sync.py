@@ -34,8 +34,11 @@ class Group(Protocol):
 
 def choose_transport(actor: Group, rollout: Group, device: str) -> str:
     """``cuda_ipc`` when every actor rank shares its GPU with the rollout rank of the same index
-    (checked by device UUID), else ``object_store``."""
-    if device != "cuda":
+    (checked by device UUID) in another process, else ``object_store``. Two roles of one process
+    (the reference reset: actor and reference live in the rank's model worker) use the object store,
+    since CUDA cannot open an IPC handle in the process that made it."""
+    same_process = getattr(actor, "shares_processes_with", None)
+    if device != "cuda" or (same_process is not None and same_process(rollout)):
         return "object_store"
     actor_gpus, rollout_gpus = actor.call("gpu_uuid"), rollout.call("gpu_uuid")
     same = len(actor_gpus) == len(rollout_gpus) and all(a is not None and a == b for a, b in zip(actor_gpus, rollout_gpus))

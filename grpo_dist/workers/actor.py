@@ -1,4 +1,5 @@
-"""Ray actor shell around the FSDP2 policy (``grpo_dist.training.actor.FSDPActor``), one per rank.
+"""Worker shell around the FSDP2 policy (``grpo_dist.training.actor.FSDPActor``), one per rank, living in
+the rank's :class:`~grpo_dist.workers.models.ModelWorker` process with the rank's other FSDP2 models.
 
 The methods that do a step phase's work return :class:`~grpo_dist.workers.common.Timed` results
 (value and busy seconds) for the driver's ``timing_s/<phase>/worker`` metrics.
@@ -16,7 +17,6 @@ from grpo_dist.distributed.process_group import free_port
 from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
 
 
-@ray.remote
 class ActorWorker:
     def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
         setup_process(device, num_threads)

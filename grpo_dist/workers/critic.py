@@ -1,4 +1,6 @@
-"""Ray actor shell around the FSDP2 critic (``grpo_dist.training.critic.FSDPCritic``), one per rank.
+"""Worker shell around the FSDP2 critic (``grpo_dist.training.critic.FSDPCritic``), one per rank,
+living in the rank's :class:`~grpo_dist.workers.models.ModelWorker` process with the rank's other FSDP2
+models.
 
 ``compute_values`` and ``update_critic`` return :class:`~grpo_dist.workers.common.Timed` results
 (value and busy seconds) for the driver's ``timing_s/values/worker`` and
@@ -9,14 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
 import torch
 
 from grpo_dist.distributed.process_group import free_port
 from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
 
 
-@ray.remote
 class CriticWorker:
     def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
         setup_process(device, num_threads)

@@ -1,4 +1,5 @@
-"""Ray actor shell around the frozen FSDP2 reference policy, one per rank.
+"""Worker shell around the frozen FSDP2 reference policy, one per rank, living in the rank's
+:class:`~grpo_dist.workers.models.ModelWorker` process with the rank's other FSDP2 models.
 
 ``compute_ref_log_prob`` returns a :class:`~grpo_dist.workers.common.Timed` result (value and busy
 seconds) for the driver's ``timing_s/ref/worker`` metric. ``wake_up``, ``load_bucket`` and
@@ -8,14 +9,12 @@ so :class:`grpo_dist.trainer.weight_sync.WeightSync` drives a reference reset as
 
 from __future__ import annotations
 
-import ray
 import torch
 
 from grpo_dist.distributed.process_group import free_port
 from grpo_dist.workers.common import current_node_id, node_ip, setup_process, timed
 
 
-@ray.remote
 class ReferenceWorker:
     def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
         setup_process(device, num_threads)

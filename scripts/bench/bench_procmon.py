@@ -5,8 +5,8 @@ for grpo_dist that is the driver, Ray's daemons and the Ray worker processes, si
 starts a local cluster as children of the driver) with psutil:
 
 - the peak resident set size of each process, grouped by role. A Ray actor's process title is
-  ``ray::ActorWorker`` (``ray::ActorWorker.update_policy`` while it runs a method), so the role is
-  found in the command line; processes below a role's process (e.g. the reward scorer's pool)
+  ``ray::ModelWorker`` (``ray::ModelWorker.call`` while it runs a method; that process holds every
+  FSDP2 model of a rank), so the role is found in the command line; processes below a role's process (e.g. the reward scorer's pool)
   count as ``<role> children``. RSS counts shared pages (Ray's object store, shared libraries) in
   every process that maps them, so the sum over processes over-counts.
 - the CPU time of the tree against the machine's busy time, giving the average number of cores
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-ROLES = ("ActorWorker", "ReferenceWorker", "RolloutWorker", "RewardWorker")
+ROLES = ("ModelWorker", "RolloutWorker", "RewardWorker")
 RAY_DAEMONS = ("gcs_server", "raylet", "dashboard", "log_monitor", "autoscaler", "ray_client_server",
                "ray::DashboardAgent", "ray::RuntimeEnvAgent")
 

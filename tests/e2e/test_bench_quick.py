@@ -57,7 +57,7 @@ def test_quick_benchmark_prints_the_tables(tmp_path):
     for part in report.SYNC_PARTS:
         assert float(_row(out, [report.SYNC_LABEL[part]])[1]) >= 0
     # the Ray worker processes were found and their memory sampled
-    for role in ("ActorWorker", "ReferenceWorker", "RolloutWorker", "RewardWorker"):
+    for role in ("ModelWorker", "RolloutWorker", "RewardWorker"):
         assert float(_row(out, [role])[1]) > 0.05
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["summaries"][0]["name"] == "tiny"

@@ -7,8 +7,8 @@ Four runs, each started once and shared by the tests that assert on it:
 - ``ppo_run``: 8 steps of ``algorithm.adv_estimator=gae`` on the embedded task and base model (one
   rank), KL in the reward with the adaptive controller, 2 critic-only warm-up steps; checkpoints
   every 2 steps.
-- ``killed_and_resumed``: the same command, whose critic worker is killed once the step-2 checkpoint
-  is published; then the same command again, to step 4.
+- ``killed_and_resumed``: the same command, whose model worker (the process holding actor, reference
+  and critic) is killed once the step-2 checkpoint is published; then the same command again, to step 4.
 - ``script_runs``: verl's PPO scripts (early 2026 and current layout) at CPU sizes, two steps each.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,8 +148,9 @@ def test_checkpoints_hold_the_critic(ppo_run):
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(ppo_run, embedded_model, reverse_data, tmp_path_factory):
-    """The learning run's command in another folder: its critic worker is killed once checkpoint 2 is
-    published (the run must stop, naming the critic); then the same command to step 4."""
+    """The learning run's command in another folder: its model worker (the process holding actor,
+    reference and critic) is killed once checkpoint 2 is published (the run must stop, naming the
+    roles it held); then the same command to step 4."""
     out = tmp_path_factory.mktemp("ppo_killed") / "run"
     args = ppo_args(embedded_model, reverse_data, out)
     proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
@@ -160,8 +162,8 @@ def killed_and_resumed(ppo_run, embedded_model, reverse_data, tmp_path_factory):
             time.sleep(0.2)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
         victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
-                   if any("ray::CriticWorker" in c for c in _cmdline(p))]
-        assert victims, "no critic worker process found"
+                   if any("ray::ModelWorker" in c for c in _cmdline(p))]
+        assert victims, "no model worker process found"
         victims[0].send_signal(signal.SIGKILL)
         t_kill = time.time()
         _, err = proc.communicate(timeout=180)
@@ -175,11 +177,13 @@ def killed_and_resumed(ppo_run, embedded_model, reverse_data, tmp_path_factory):
     return out, killed, resumed
 
 
-def test_a_dead_critic_stops_the_run_naming_the_critic(killed_and_resumed):
+def test_a_dead_model_worker_stops_the_run_naming_its_roles(killed_and_resumed):
     _, killed, _ = killed_and_resumed
     assert killed["returncode"] == 1, killed["stderr"][-3000:]
     err = killed["stderr"]
-    assert "critic worker rank 0" in err and "rerun the same command" in err
+    # the first role called after the kill names itself, and the others its process held
+    assert re.search(r"(actor|reference|critic) worker rank 0 failed", err), err[-3000:]
+    assert "critic" in err and "rerun the same command" in err
     assert "Traceback" not in err
     assert killed["stop_s"] < 180
 

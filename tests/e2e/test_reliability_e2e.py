@@ -198,7 +198,7 @@ def test_repeated_nonfinite_updates_stop_after_saving(tiny_model_dir, reverse_da
 def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_path):
     """A killed actor worker stops the run within two minutes with one message naming the actor and
     saying the same command resumes. That it does (from the newest checkpoint, exactly) is tested on the
-    run whose critic is killed, tests/e2e/test_ppo_e2e.py."""
+    run whose model worker (actor, reference, critic) is killed, tests/e2e/test_ppo_e2e.py."""
     out = tmp_path / "o"
     args = base_args(tiny_model_dir, reverse_data, out, 40) + [
         "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
@@ -211,8 +211,8 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
             time.sleep(0.5)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
         victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
-                   if any("ray::ActorWorker" in c for c in _cmdline(p))]
-        assert victims, "no actor worker process found"
+                   if any("ray::ModelWorker" in c for c in _cmdline(p))]
+        assert victims, "no model worker process found"
         victims[0].send_signal(signal.SIGKILL)
         t_kill = time.time()
         _, err = proc.communicate(timeout=120)
@@ -291,8 +291,8 @@ def test_frozen_worker_is_named_within_its_deadline(tiny_model_dir, reverse_data
             time.sleep(0.3)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
         victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
-                   if any("ray::ActorWorker" in c for c in _cmdline(p))]
-        assert victims, "no actor worker process found"
+                   if any("ray::ModelWorker" in c for c in _cmdline(p))]
+        assert victims, "no model worker process found"
         victim = victims[0]
         victim.send_signal(signal.SIGSTOP)
         t_stop = time.time()
