@@ -67,7 +67,8 @@ def current_node_id() -> str:
 
 
 def process_memory_gb() -> float:
-    """Peak device memory on CUDA, else this process's resident memory, in GiB."""
+    """Peak device memory on CUDA, else this process's resident memory, in GiB. Model roles share
+    the rank's process (:mod:`grpo_dist.workers.models`), so this covers all of the rank's models."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -5,7 +5,9 @@
 No Ray and no driver: a world-size-1 process group (nccl on CUDA, gloo on CPU), one
 ``FSDPActor`` built with the settings grpo_dist derives for the workload (bf16 compute on CUDA), fed
 the same rows as the bare loop of ``bare_torch.py`` (each step's real prompts, random response tokens of
-the full response length, random advantages, a fixed reference log-prob). It times
+the workload's response lengths, random advantages, a fixed reference log-prob), packed in both (the
+actor with ``use_remove_padding``, as ``python -m grpo_dist.main`` runs; the loop as its ``packed``
+variant). It times
 ``update_policy`` and ``compute_log_prob`` per step and, in the same process, the bare loop. This
 separates the actor's own cost from what the multi-process layout adds (run_bench.py measures the
 whole step). ``--variant`` switches one setting at a time to find where a gap comes from:
@@ -51,7 +53,7 @@ def build_actor(w: dict, variant: str):
         ppo_mini_batch_size_per_gpu=n, ppo_micro_batch_size_per_gpu=w["micro_batch"], ppo_epochs=1,
         use_kl_loss=True, kl_loss_coef=w["kl_coef"], kl_loss_type="low_var_kl", lr=w["lr"], grad_clip=1.0,
         param_dtype="bfloat16" if common.is_bf16(w) else "float32", reshard_after_forward=variant != "no_reshard",
-        total_training_steps=w["steps"],
+        total_training_steps=w["steps"], use_remove_padding=True,  # packed, as python -m grpo_dist.main runs
     )
     actor = FSDPActor(w["model_dir"], settings, rank=0, world_size=1, device="cuda" if cuda else "cpu")
     if variant == "sync_every_micro_batch":
@@ -166,11 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bare_torch import run as bare_run
-    from grpo_dist.distributed.process_group import init_process_group
-    from grpo_dist.workers.common import free_port
+    from grpo_dist.distributed.process_group import free_port, init_process_group
 
     name = args.workload or ("gpu" if args.device == "cuda" else "large")
-    w = next(x for x in common.workloads(False, args.device, "hf", args.precision) if x["name"] == name)
+    w = next(x for x in common.workloads(False, args.device, "hf", args.precision, names=[name]) if x["name"] == name)
+    w.setdefault("bare_variant", "packed")  # the loop grpo_dist's packed forwards are compared with
     w["steps"] = args.steps
     w = common.prepare(w, Path(args.out).resolve())
     if args.device == "cuda":
