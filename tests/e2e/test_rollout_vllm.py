@@ -86,6 +86,18 @@ def _check_response_shape(out, n_prompts: int, n: int, max_tokens: int) -> None:
         if not eos:
             assert len(ids) == max_tokens
 
+def test_one_rank_cpu_engine_shares_the_world_process_group(vllm_engine):
+    """vLLM's per-dimension process groups of a one-rank CPU engine are the world group itself: one
+    gloo event-loop thread instead of one per group (each wakes 100 times a second beside the model
+    worker's compute threads), and generation still works (the tests below). First in the module:
+    a test below closes another engine of this process, which ends the process's world group."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state as ps
+
+    assert dist.is_initialized() and dist.get_world_size() == 1
+    groups = [ps.get_tp_group(), ps.get_pp_group(), ps.get_world_group()]
+    assert all(g.cpu_group is dist.group.WORLD and g.device_group is dist.group.WORLD for g in groups)
+
 
 def test_vllm_generate_is_prompt_major_stops_on_eos_and_returns_sampling_logprobs(
     vllm_engine, hf_engine
@@ -289,3 +301,4 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
                 for la, lb in zip(a.logprobs, b.logprobs):
                     torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), atol=1e-4, rtol=0)
     assert one["before"][0].response_ids != one["after"][0].response_ids  # the sync changed the policy
+

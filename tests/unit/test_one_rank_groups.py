@@ -1,0 +1,41 @@
+"""grpo_dist.rollout.vllm_engine.share_one_rank_process_groups: in a one-rank world a group of that
+rank is the world group (no new gloo group, no new event-loop thread), other requests are untouched,
+and destroying through a shared handle leaves the world group until it is destroyed itself. In a
+subprocess, so the patched torch.distributed stays out of this test process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import os
+    import torch.distributed as dist
+    from grpo_dist.distributed.process_group import free_port, init_process_group
+    from grpo_dist.rollout.vllm_engine import share_one_rank_process_groups
+
+    def loops():
+        return sum("gloo_tcp_loop" in open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task"))
+
+    init_process_group(backend="gloo", rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
+    before = loops()
+    share_one_rank_process_groups()
+    share_one_rank_process_groups()  # idempotent
+    a, b, c = dist.new_group([0], backend="gloo"), dist.new_group(backend="gloo"), dist.new_group([0])
+    assert a is dist.group.WORLD and b is dist.group.WORLD and c is dist.group.WORLD
+    assert loops() == before, (loops(), before)
+    dist.destroy_process_group(a)  # a shared handle: the world group lives on
+    assert dist.is_initialized()
+    t = __import__("torch").ones(2)
+    dist.all_reduce(t, group=b)
+    assert t.tolist() == [1.0, 1.0]
+    dist.destroy_process_group()
+    assert not dist.is_initialized()
+    print("OK")
+""")
+
+
+def test_one_rank_groups_are_the_world_group():
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
