@@ -7,10 +7,11 @@ the driver's per-role :class:`~grpo_dist.distributed.worker_group.WorkerGroup` v
 ``group.call("compute_ref_log_prob", ...)`` to ``ModelWorker.call("reference", "compute_ref_log_prob",
 ...)``. This is verl's "hybrid" worker layout, for two reasons:
 
-- **No idle process beside a phase.** The models' phases run one after the other; a separate process
-  per role left two or three idle Ray workers next to the one computing, each waking a hundred
-  times a second (Ray's signal check), which on a small machine slows the compute threads of the busy
-  one (docs/benchmarks.md, "Where the common ~10 % goes").
+- **Fewer processes.** The models' phases run one after the other; a separate process per role kept
+  a copy of Python, torch and transformers in each (0.6 GiB more at peak on the benchmark's
+  gen_heavy workload) and left idle Ray workers beside the one computing, each waking a hundred
+  times a second (Ray's signal check; docs/benchmarks.md, "Where the gap to the bare libraries
+  goes").
 - **One process group.** The models share the rank's torch.distributed group (the first role's
   ``init_model`` joins it; the others find it joined) and the rank's device.
 
@@ -40,9 +41,6 @@ class ModelWorker:
         if part is None:
             raise KeyError(f"this model worker holds no {role!r} role; it holds {sorted(self.parts)}")
         return getattr(part, method)(*args, **kwargs)
-
-    def roles(self) -> list[str]:
-        return list(self.parts)
 
 
 RemoteModelWorker = ray.remote(ModelWorker)
