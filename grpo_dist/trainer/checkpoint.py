@@ -44,6 +44,10 @@ LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_MAX_BYTES = 256 * 2**20  # larger files are checked by size (hashing them would slow every save)
+# torch's file writer reports a full disk as a RuntimeError of its own, not an OSError: "[enforce fail at
+# inline_container.cc:...] . unexpected pos 704 vs 598", "PytorchStreamWriter failed writing file ...".
+TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
+LOW_FREE_BYTES = 64 * 2**20  # a save that fails with less than this left on the disk failed for want of space
 
 
 def _sha256(path: Path) -> str:
@@ -114,11 +118,12 @@ def save(root: str | os.PathLike, step: int, state: dict[str, Any], *, write_sha
     """One step's checkpoint: ``write_shards(tmp)`` fills a fresh temporary folder (the workers'
     shards), then :func:`publish` adds the driver ``state`` and publishes it by one rename.
 
-    A disk that refuses (an ``OSError`` here, or one a worker raised while writing its shard) is a
-    :class:`~grpo_dist.trainer.summary.CheckpointSaveError` naming the folder, the OS error, and
-    ``newest`` (the run's newest published checkpoint, which is untouched, as is everything a resume
-    reads); ``root_key`` is the configuration key of ``root``, for the message. The temporary folder
-    is removed then.
+    A disk that refuses (an ``OSError`` here, or a worker's failure to write its shard that
+    :func:`_disk_failure` recognises as the disk's) is a
+    :class:`~grpo_dist.trainer.summary.CheckpointSaveError` naming the folder, the error, the space left
+    when it is nearly none, and ``newest`` (the run's newest published checkpoint, which is untouched,
+    as is everything a resume reads); ``root_key`` is the configuration key of ``root``, for the
+    message. The temporary folder is removed then.
     """
     tmp = Path(root) / f".global_step_{step}.tmp"
     try:
@@ -128,14 +133,41 @@ def save(root: str | os.PathLike, step: int, state: dict[str, Any], *, write_sha
     except OSError as exc:
         what = f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
     except WorkerError as exc:
-        if not isinstance(exc.cause, OSError):
+        if not _disk_failure(exc, root):
             raise
         what = str(exc)
+    free = free_bytes(root)  # measured before the partial folder goes: what the failed write had left
     shutil.rmtree(tmp, ignore_errors=True)  # never published: a resume does not read it
+    disk = f" (the disk holding it has {free / 2**20:.1f} MiB free)" if free is not None and free < LOW_FREE_BYTES else ""
     kept = f"the previous checkpoints are intact (newest: {newest})" if newest else "no earlier checkpoint of this run exists"
     raise CheckpointSaveError(
-        f"could not save the checkpoint of step {step} under {tmp}: {what}; {kept}. Free space or fix the "
+        f"could not save the checkpoint of step {step} under {tmp}: {what}{disk}; {kept}. Free space or fix the "
         f"permissions of {root_key}={root}, then rerun the same command to resume")
+
+
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """Free bytes on the file system holding ``path`` (its nearest existing parent); None when unknown."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def _disk_failure(exc: WorkerError, root: str | os.PathLike) -> bool:
+    """Whether a worker's failure to write its shard is the disk's: an ``OSError`` in the worker, torch's
+    own writer failing (it reports a full disk as a ``RuntimeError``), or any error raised while the
+    disk holding ``root`` has almost nothing left. A lost or frozen worker is never the disk's."""
+    if exc.kind != "raised":
+        return False
+    if isinstance(exc.cause, OSError):
+        return True
+    if isinstance(exc.cause, RuntimeError) and any(s in str(exc.cause) for s in TORCH_WRITE_FAILURES):
+        return True
+    free = free_bytes(root)
+    return free is not None and free < LOW_FREE_BYTES
 
 
 def prune(root: str | os.PathLike, newest: Path, keep: int) -> list[Path]:

@@ -179,6 +179,48 @@ def test_save_that_fails_names_the_folder_and_leaves_the_previous_checkpoints(tm
     assert resume.path == tmp_path / "global_step_1"
 
 
+@pytest.mark.parametrize("free_mib", [1.2, 10_000])
+def test_torch_writer_failing_on_a_full_disk_is_a_save_failure_naming_the_space_left(tmp_path, monkeypatch, free_mib):
+    """torch's zip writer reports a full disk as a RuntimeError, not an OSError (seen on a disk with 1 MiB
+    left): the run still ends with the save-failure message, saying how much space was left when little."""
+    from collections import namedtuple
+
+    from grpo_dist.distributed.worker_group import WorkerError
+    from grpo_dist.trainer.summary import CheckpointSaveError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(2**40, 2**40, int(free_mib * 2**20)))
+    workers = DiskWorkers()
+    text = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+    workers.fail = WorkerError(f"actor worker rank 0 failed during save_checkpoint: RuntimeError: {text}",
+                               cause=RuntimeError(text))
+    with pytest.raises(CheckpointSaveError) as err:
+        trainer_at_step(tmp_path, 1, workers).save()
+    msg = str(err.value)
+    assert "unexpected pos 704 vs 598" in msg and "no earlier checkpoint of this run exists" in msg
+    assert ("(the disk holding it has 1.2 MiB free)" in msg) == (free_mib < 64)
+    assert not (tmp_path / ".global_step_1.tmp").exists()
+
+
+def test_any_worker_error_while_the_disk_is_full_is_a_save_failure(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from grpo_dist.distributed.worker_group import WorkerError
+    from grpo_dist.trainer.summary import CheckpointSaveError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(2**40, 2**40, 0))
+    workers = DiskWorkers()
+    workers.fail = WorkerError("actor worker rank 0 failed during save_checkpoint: ValueError: short write",
+                               cause=ValueError("short write"))
+    with pytest.raises(CheckpointSaveError, match=r"short write \(the disk holding it has 0.0 MiB free\)"):
+        trainer_at_step(tmp_path, 1, workers).save()
+    # a lost worker is not the disk's fault, whatever the space left
+    workers.fail = WorkerError("actor worker rank 0 failed during save_checkpoint: ActorDiedError", kind="lost")
+    with pytest.raises(WorkerError, match="ActorDiedError"):
+        trainer_at_step(tmp_path, 1, workers).save()
+
+
 def test_a_worker_error_that_is_not_the_disk_is_not_called_a_save_failure(tmp_path):
     from grpo_dist.distributed.worker_group import WorkerError
 
