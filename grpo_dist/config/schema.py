@@ -954,7 +954,8 @@ class TrainerConfig:
     nnodes: int = F(1, "nodes in the Ray cluster used for training")
     n_gpus_per_node: int = F(1, "devices per node (with trainer.device=cpu: ranks per node)")
     device: str = F("auto", "cuda | cpu | auto (cuda when available)")
-    save_freq: int = F(-1, "save a checkpoint every N steps (-1 = only at the end)")
+    save_freq: int = F(-1, "save a checkpoint every N steps and at the last step (-1 = only at the last step, "
+                               "which the quick start's resume and final model need; verl's -1 saves none)")
     test_freq: int = F(10, "validate every N steps (-1 = never during training)")
     val_before_train: bool = F(True, "validate before the first step")
     val_only: bool = F(False, "validate (the resumed checkpoint, else the initial model), log the scores and exit without training")
