@@ -134,6 +134,28 @@ def trainer_at_step(root: Path, step: int, workers) -> "GRPOTrainer":  # noqa: F
     return t
 
 
+def test_signal_after_the_save_decision_still_saves_the_step_it_stops_after(tmp_path):
+    """A SIGTERM that lands after the loop decided not to save (while the step's row is logged) used to end
+    the run naming no checkpoint (or an older one); the boundary check now writes the step's checkpoint."""
+    workers = DiskWorkers()
+    t = trainer_at_step(tmp_path, 3, workers)
+    t.stop.training()
+    t._stop_if_requested(None)  # no signal: nothing saved, the run goes on
+    assert not list(tmp_path.glob("global_step_*"))
+    t.stop._handle(signal.SIGTERM, None)  # grace 0: no deadline, the step boundary is waited for
+    with pytest.raises(StopRequested) as err:
+        t._stop_if_requested(None)
+    assert str(err.value).startswith(f"stopped on SIGTERM after step 3; saved {tmp_path / 'global_step_3'}")
+    assert checkpoint.latest_checkpoint(tmp_path) == tmp_path / "global_step_3"
+    # the loop's own save of the step is not repeated
+    t.global_step = 4
+    first = t.save()
+    mtime = (tmp_path / "global_step_4" / "actor" / "shard.bin").stat().st_mtime_ns
+    with pytest.raises(StopRequested, match="after step 4; saved .*global_step_4"):
+        t._stop_if_requested(first)
+    assert (tmp_path / "global_step_4" / "actor" / "shard.bin").stat().st_mtime_ns == mtime
+
+
 class DiskWorkers:
     """Writes a shard like the actor's workers do; ``fail`` makes the write raise what a full disk raises."""
 
