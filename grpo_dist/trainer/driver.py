@@ -285,18 +285,6 @@ class GRPOTrainer:
         self.sync()
         print(f"grpo_dist: resumed from {point.path} (step {self.global_step})", flush=True)
 
-    def _stop_if_requested(self, saved: str | None) -> None:
-        """At a step boundary: end the run (``StopRequested``) when a signal asked to stop, naming the
-        checkpoint of the step just finished. ``saved`` is that checkpoint when the loop wrote one; a
-        signal that arrived after the loop's save decision (while the step's row was being logged) gets
-        it written here, so the stop never names an older checkpoint than its step (nor none). A signal
-        after this check is handled at the next step's boundary; ``requested`` is never reset."""
-        if not self.stop.requested:
-            return
-        if saved is None:
-            saved = self.save()
-        self.stop.raise_if_requested(self.global_step, saved)
-
     def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
         """Stop (after logging this step and saving) when too many updates in a row were skipped."""
         if self.nonfinite.observe(metrics):
@@ -349,7 +337,7 @@ class GRPOTrainer:
                 metrics.update(timer.metrics())
                 tracker.log(metrics, step=self.global_step)
                 progress.update(metrics, last_val)
-                self._stop_if_requested(saved)
+                self.stop.at_step_boundary(self.global_step, saved, self.save)
             self.stop.finished()
             self.summary.val_after, self.summary.steps = last_val, self.global_step
             self.summary.wall_s = time.perf_counter() - t_start

@@ -189,6 +189,15 @@ class StopSignal:
     def _during(self) -> str:
         return f" during step {self.step}" if self.step is not None else ""
 
+    def at_step_boundary(self, step: int, saved: str | None, save: Callable[[], str]) -> None:
+        """End the run (``StopRequested``) at the boundary after ``step`` when a signal asked to, naming
+        that step's checkpoint: ``saved`` when the loop wrote one, else ``save()`` writes it now (a signal
+        that arrived after the loop's save decision, while the step's row was logged), so the stop never
+        names an older checkpoint than its step, nor none. A signal after this check is handled at the
+        next boundary (``requested`` is never reset)."""
+        if self.requested:
+            self.raise_if_requested(step, saved if saved is not None else save())
+
     def raise_if_requested(self, step: int, checkpoint: str | None) -> None:
         if self.requested:
             self._disarm()

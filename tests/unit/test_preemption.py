@@ -140,11 +140,11 @@ def test_signal_after_the_save_decision_still_saves_the_step_it_stops_after(tmp_
     workers = DiskWorkers()
     t = trainer_at_step(tmp_path, 3, workers)
     t.stop.training()
-    t._stop_if_requested(None)  # no signal: nothing saved, the run goes on
+    t.stop.at_step_boundary(3, None, t.save)  # no signal: nothing saved, the run goes on
     assert not list(tmp_path.glob("global_step_*"))
     t.stop._handle(signal.SIGTERM, None)  # grace 0: no deadline, the step boundary is waited for
     with pytest.raises(StopRequested) as err:
-        t._stop_if_requested(None)
+        t.stop.at_step_boundary(3, None, t.save)
     assert str(err.value).startswith(f"stopped on SIGTERM after step 3; saved {tmp_path / 'global_step_3'}")
     assert checkpoint.latest_checkpoint(tmp_path) == tmp_path / "global_step_3"
     # the loop's own save of the step is not repeated
@@ -152,7 +152,7 @@ def test_signal_after_the_save_decision_still_saves_the_step_it_stops_after(tmp_
     first = t.save()
     mtime = (tmp_path / "global_step_4" / "actor" / "shard.bin").stat().st_mtime_ns
     with pytest.raises(StopRequested, match="after step 4; saved .*global_step_4"):
-        t._stop_if_requested(first)
+        t.stop.at_step_boundary(4, first, t.save)
     assert (tmp_path / "global_step_4" / "actor" / "shard.bin").stat().st_mtime_ns == mtime
 
 
