@@ -12,7 +12,9 @@ Calls fan out to every rank and are collected with fault handling: if a worker d
 tells the causes apart, so that the driver can say what helps: a worker ``"lost"`` (its process or
 node died, e.g. killed for memory) or ``"frozen"`` (it missed its deadline) is the machine's fault,
 and rerunning resumes; a worker that ``"raised"`` met an error in code or data (a reward function's
-bad value, a refused checkpoint), which a rerun would meet again.
+bad value, a refused checkpoint), which a rerun would meet again. A rank that raises because a peer
+died (its collective broke) is not the fault to name: the group looks for the lost rank among the
+others first, and a broken connection with none found is still ``"lost"``.
 """
 
 from __future__ import annotations
@@ -111,6 +113,29 @@ _LOST = (
     ray.exceptions.ObjectLostError,
     ray.exceptions.LocalRayletDiedError,
 )
+
+
+PEER_GRACE_S = 10.0
+"""How long a group that saw a rank raise waits for its other ranks' calls, to find one that was lost
+(whose death made the first one's collective fail) before naming the error raised."""
+
+_BROKEN_LINK = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ncclRemoteError",
+                "remote process exited", "DistNetworkError")
+BROKEN_LINK_NOTE = "; a process it exchanges tensors with (another rank, or a rollout engine) is gone"
+
+_ABANDONED: list = []
+"""Calls a failed :meth:`WorkerGroup.collect` stopped waiting for. Kept referenced: a call's error that
+is never fetched is printed by Ray, traceback and all, when its reference is dropped, and the run has
+already said what failed."""
+
+
+def broken_link(cause: BaseException | None) -> bool:
+    """Whether a worker's exception is a collective or connection broken by its peer's end (gloo's
+    ``Connection reset by peer``, NCCL's remote errors): the peer's failure, not this worker's code."""
+    if cause is None:
+        return False
+    text = f"{type(cause).__name__}: {cause}"
+    return any(marker in text for marker in _BROKEN_LINK)
 
 
 def classify(exc: BaseException) -> tuple[str, BaseException | None]:
@@ -268,7 +293,18 @@ class WorkerGroup:
                     results[i] = ray.get(ref)
                 except Exception as exc:  # RayActorError, RayTaskError, ...
                     kind, cause = classify(exc)
-                    note = self._shared_note() if kind == "lost" else ""
+                    note = ""
+                    if kind == "raised":
+                        # A rank whose peer died fails too (its collective breaks), often first: the
+                        # dead peer is the failure to name, and a rerun helps.
+                        peer = self._lost_peer(pending, deadline)
+                        if peer is not None:
+                            (i, exc), kind, cause = peer, "lost", None
+                        elif broken_link(cause):
+                            kind, cause, note = "lost", None, BROKEN_LINK_NOTE
+                    if kind == "lost":
+                        note += self._shared_note()
+                    _ABANDONED.extend(pending)
                     raise WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}{note}",
                                       kind=kind, cause=cause) from None
             if deadline is not None and time.monotonic() > deadline and pending:
@@ -280,6 +316,24 @@ class WorkerGroup:
                 raise WorkerError(f"{who} did not finish {what} within {timeout_s:.0f}s{hint}: frozen, "
                                   f"or slower than allowed ({where}){self._shared_note()}", kind="frozen")
         return results
+
+    def _lost_peer(self, pending: dict, deadline: float | None) -> tuple[int, BaseException] | None:
+        """(index, exception) of a rank among ``pending`` that turns out lost within
+        :data:`PEER_GRACE_S` (never past ``deadline``), else None. The calls that finish meanwhile
+        are fetched (and leave ``pending``)."""
+        end = time.monotonic() + PEER_GRACE_S
+        if deadline is not None:
+            end = min(end, deadline)
+        while pending and time.monotonic() < end:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, end - time.monotonic()))
+            for ref in done:
+                j = pending.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as exc:
+                    if classify(exc)[0] == "lost":
+                        return j, exc
+        return None
 
     def _shared_note(self) -> str:
         """For a view whose process holds other roles too: which (a lost or frozen process stops them all)."""
