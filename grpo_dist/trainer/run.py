@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -25,6 +26,39 @@ from grpo_dist.config.schema import GRPOConfig
 def _fail(msg: str, code: int = 1) -> int:
     print(f"grpo_dist: error: {msg}", file=sys.stderr, flush=True)
     return code
+
+
+class LastWord:
+    """A run's failure message, printed once Ray and the workers are shut down, so that it ends the
+    output (Ray forwards the workers' log lines late, and would print them after it). If closing takes
+    longer than :data:`LAST_WORD_WAIT_S`, the message is printed then, so a hung shutdown never hides it."""
+
+    def __init__(self) -> None:
+        self.msg: str | None = None
+        self.code = 0
+        self._said = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def __bool__(self) -> bool:
+        return self.msg is not None
+
+    def set(self, msg: str, code: int = 1) -> None:
+        self.msg, self.code = msg, code
+
+    def start_clock(self) -> None:
+        if self.msg is not None:
+            self._timer = threading.Timer(LAST_WORD_WAIT_S, self.say_now)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def say_now(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.msg is not None and self._said.acquire(blocking=False):
+            _fail(self.msg, self.code)
+
+
+LAST_WORD_WAIT_S = 30.0
 
 
 def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
@@ -137,6 +171,7 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         return _fail(str(exc))
     stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
     trainer = None
+    failure = LastWord()  # said once the workers and Ray are gone: their late log lines come before it
     try:
         device = build.choose_device(lp.device, cluster_gpus())
         trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
@@ -144,34 +179,41 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         try:
             trainer.start_workers()
         except WorkerError as exc:
-            return _fail(worker_failure_message(exc, out_dir, starting=True))
-        summary = trainer.fit(resume)
+            failure.set(worker_failure_message(exc, out_dir, starting=True))
+        if not failure:
+            summary = trainer.fit(resume)
     except StopRequested as exc:
-        return _fail(str(exc), 143)
+        failure.set(str(exc), 143)
     except TrainingError as exc:
-        return _fail(str(exc))
+        failure.set(str(exc))
     except WorkerError as exc:
-        return _fail(worker_failure_message(exc, out_dir))
+        failure.set(worker_failure_message(exc, out_dir))
     except (ValueError, FileNotFoundError) as exc:
         if os.environ.get("GRPO_DIST_DEBUG"):
             raise
-        return _fail(f"{exc}\n  (set GRPO_DIST_DEBUG=1 to see the traceback)", 2)
+        failure.set(f"{exc}\n  (set GRPO_DIST_DEBUG=1 to see the traceback)", 2)
     except OSError as exc:  # the output folder refused a write (metrics, the report, a checkpoint's state)
-        return _fail(f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
-                     + f"\n  the checkpoints already written are intact; fix the file system problem, then rerun the "
-                     f"same command to resume from the newest checkpoint in {out_dir} that verifies")
+        failure.set(f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+                    + f"\n  the checkpoints already written are intact; fix the file system problem, then rerun the "
+                    f"same command to resume from the newest checkpoint in {out_dir} that verifies")
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        failure.set("interrupted", 130)
     finally:
-        if trainer is not None:
-            trainer.close()
-        if lp.timeline_file:
-            try:
-                write_timeline(lp.timeline_file)
-            except Exception as exc:  # a timeline must never fail a run
-                print(f"grpo_dist: could not write ray_kwargs.timeline_json_file: {exc}", file=sys.stderr)
-        if started_ray:
-            shutdown_ray()
+        failure.start_clock()
+        try:
+            if trainer is not None:
+                trainer.close()
+            if lp.timeline_file:
+                try:
+                    write_timeline(lp.timeline_file)
+                except Exception as exc:  # a timeline must never fail a run
+                    print(f"grpo_dist: could not write ray_kwargs.timeline_json_file: {exc}", file=sys.stderr)
+            if started_ray:
+                shutdown_ray()
+        finally:
+            failure.say_now()
+    if failure:
+        return failure.code
 
     _print_summary(summary, time.perf_counter() - t0)
     try:

@@ -41,6 +41,9 @@ def assert_one_message(proc: subprocess.CompletedProcess, *needles: str, code: i
     tail = err[err.index(line):]
     for n in needles:
         assert n in tail, f"{n!r} not in: {tail}"
+    # the message ends the output: no worker's log line (Ray forwards them late) comes after it
+    after = [l for l in tail.splitlines()[1:] if l.strip() and not l.startswith("  ")]
+    assert not after, f"printed after the message: {after}"
     return tail
 
 
@@ -227,6 +230,7 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
     named = re.search(r"(actor|reference) worker rank \d failed during \w+: ActorDiedError", msg)
     assert named and ("actor worker" in msg or "also held the actor" in msg), err[-6000:]
     assert "Traceback" not in err and "rerun the same command" in err, err[-6000:]
+    assert err.rstrip().endswith("that verifies"), err[-3000:]  # the message is the last thing printed
 
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
