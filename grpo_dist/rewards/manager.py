@@ -158,6 +158,10 @@ class RewardScorer:
         """Stop the worker processes. The scorer can still be used; workers restart on demand."""
         self._pool.close()
 
+    def kill_now(self) -> None:
+        """SIGKILL the scoring processes at once (see :meth:`TaskPool.kill_now`)."""
+        self._pool.kill_now()
+
     def __enter__(self) -> "RewardScorer":
         return self
 

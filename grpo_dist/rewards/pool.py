@@ -219,6 +219,15 @@ class TaskPool:
         """Stop the worker processes. The pool can still be used; workers restart on demand."""
         _shutdown(self.workers)
 
+    def kill_now(self) -> None:
+        """SIGKILL every worker process, without waiting or touching the pipes: safe from a signal
+        handler of a process that is ending (:meth:`close` waits for the workers to stop)."""
+        for w in list(self.workers):
+            try:
+                os.kill(w.proc.pid, signal.SIGKILL)
+            except (OSError, TypeError):  # gone already, or never started
+                pass
+
     def __enter__(self) -> "TaskPool":
         return self
 

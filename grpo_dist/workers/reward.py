@@ -3,11 +3,33 @@ a user function, in scoring processes) and places the rewards on tokens."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import signal
+from typing import Any, Callable
 
 import ray
 
 from grpo_dist.workers.common import current_node_id
+
+
+def exit_at_once_on_sigterm(before: Callable[[], None]) -> bool:
+    """Make SIGTERM end this process at once, after ``before()`` (which must not wait). Ray ends a
+    worker with SIGTERM, and may send it again while the process exits; Ray's own handler raises
+    ``SystemExit`` wherever the process is, and inside a clean-up function (the scoring pool's
+    finalizer, stopping its processes) Python prints that as ``Exception ignored ... Traceback``, which
+    Ray forwards into the run's output. False where a handler cannot be set (not the main thread)."""
+
+    def handler(signum, frame) -> None:
+        try:
+            before()
+        finally:
+            os._exit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        return False
+    return True
 
 
 @ray.remote
@@ -25,6 +47,7 @@ class RewardWorker:
         self.scorer = RewardScorer(target, num_workers=num_workers, timeout_s=timeout_s, on_error=on_error)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
         self.rewarder = BatchRewarder(tokenizer, self.scorer)
+        exit_at_once_on_sigterm(self.scorer.kill_now)  # the scoring processes go with it, and no traceback
 
     def compute(self, responses: Any, response_mask: Any, data_sources: list[str], ground_truths: list[Any],
                 extra_infos: list[Any], token_level: bool, step_rewards: bool, optional_steps: bool = False):

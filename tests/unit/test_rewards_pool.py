@@ -3,6 +3,9 @@
 import functools
 import importlib
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -146,6 +149,42 @@ def test_workers_stop_on_close():
     pids = [o.value[1] for o in p.map(act, ["a", "b"])]
     p.close()
     assert p.workers == []
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in pids)
+
+
+WORKER_PROCESS = """
+import sys, time
+from grpo_dist.rewards.pool import TaskPool
+from grpo_dist.workers.reward import exit_at_once_on_sigterm
+pool = TaskPool(2, timeout_s=None)
+pool.map(abs, [-1, -2])  # starts the scoring processes
+assert exit_at_once_on_sigterm(pool.kill_now)
+print(" ".join(str(w.proc.pid) for w in pool.workers), flush=True)
+time.sleep(60)
+"""
+
+
+def test_sigterm_ends_the_reward_worker_with_its_scoring_processes_and_no_traceback():
+    """Ray ends a reward worker with SIGTERM, sometimes twice while it exits: the process ends at once,
+    its scoring processes with it, and nothing is printed (Ray would forward a traceback to the run)."""
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_PROCESS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:  # ended already
+            pass
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and err == "", err
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
