@@ -22,15 +22,6 @@ from grpo_dist.trainer.weight_sync import choose_transport
 from grpo_dist.workers.models import ModelWorker
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 def shells():
     """Two stand-in role shells (defined here, so Ray ships them by value)."""
 

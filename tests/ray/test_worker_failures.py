@@ -17,15 +17,6 @@ from grpo_dist.distributed.worker_group import ResourcePlan, WorkerError, Worker
     remove_placement_groups
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
 @pytest.fixture
 def group(local_ray):
     """Two ranks of a stand-in worker whose ``step(plan)`` does what ``plan[rank]`` says."""
