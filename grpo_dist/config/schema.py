@@ -810,8 +810,9 @@ class RewardModelModelConfig:
     path: str = F(
         "~/models/FsfairX-LLaMA3-RM-v0.1",
         "reward model: a Hugging Face directory saved with AutoModelForSequenceClassification or "
-        "AutoModelForTokenClassification and one label (a causal LM gets a new scalar head); the "
-        "current spelling is reward.reward_model.model_path (set either)",
+        "AutoModelForTokenClassification and one label, read as a token classifier; its weights must hold "
+        "that head (a causal LM, or a head under a name the token classifier does not read, is refused at "
+        "start-up); the current spelling is reward.reward_model.model_path (set either)",
     )
     trust_remote_code: bool = F(False, "allow the reward model directory's own Python code to run when loading it")
     use_remove_padding: bool = F(False, "pack sequences without padding", NoOp(
@@ -844,6 +845,12 @@ class RMIterativeConfig:
     buffer_size: int = F(8192, "most samples the replay buffer keeps (the oldest go first)")
     heldout_fraction: float = F(
         0.1, "share of each iteration's fresh samples held out of training to measure reward_model/accuracy before and after the update"
+    )
+    label_threshold: Optional[float] = F(
+        0.5,
+        "the verifier's label of a response (or step) is 1 when its rule score is >= this value and 0 otherwise "
+        "(0.5: a full score of 1 is correct; a format-only 0.1, 0 or a negative score are not); null = the rule "
+        "score clamped to [0, 1] as a soft label",
     )
     epochs: int = F(1, "passes over the training mix per iteration")
     lr: float = F(1e-5, "learning rate of the reward model's AdamW (constant)")

@@ -381,6 +381,10 @@ def validate_reward_model(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         for key, val in (("replay_fraction", it.replay_fraction), ("heldout_fraction", it.heldout_fraction)):
             if not 0 <= val < 1:
                 raise _bad(ipre + key, val, "expected a fraction in [0, 1)")
+        if it.label_threshold is not None and (isinstance(it.label_threshold, bool) or not isinstance(
+                it.label_threshold, (int, float)) or not math.isfinite(it.label_threshold)):
+            raise _bad(ipre + "label_threshold", it.label_threshold,
+                       "expected a finite number (a rule score at or above it is labelled correct), or null for soft labels")
         if len(it.betas) != 2 or not all(0 <= b < 1 for b in it.betas):
             raise _bad(ipre + "betas", list(it.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
     if check_paths:

@@ -17,6 +17,12 @@ computed on micro-batches add up to the mini-batch's loss.
 Agreement with the verifier: a position agrees when ``s > 0`` (sigmoid(s) > 0.5) and ``y > 0.5`` are
 both true or both false.
 
+Labels from rule scores (iterative RL): the verifier's score ``v`` of a response (or of a step)
+becomes ``y = 1`` when ``v >= threshold`` and ``y = 0`` otherwise (``reward_model.iterative.label_threshold``,
+0.5 by default: a full score of 1 is correct; a format-only score such as 0.1, 0 and a negative score
+such as DAPO's -1 are incorrect). Without a threshold the label is ``v`` clamped to [0, 1] (a soft
+label: 0.1 asks the reward model for a 10% belief).
+
 Replay share: with ``F`` fresh samples and a replay fraction ``r`` in [0, 1), ``H = round(r F / (1 - r))``
 historical samples make ``H / (F + H)`` as close to ``r`` as whole samples allow (never more than the
 ``available`` ones).
@@ -24,7 +30,7 @@ historical samples make ``H / (F + H)`` as close to ``r`` as whole samples allow
 
 import torch
 
-__all__ = ["labelled_bce", "verifier_agreement", "replay_count"]
+__all__ = ["labelled_bce", "verifier_agreement", "verifier_labels", "replay_count"]
 
 
 def labelled_bce(scores_BR: torch.Tensor, targets_BR: torch.Tensor, *, num_labels: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +66,16 @@ def verifier_agreement(scores_BR: torch.Tensor, targets_BR: torch.Tensor) -> tup
     labelled = torch.isfinite(targets_BR)
     agree = (scores_BR[labelled] > 0) == (targets_BR[labelled] > 0.5)
     return int(agree.sum()), int(labelled.sum())
+
+
+def verifier_labels(scores: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """Labels (float32, same shape) from the verifier's scores (module docstring): 1 where
+    ``scores >= threshold``, 0 elsewhere; ``threshold`` None: ``scores`` clamped to [0, 1]. NaN stays NaN
+    (a position without a label)."""
+    scores = scores.float()
+    if threshold is None:
+        return scores.clamp(0.0, 1.0)
+    return torch.where(torch.isnan(scores), scores, (scores >= threshold).float())
 
 
 def replay_count(fresh: int, fraction: float, available: int) -> int:

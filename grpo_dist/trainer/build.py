@@ -552,7 +552,9 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
 def check_reward_model_fits(cfg: GRPOConfig, policy_path: str, tokenizer, need: int) -> None:
     """The reward model's folder can be read and fits the run: its context holds prompt + response;
     when it reads the policy's token ids, its vocabulary covers the policy's tokenizer; a process
-    reward model, and iterative RL, read the policy's tokens. ``ValueError`` naming the reward model."""
+    reward model, and iterative RL, read the policy's tokens; its weights hold the trained head it is
+    read with (:func:`grpo_dist.training.reward_model.check_reward_head`: names only, no weights are
+    read). ``ValueError`` naming the reward model."""
     from transformers import AutoConfig
 
     spec = reward_model_spec(cfg)
@@ -581,6 +583,11 @@ def check_reward_model_fits(cfg: GRPOConfig, policy_path: str, tokenizer, need: 
             f"{what} reads the policy's own tokens, but the reward model {path} has a tokenizer of its own; use a reward "
             "model built on the policy's tokenizer, or set reward_model.model.input_tokenizer=null to feed it the policy's ids"
         )
+    from grpo_dist.training.reward_model import check_reward_head
+
+    override = {k: v for k, v in cfg.reward_model.model.override_config.items() if k != "attn_implementation"}
+    check_reward_head(path, overrides=override,
+                      trust_remote_code=cfg.reward_model.model.trust_remote_code, key=spec.path_key)
 
 
 def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str,

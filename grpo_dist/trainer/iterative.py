@@ -2,7 +2,8 @@
 samples, with a replay of older ones, and the reference model is reset to the policy.
 
 After every step's actor update the driver calls :meth:`IterativeRL.after_step`, which keeps the
-step's rows with their verifier labels ``rm_targets`` (written by
+step's rows with their verifier labels ``rm_targets`` (1 where the rule score is at or above
+``reward_model.iterative.label_threshold``, 0 below it; written by
 :class:`grpo_dist.trainer.reward_stage.RewardStage`) and, every
 ``reward_model.iterative.steps_per_iteration`` steps, ends the iteration (:meth:`IterativeRL.run`):
 
@@ -65,6 +66,9 @@ class IterativeSettings:
     """Rows per reward-model optimizer step over all ranks (rounded up to a multiple of the ranks)."""
     world_size: int = 1
     seed: int = 0
+    label_threshold: float | None = 0.5
+    """A rule score at or above it is labelled 1, below it 0; None: the score clamped to [0, 1]
+    (:func:`grpo_dist.core.reward_model.verifier_labels`; the reward stage writes the labels)."""
 
     def __post_init__(self) -> None:
         if self.steps_per_iteration < 1 or self.mini_batch_size < 1 or self.world_size < 1:

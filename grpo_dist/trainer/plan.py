@@ -243,7 +243,8 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         iterative=IterativeSettings(
             steps_per_iteration=it.steps_per_iteration, replay_fraction=it.replay_fraction,
             heldout_fraction=it.heldout_fraction, buffer_size=it.buffer_size, mini_batch_size=it.mini_batch_size,
-            world_size=shape.world_size, seed=t.seed) if build.reward_model_trained(cfg) else None,
+            world_size=shape.world_size, seed=t.seed, label_threshold=it.label_threshold)
+        if build.reward_model_trained(cfg) else None,
         reset_reference=it.reset_reference,
         reference_dtype=build.reference_kwargs(cfg, device)["param_dtype"],
         old_logp_batching=build.forward_batching(rollout, shape.world_size),

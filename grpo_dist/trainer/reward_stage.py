@@ -18,8 +18,10 @@ reference forward, one equal share per rank):
 The reward is then :func:`grpo_dist.rewards.combine.combine_scores` of the two (``reward_model.combine``).
 Rule scores are computed only when the combination reads them or iterative RL needs them as labels;
 with iterative RL the stage also writes ``rm_targets`` [B, R], the verifier's labels on the positions
-the reward model is trained at (the score clamped to [0, 1] on the last response token; per step for
-a process reward model when the function returns ``step_rewards``; NaN elsewhere).
+the reward model is trained at (on the last response token; per step for a process reward model when
+the function returns ``step_rewards``; NaN elsewhere): 1 where the rule score is at or above
+``reward_model.iterative.label_threshold`` and 0 below it, or with a null threshold the score clamped
+to [0, 1] (:func:`grpo_dist.core.reward_model.verifier_labels`).
 
 Validation always scores with the rule-based scorers (the verifier), never with the reward model.
 
@@ -37,6 +39,7 @@ import torch
 
 from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.core.reward_model import verifier_labels
 from grpo_dist.distributed.worker_group import WorkerGroup
 from grpo_dist.rewards.combine import RewardCombine, combine_scores
 from grpo_dist.rewards.shaping import OverlongBuffer, apply_overlong_penalty
@@ -64,18 +67,21 @@ class RewardStage:
         world_size: reward-model ranks.
         combine, process_separator, iterative, reencode, rm_path, tokenizer: the reward model's
             settings (see the module docstring); ``process_separator`` None: an outcome reward model.
+        label_threshold: with ``iterative``, the rule score at or above which a label is 1 (None: soft
+            labels, the score clamped to [0, 1]).
     """
 
     def __init__(self, rule: WorkerGroup, *, needs_step_rewards: bool, overlong: OverlongBuffer | None,
                  rm: WorkerGroup | None = None, world_size: int = 1, combine: RewardCombine | None = None,
                  process_separator: str | None = None, iterative: bool = False, reencode: bool = False,
-                 rm_path: str = "", tokenizer: Any = None) -> None:
+                 rm_path: str = "", tokenizer: Any = None, label_threshold: float | None = 0.5) -> None:
         self.rule, self.rm, self.world_size = rule, rm, world_size
         self.needs_step_rewards, self.overlong = needs_step_rewards, overlong
         self.combine = combine or RewardCombine()
         self.process = process_separator is not None
         self.separators = SeparatorTokens(tokenizer, process_separator) if self.process else None
         self.iterative, self.reencode, self.rm_path = iterative, reencode, rm_path
+        self.label_threshold = label_threshold
         self.warned_no_separator = False
 
     @classmethod
@@ -91,6 +97,7 @@ class RewardStage:
         return cls(rule, needs_step_rewards=get_adv_estimator(plan.estimator).needs_step_rewards,
                    overlong=plan.overlong, rm=rm, world_size=world_size, combine=plan.reward_combine,
                    process_separator=plan.process_separator, iterative=plan.iterative is not None,
+                   label_threshold=plan.iterative.label_threshold if plan.iterative is not None else None,
                    reencode=reencode, rm_path=rm_path, tokenizer=tokenizer)
 
     # ------------------------------------------------------------------------------------------
@@ -201,8 +208,8 @@ class RewardStage:
     def _targets(self, rule, mask_BR: torch.Tensor) -> torch.Tensor:
         """The verifier's labels for training the reward model (module docstring)."""
         if self.process and rule.step_end_mask_BR is not None:
-            return torch.where(rule.step_end_mask_BR.bool(), rule.token_level_scores_BR.clamp(0.0, 1.0),
-                               torch.tensor(math.nan))
+            return torch.where(rule.step_end_mask_BR.bool(),
+                               verifier_labels(rule.token_level_scores_BR, self.label_threshold), torch.tensor(math.nan))
         last = _last_token_mask(mask_BR).bool()
-        labels_BR = rule.scores_B.float().clamp(0.0, 1.0).unsqueeze(1).expand_as(mask_BR)
+        labels_BR = verifier_labels(rule.scores_B, self.label_threshold).unsqueeze(1).expand_as(mask_BR)
         return torch.where(last, labels_BR, torch.tensor(math.nan))

@@ -109,6 +109,7 @@ def load_hf_model(
     config_overrides: Mapping[str, Any] | None = None,
     trust_remote_code: bool = False,
     disable_dropout: bool = True,
+    require_head: bool = False,
 ) -> nn.Module:
     """``model_class.from_pretrained`` on the CPU, in ``dtype``, KV cache off, eval mode.
 
@@ -116,7 +117,9 @@ def load_hf_model(
     ``config_overrides`` sets config fields before the model is built (e.g. ``{"num_labels": 1}`` for
     a value head). ``disable_dropout`` sets every float ``*dropout*`` field of the config and every
     ``nn.Dropout`` to 0, so train mode (needed by Hugging Face gradient checkpointing) computes the
-    same function as eval mode and an update's forward matches a no-grad forward.
+    same function as eval mode and an update's forward matches a no-grad forward. ``require_head``:
+    ``ValueError`` when a weight outside the backbone (``base_model_prefix``: the task head) is not in
+    the folder, which transformers would initialise at random (a reward model's head).
     """
     config = model_config(model_path, config_overrides, trust_remote_code=trust_remote_code)
     if disable_dropout:
@@ -130,7 +133,18 @@ def load_hf_model(
         dtype=dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
+        output_loading_info=require_head,
     )
+    if require_head:
+        model, info = model
+        prefix = getattr(model, "base_model_prefix", "") or ""
+        missing = sorted(k for k in info.get("missing_keys", ()) if not (prefix and k.startswith(prefix + ".")))
+        if missing:
+            found = ", ".join(sorted(info.get("unexpected_keys", ()))[:6]) or "nothing"
+            raise ValueError(
+                f"{model_path} holds no trained head for {type(model).__name__}: {', '.join(missing)} missing from its "
+                f"weights (would be random); the folder holds {found} that the model does not read"
+            )
     if disable_dropout:
         for module in model.modules():
             if isinstance(module, nn.Dropout):
@@ -154,12 +168,14 @@ def build_fsdp_model(
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
     trust_remote_code: bool = False,
+    require_head: bool = False,
 ) -> nn.Module:
     """Collective: load ``model_path`` with ``model_class`` and shard it over ``mesh`` with FSDP2.
 
     Steps: :func:`load_hf_model` in ``model_dtype`` (the dtype of the sharded master weights) with
     dropout zeroed and the attention kernel resolved for ``device`` and ``param_dtype``
-    (:func:`resolve_attn_implementation`); ``requires_grad_(False)`` unless ``trainable``; Hugging
+    (:func:`resolve_attn_implementation`; ``require_head`` refuses a head missing from the folder);
+    ``requires_grad_(False)`` unless ``trainable``; Hugging
     Face gradient checkpointing (non-reentrant) when ``gradient_checkpointing``;
     :func:`~grpo_dist.training.fsdp.apply_fsdp2` with compute dtype ``param_dtype``, gradient
     reduce dtype ``reduce_dtype``, ``reshard_after_forward`` and ``cpu_offload``. Returns the wrapped
@@ -173,6 +189,7 @@ def build_fsdp_model(
         model_class=model_class,
         config_overrides=config_overrides,
         trust_remote_code=trust_remote_code,
+        require_head=require_head,
     )
     if not trainable:
         model.requires_grad_(False)

@@ -10,8 +10,14 @@ A causal-LM backbone with a scalar head, loaded with ``AutoModelForTokenClassifi
 ``AutoModelForSequenceClassification`` and one label loads the same way: for Qwen2, Llama and the
 other ``Generic*Classification`` models both heads are the linear layer ``score``; the sequence head
 has no bias, so such a folder is built with ``token_classification_bias=False`` and keeps its trained
-head exactly. A causal LM's folder gets a new head drawn from the settings' seed (the same on every
-rank). The output at a token is the score of the prefix that ends with it (a logit).
+head exactly. The output at a token is the score of the prefix that ends with it (a logit).
+
+The folder must hold that head: a causal LM's folder (``lm_head``, no scalar head) or a classifier
+whose head has a name the token-classification class does not read (GPT-2's sequence classifier
+saves ``score``, its token classifier reads ``classifier``) would get a new, random head, and its
+scores would be noise. :func:`check_reward_head` refuses such a folder from the names in its weight
+files (safetensors headers or index, no weights read): the driver calls it before any worker starts;
+the load itself refuses a head that transformers reports missing (``load_hf_model(require_head=True)``).
 
 Where scores are read
 ---------------------
@@ -47,6 +53,7 @@ import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,7 +71,8 @@ from grpo_dist.training.optim import clip_grad_norm, make_adamw
 from grpo_dist.training.policy import require_keys, trim_padding_columns
 from grpo_dist.training.settings import FORWARD_KEYS, RM_UPDATE_KEYS, RewardModelSettings
 
-__all__ = ["FSDPRewardModel", "forward_scores", "reward_head_config", "reencode_for_reward_model"]
+__all__ = ["FSDPRewardModel", "check_reward_head", "forward_scores", "reward_head_config", "reencode_for_reward_model",
+           "saved_weight_names"]
 
 
 def reward_head_config(model_path: str | os.PathLike, *, trust_remote_code: bool = False) -> dict[str, Any]:
@@ -75,6 +83,78 @@ def reward_head_config(model_path: str | os.PathLike, *, trust_remote_code: bool
     if any(str(a).endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or [])):
         out["token_classification_bias"] = False
     return out
+
+
+
+def saved_weight_names(model_path: str | os.PathLike) -> tuple[str, set[str]] | None:
+    """``(file, names)``: the names of the tensors a Hugging Face folder saves, read from its
+    safetensors index or file headers (or a PyTorch index, or a memory-mapped PyTorch file), without
+    reading the weights; None when the folder has no weight file of those kinds."""
+    import json
+
+    from safetensors import safe_open
+
+    folder = Path(model_path)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            return index, set(json.loads((folder / index).read_text())["weight_map"])
+    if (folder / "model.safetensors").is_file():
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+            return "model.safetensors", set(f.keys())
+    if (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
+        return "pytorch_model.bin", set(state)
+    return None
+
+
+def _head_names(model: nn.Module, names: Sequence[str]) -> list[str]:
+    """The names among ``names`` (a model's state-dict keys) outside its backbone (``base_model_prefix``)."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    return [k for k in names if not (prefix and k.startswith(prefix + "."))]
+
+
+def check_reward_head(model_path: str | os.PathLike, *, overrides: Mapping[str, Any] | None = None,
+                      trust_remote_code: bool = False, key: str = "reward_model.model.path") -> None:
+    """``ValueError`` unless the folder's weights hold the head the reward model is read with.
+
+    The reward model is ``AutoModelForTokenClassification`` built from the folder's config with
+    :func:`reward_head_config` (and ``overrides``); its head is what lies outside the backbone
+    (``score.weight``/``score.bias`` for Qwen2 and Llama, ``classifier.*`` for GPT-2 or BERT). The
+    model is built on the meta device (no memory) and compared with the names in the folder's weight
+    files (:func:`saved_weight_names`). The message names the folder, the head weights missing and
+    what the folder holds outside the backbone instead (``lm_head.weight``: a causal LM). A folder
+    this cannot read (no weight file of a known kind, an architecture without a token-classification
+    class) is left to the load, which fails or checks the head itself."""
+    saved = saved_weight_names(model_path)
+    if saved is None:
+        return
+    file, names = saved
+    config = model_config(model_path, {**(overrides or {}), **reward_head_config(model_path, trust_remote_code=trust_remote_code)},
+                          trust_remote_code=trust_remote_code)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForTokenClassification.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError, ImportError):
+        return
+    expected = list(model.state_dict())
+    head = _head_names(model, expected)
+    missing = [k for k in head if k not in names]
+    if not head or not missing:
+        return
+    prefix = model.base_model_prefix
+    backbone = {k.removeprefix(prefix + ".") for k in expected} | set(expected)
+    other = sorted(k for k in names if k not in backbone)
+    found = (", ".join(other[:6]) + (f" and {len(other) - 6} more" if len(other) > 6 else "")) if other else "nothing"
+    causal = " (a causal LM's output layer: this folder is a language model, not a reward model)" if any(
+        k.split(".")[0] == "lm_head" for k in other) else ""
+    raise ValueError(
+        f"the reward model {model_path} ({key}) holds no trained reward head: it is read as {type(model).__name__}, "
+        f"whose head weights {', '.join(missing)} are not in the folder ({file}); outside the backbone the folder "
+        f"holds {found}{causal}. A new head would be random and its scores noise, so the run stops. Give a folder "
+        f"whose weights hold {', '.join(head)}: one saved with AutoModelForTokenClassification and num_labels=1 "
+        "(scripts/train_reward_model.py trains one on a policy's backbone), or a one-label "
+        "AutoModelForSequenceClassification of a model whose two heads share the name 'score' (Qwen2, Llama, Mistral)"
+    )
 
 
 def forward_scores(
@@ -216,6 +296,7 @@ class FSDPRewardModel:
                 reshard_after_forward=settings.reshard_after_forward,
                 cpu_offload=settings.param_offload,
                 trust_remote_code=settings.trust_remote_code,
+                require_head=True,
             )
         self.config = model_config(self.model_path, overrides, trust_remote_code=settings.trust_remote_code)
         self.config.architectures = [type(self.model).__name__.removeprefix("FSDP")]

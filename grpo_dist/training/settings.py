@@ -429,7 +429,8 @@ class RewardModelSettings:
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
     seed: int = 0
-    """Draws a new head (a causal LM's folder) the same on every rank."""
+    """Seeds the load, so that anything transformers initialises is the same on every rank (the head
+    itself must be in the folder: a folder without one is refused)."""
 
     # --- model and FSDP2 --------------------------------------------------------------------------
     model_dtype: str = "float32"

@@ -50,6 +50,16 @@ def save_classifier(directory: Path, kind: str, *, arch: str = "qwen2", seed: in
     return directory
 
 
+def with_reward_head(src: Path, directory: Path, *, seed: int = 3) -> Path:
+    """``src``'s causal-LM backbone saved as a one-label token classifier with a new head drawn here
+    (a reward model's folder must hold its head: a causal LM's is refused at load)."""
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(seed)
+    AutoModelForTokenClassification.from_pretrained(src, num_labels=1).save_pretrained(directory)
+    return directory
+
+
 def labelled_batch(seed: int, n: int = 8) -> dict[str, torch.Tensor]:
     """Responses labelled 1 when their first token id is even (something a model can learn), the
     label on the last response token; one row also gets labels at two inner tokens (process)."""
@@ -124,17 +134,17 @@ def job_two_ranks(rank: int, world_size: int, dirs: dict, ckpt_dir: str) -> dict
     # training on 2 ranks (compared with 1 rank), with a checkpoint: A trains on batch 1, saves, trains
     # on batch 2; B loads A's checkpoint and trains on batch 2; C trains on batch 2 from scratch
     cross = settings(trainable=True, mini_batch_size_per_gpu=2, update_micro_batch_size_per_gpu=1, epochs=2)
-    out["cross"] = update_share(make(dirs["causal"], cross), labelled_batch(1), rank=rank, world_size=world_size,
+    out["cross"] = update_share(make(dirs["causal_rm"], cross), labelled_batch(1), rank=rank, world_size=world_size,
                                 num_mini_batches=2)
     b1, b2 = labelled_batch(3), labelled_batch(4)
-    a = make(dirs["causal"], cross)
+    a = make(dirs["causal_rm"], cross)
     update_share(a, b1, rank=rank, world_size=world_size, num_mini_batches=2)
     a.save_checkpoint(ckpt_dir)
     a_run = update_share(a, b2, rank=rank, world_size=world_size, num_mini_batches=2)
-    b = make(dirs["causal"], cross)
+    b = make(dirs["causal_rm"], cross)
     b.load_checkpoint(ckpt_dir)
     b_run = update_share(b, b2, rank=rank, world_size=world_size, num_mini_batches=2)
-    c_run = update_share(make(dirs["causal"], cross), b2, rank=rank, world_size=world_size, num_mini_batches=2)
+    c_run = update_share(make(dirs["causal_rm"], cross), b2, rank=rank, world_size=world_size, num_mini_batches=2)
     out["resume"] = {"continuous": a_run["params"], "resumed": b_run["params"], "fresh": c_run["params"],
                      "update_count": (a.update_count, b.update_count)}
 
@@ -160,8 +170,12 @@ def job_two_ranks(rank: int, world_size: int, dirs: dict, ckpt_dir: str) -> dict
 def job_one_rank(rank: int, world_size: int, dirs: dict, ckpt_dir: str) -> dict:
     from grpo_dist.training.reward_model import FSDPRewardModel
 
-    make = lambda s: FSDPRewardModel(dirs["causal"], s, rank=rank, world_size=world_size, device="cpu")  # noqa: E731
-    out: dict = {"invariance": {}}
+    make = lambda s: FSDPRewardModel(dirs["causal_rm"], s, rank=rank, world_size=world_size, device="cpu")  # noqa: E731
+    out: dict = {"invariance": {}, "causal_refused": "loaded"}
+    try:  # a causal LM's folder has no reward head
+        FSDPRewardModel(dirs["causal"], settings(), rank=rank, world_size=world_size, device="cpu")
+    except ValueError as exc:
+        out["causal_refused"] = str(exc)
     data = labelled_batch(1)
     for cut, micro in (("micro1", 1), ("micro3", 3), ("whole", None)):
         rm = make(settings(trainable=True, mini_batch_size_per_gpu=8, update_micro_batch_size_per_gpu=micro))
@@ -199,6 +213,7 @@ def dirs(tmp_path_factory) -> dict:
     return {
         "causal": str(build_tiny_model(base / "causal")),
         "causal_other": str(build_tiny_model(base / "causal_other", seed=1)),
+        "causal_rm": str(with_reward_head(base / "causal", base / "causal_rm")),
         "qwen2_sequence": str(save_classifier(base / "qwen2_sequence", "sequence")),
         "llama_sequence": str(save_classifier(base / "llama_sequence", "sequence", arch="llama")),
         "qwen2_token": str(save_classifier(base / "qwen2_token", "token")),
@@ -246,6 +261,22 @@ def test_a_sequence_classifier_folder_keeps_its_head_without_a_bias(dirs):
     assert reward_head_config(dirs["qwen2_sequence"]) == {"num_labels": 1, "token_classification_bias": False}
     assert reward_head_config(dirs["qwen2_token"]) == {"num_labels": 1}
     assert reward_head_config(dirs["causal"]) == {"num_labels": 1}
+
+
+def test_folders_that_hold_their_head_pass_the_start_up_check(dirs):
+    from grpo_dist.training.reward_model import check_reward_head
+
+    for name in ("qwen2_sequence", "llama_sequence", "qwen2_token", "causal_rm"):
+        check_reward_head(dirs[name])
+    with pytest.raises(ValueError, match="holds no trained reward head"):
+        check_reward_head(dirs["causal"])
+
+
+def test_a_causal_lm_folder_is_refused_at_load(one_rank, dirs):
+    """Without a head in the folder the reward model would score with a random one: the load refuses it."""
+    out = one_rank["causal_refused"]
+    assert out.startswith(f"{dirs['causal']} holds no trained head for Qwen2ForTokenClassification: score.bias, "
+                          "score.weight missing"), out
 
 
 def test_training_does_not_depend_on_micro_batching(one_rank, dirs):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from grpo_dist.core.reward_model import labelled_bce, replay_count, verifier_agreement
+from grpo_dist.core.reward_model import labelled_bce, replay_count, verifier_agreement, verifier_labels
 
 NAN = float("nan")
 
@@ -83,3 +83,15 @@ def test_replay_share_by_hand_and_capped_by_the_buffer():
     assert replay_count(0, 0.1, available=100) == 0
     with pytest.raises(ValueError):
         replay_count(10, 1.0, available=5)
+
+
+def test_verifier_labels_are_binary_at_the_threshold():
+    """A format-only score (0.1) is an incorrect answer, not a 10% one; a full score is correct; scores
+    outside [0, 1] (DAPO's -1) are labelled too; a position without a label stays unlabelled."""
+    scores = torch.tensor([1.0, 0.1, 0.0, -1.0, 0.5, 0.49, 2.0, NAN])
+    labels = verifier_labels(scores, 0.5)
+    assert labels[:7].tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0] and math.isnan(labels[7])
+    assert verifier_labels(scores, 1.0)[:7].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert verifier_labels(scores, 0.0)[:7].tolist() == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    soft = verifier_labels(scores, None)
+    assert soft[:7].tolist() == pytest.approx([1.0, 0.1, 0.0, 0.0, 0.5, 0.49, 1.0]) and math.isnan(soft[7])

@@ -99,6 +99,7 @@ def test_verls_deprecated_global_micro_batch_is_divided_over_the_ranks():
     (("reward_model.iterative.enable=true", "reward_model.iterative.steps_per_iteration=0"), "reward_model.iterative.steps_per_iteration"),
     (("reward_model.iterative.enable=true", "reward_model.iterative.lr=0"), "reward_model.iterative.lr"),
     (("reward_model.iterative.enable=true", "reward_model.iterative.betas=[0.9,1.5]"), "reward_model.iterative.betas"),
+    (("reward_model.iterative.enable=true", "reward_model.iterative.label_threshold=nan"), "reward_model.iterative.label_threshold"),
 ])
 def test_refusals_name_the_key(overrides, key):
     msg = refused(*RM, *overrides)
@@ -193,6 +194,105 @@ def test_a_reward_model_folder_that_cannot_be_read_stops_at_start_up_naming_it(t
     assert msg.startswith(f"the reward model {broken} (reward_model.model.path) cannot be loaded")
 
 
+def with_reward_head(src, dst):
+    """``src``'s backbone saved as a one-label token classifier (its head drawn here, saved), with its tokenizer."""
+    import shutil
+
+    from transformers import AutoModelForTokenClassification
+
+    AutoModelForTokenClassification.from_pretrained(src, num_labels=1).save_pretrained(dst)
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+def rm_start_up(tiny_model_dir, rm_dir):
+    """The start-up checks of a run scoring with the reward model in ``rm_dir`` (no worker starts)."""
+    from transformers import AutoTokenizer
+
+    from grpo_dist.trainer import build
+
+    cfg = load("reward_model.enable=true", f"reward_model.model.path={rm_dir}")
+    build.check_model_fits(cfg, str(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_a_causal_lm_folder_is_refused_as_a_reward_model_before_the_workers_start(tmp_path, tiny_model_dir):
+    """A causal LM has no scalar head: read as a reward model it would score with a random one (the
+    only reward in the default combine mode). Start-up refuses it naming the folder and the weights."""
+    import shutil
+
+    causal = tmp_path / "causal"
+    shutil.copytree(tiny_model_dir, causal)
+    with pytest.raises(ValueError) as e:
+        rm_start_up(tiny_model_dir, causal)
+    msg = str(e.value)
+    assert msg.startswith(f"the reward model {causal} (reward_model.model.path) holds no trained reward head"), msg
+    assert "score.weight, score.bias are not in the folder (model.safetensors)" in msg
+    assert "lm_head.weight (a causal LM's output layer" in msg and "\n" not in msg
+    rm_start_up(tiny_model_dir, with_reward_head(tiny_model_dir, tmp_path / "rm"))  # the same backbone with a head loads
+
+
+def test_a_classifier_whose_head_has_another_name_is_refused(tmp_path, tiny_model_dir):
+    """Heads the token-classification class does not read: GPT-2's sequence classifier saves ``score``
+    but GPT2ForTokenClassification reads ``classifier``; a Qwen2 value head saved as ``v_head.summary``
+    (sharded, read from the index). Both would load with a random head; both are refused naming what
+    the folder holds."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, GPT2Config
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    gpt2 = tmp_path / "gpt2_sequence"
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tok), n_positions=256, num_labels=1,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=1)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(gpt2)
+    tok.save_pretrained(gpt2)
+    with pytest.raises(ValueError) as e:
+        rm_start_up(tiny_model_dir, gpt2)
+    msg = str(e.value)
+    assert msg.startswith(f"the reward model {gpt2} (reward_model.model.path) holds no trained reward head"), msg
+    assert "GPT2ForTokenClassification" in msg and "classifier.weight, classifier.bias are not in the folder" in msg
+    assert "outside the backbone the folder holds score.weight." in msg
+
+    renamed = with_reward_head(tiny_model_dir, tmp_path / "v_head")
+    weights = load_file(renamed / "model.safetensors")
+    (renamed / "model.safetensors").unlink()
+    head = {k.replace("score.", "v_head.summary."): v for k, v in weights.items() if k.startswith("score.")}
+    body = {k: v for k, v in weights.items() if not k.startswith("score.")}
+    save_file(body, renamed / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
+    save_file(head, renamed / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
+    index = {**{k: "model-00001-of-00002.safetensors" for k in body}, **{k: "model-00002-of-00002.safetensors" for k in head}}
+    (renamed / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    with pytest.raises(ValueError) as e:
+        rm_start_up(tiny_model_dir, renamed)
+    msg = str(e.value)
+    assert "score.weight, score.bias are not in the folder (model.safetensors.index.json)" in msg
+    assert "outside the backbone the folder holds v_head.summary.bias, v_head.summary.weight." in msg
+
+
+def test_the_reward_model_load_refuses_a_missing_head(tmp_path, tiny_model_dir):
+    """The guard at load (in the reward-model worker, should a folder pass start-up): transformers'
+    own report of a head weight it had to draw."""
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    from grpo_dist.training.model_builder import load_hf_model
+
+    def load_rm(path):
+        return load_hf_model(path, dtype=torch.float32, attn_implementation="eager", require_head=True,
+                             model_class=AutoModelForTokenClassification, config_overrides={"num_labels": 1})
+
+    with pytest.raises(ValueError, match=r"holds no trained head for Qwen2ForTokenClassification: score.bias, "
+                                         r"score.weight missing from its weights \(would be random\); the folder "
+                                         r"holds lm_head.weight"):
+        load_rm(tiny_model_dir)
+    rm = with_reward_head(tiny_model_dir, tmp_path / "rm")
+    saved = AutoModelForTokenClassification.from_pretrained(rm, num_labels=1).score.weight
+    assert torch.equal(load_rm(rm).score.weight, saved)
+
+
 def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_model_dir):
     """A reward model whose tokenizer differs from the policy's would be re-encoded; a process reward
     model (and iterative RL) read the policy's own step-end tokens, so that is refused at start-up."""
@@ -203,7 +303,8 @@ def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_mode
     from grpo_dist.trainer import build
     from grpo_dist.utils.tiny_model import build_tiny_model
 
-    other = build_tiny_model(tmp_path / "other", vocab=list("0123456789abc"), max_position_embeddings=256)
+    other = with_reward_head(build_tiny_model(tmp_path / "other_lm", vocab=list("0123456789abc"), max_position_embeddings=256),
+                             tmp_path / "other")
     policy = tmp_path / "policy"
     shutil.copytree(tiny_model_dir, policy)
     tok = AutoTokenizer.from_pretrained(policy)
@@ -216,3 +317,11 @@ def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_mode
         build.check_model_fits(cfg, str(policy), tok)
     cfg = load(*common, "reward_model.model.input_tokenizer=null")
     assert build.reward_model_reencodes(cfg, str(other), str(policy)) is None
+
+
+def test_the_iterative_label_threshold_reaches_the_plan():
+    from grpo_dist.trainer.plan import driver_plan
+
+    assert driver_plan(load(*ITER), "cpu", 4096).iterative.label_threshold == 0.5
+    assert driver_plan(load(*ITER, "reward_model.iterative.label_threshold=1.0"), "cpu", 4096).iterative.label_threshold == 1.0
+    assert driver_plan(load(*ITER, "reward_model.iterative.label_threshold=null"), "cpu", 4096).iterative.label_threshold is None

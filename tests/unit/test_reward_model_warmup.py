@@ -52,7 +52,7 @@ def test_labels_are_the_verifiers_verdicts(tiny_model_dir, prompts, every_prefix
 
 
 def test_a_trained_folder_loads_as_a_reward_model(tiny_model_dir, prompts, tmp_path):
-    from grpo_dist.training.reward_model import reward_head_config
+    from grpo_dist.training.reward_model import check_reward_head, reward_head_config
     from grpo_dist.training.reward_model_warmup import sample_and_label, train_reward_model
 
     tok, items = prompts
@@ -63,4 +63,5 @@ def test_a_trained_folder_loads_as_a_reward_model(tiny_model_dir, prompts, tmp_p
     assert set(report) == {"accuracy_before", "accuracy_after", "positives", "samples", "seconds"}
     assert report["samples"] == 12
     assert reward_head_config(tmp_path / "rm") == {"num_labels": 1}
+    check_reward_head(tmp_path / "rm")  # the warm-up's new head is saved: the folder is accepted as a reward model
     assert (tmp_path / "rm" / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()

@@ -100,6 +100,46 @@ def test_iterative_rl_computes_the_verifier_labels_without_putting_them_in_the_r
     assert torch.isnan(t).sum() == 9 and (t[0, 2], t[1, 1], t[2, 3]) == (1.0, 0.0, 1.0)
 
 
+class GradedRule(RuleGroup):
+    """Rule scores 1.0 (correct), 0.1 (format only) and 0.5 for the three rows; with step rewards, a
+    step-end reward of 0.1 at t=0 and the row's score at its last token."""
+
+    def call(self, method, responses, mask, sources, truths, extras, token_level, step_rewards, optional=False):
+        scores = torch.tensor([1.0, 0.1, 0.5])[: len(mask)]
+        last = mask.sum(-1).long() - 1
+        tl = torch.zeros_like(mask)
+        tl[torch.arange(len(mask)), last] = scores
+        ends = None
+        if step_rewards:
+            tl[:, 0] = 0.1
+            ends = torch.zeros_like(mask)
+            ends[:, 0] = 1
+            ends[torch.arange(len(mask)), last] = 1
+        return [RewardResult(scores_B=scores, token_level_scores_BR=tl, step_end_mask_BR=ends, stats={})]
+
+
+@pytest.mark.parametrize("threshold, want", [(0.5, [1.0, 0.0, 1.0]), (1.0, [1.0, 0.0, 0.0]), (None, [1.0, 0.1, 0.5])])
+def test_iterative_rl_labels_are_the_rule_score_against_the_threshold(threshold, want):
+    """reward_model.iterative.label_threshold: a format-only 0.1 is labelled 0, not a soft 0.1 (null
+    keeps the clamped score as a soft label)."""
+    s = RewardStage(GradedRule(), needs_step_rewards=False, overlong=None, rm=RMGroup(), world_size=2, tokenizer=Tok(),
+                    rm_path="/models/rm", combine=RewardCombine("verl"), iterative=True, label_threshold=threshold)
+    b = batch()
+    s.score(b)
+    t = b["rm_targets"]
+    assert [t[0, 2].item(), t[1, 1].item(), t[2, 3].item()] == pytest.approx(want)
+    assert int(torch.isfinite(t).sum()) == 3
+    # a process reward model: every step-end reward is labelled by the same rule
+    s = RewardStage(GradedRule(), needs_step_rewards=True, overlong=None, rm=RMGroup(), world_size=2, tokenizer=Tok(),
+                    rm_path="/models/rm", combine=RewardCombine("verl"), iterative=True, label_threshold=threshold,
+                    process_separator="\n")
+    b = batch()
+    s.score(b)
+    t = b["rm_targets"]
+    assert t[:, 0].tolist() == pytest.approx([0.1 if threshold is None else 0.0] * 3)
+    assert [t[0, 2].item(), t[1, 1].item(), t[2, 3].item()] == pytest.approx(want)
+
+
 def test_a_custom_function_is_the_reward_in_verl_mode_and_weighted_mode_adds():
     b = batch()
     scores, _ = stage(combine=RewardCombine("verl", custom_function=True)).score(b)
