@@ -590,6 +590,31 @@ def check_reward_model_fits(cfg: GRPOConfig, policy_path: str, tokenizer, need: 
                       trust_remote_code=cfg.reward_model.model.trust_remote_code, key=spec.path_key)
 
 
+#: Each model role's verl keys for Ulysses sequence parallelism (accepted, not built: see their notice).
+SEQUENCE_PARALLEL_KEYS = {
+    "actor": ("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+              "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"),
+    "reference": ("actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+                  "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size"),
+    "critic": ("critic.ulysses_sequence_parallel_size", "critic.model.fsdp_config.ulysses_sequence_parallel_size",
+               "critic.fsdp.ulysses_sequence_parallel_size"),
+}
+
+
+def whole_sequence_note(cfg: GRPOConfig, role: str) -> str:
+    """What a role's memory note adds when one of its ``ulysses_sequence_parallel_size`` keys is above
+    1: the memory choices are sized for whole sequences on every rank (nothing is divided by sp); ""
+    otherwise."""
+    given = [(key, int(setting(cfg, key) or 1)) for key in SEQUENCE_PARALLEL_KEYS.get(role, ())]
+    given = [(key, sp) for key, sp in given if sp > 1]
+    if not given:
+        return ""
+    key, sp = given[0]
+    r = cfg.actor_rollout_ref.rollout
+    return (f" (sized for whole sequences of up to {r.prompt_length + r.response_length} tokens on every rank: "
+            f"{key} = {sp} does not split them here, so a rank needs the memory verl would spread over {sp})")
+
+
 def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str,
                   model_notes: dict[str, str] | None = None) -> list[str]:
     """What the run says once its workers are up: ranks, nodes, device, the actor's compute dtype,

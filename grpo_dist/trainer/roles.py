@@ -326,7 +326,7 @@ class Workers:
             notes = group.collect(refs, "model loading",
                                   timeout_s=group.deadlines.limit("init_model") if group.deadlines else None)
             if notes and isinstance(notes[0], str):  # what a role's "auto" memory choices chose (rank 0's)
-                self.model_notes[group.role] = notes[0]
+                self.model_notes[group.role] = notes[0] + build.whole_sequence_note(ctx.cfg, group.role)
         # every constructor has run (an engine that failed to start says so here, naming its role)
         self.nodes = {name: group.call("node_id") for name, group in self.groups.items()}
 

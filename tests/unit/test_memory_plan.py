@@ -174,6 +174,34 @@ def test_defaults_are_auto_and_explicit_values_keep_their_meaning():
     assert r["use_fused_kernels"] and r["logprob_chunk_size"] == 64
 
 
+def test_ulysses_is_not_assumed_to_divide_the_memory_of_a_sequence():
+    """verl users set ulysses_sequence_parallel_size for memory per rank: here a sequence is not split,
+    so the notice says so, the auto memory choices are sized for the whole prompt + response on every
+    rank, and their start-up line says the setting divided nothing."""
+    from grpo_dist.config.states import noop_notes
+    from grpo_dist.trainer import build
+
+    sp = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "critic.ulysses_sequence_parallel_size=2",
+          "algorithm.adv_estimator=gae")
+    cfg = load(*sp)
+    notes = [n for n in noop_notes(cfg) if "ulysses" in n]
+    assert len(notes) == 2
+    for n in notes:
+        assert "a sequence is NOT split across ranks here" in n
+        assert "activation memory of the full prompt + response, which this setting would have divided by sp" in n
+    plain = load("algorithm.adv_estimator=gae")
+    assert build.actor_settings(cfg, "cpu", 10) == build.actor_settings(plain, "cpu", 10)
+    assert build.actor_settings(cfg, "cpu", 10).max_seq_len == 64 + 24  # whole sequences, not (64 + 24) / 4
+    assert build.critic_settings(cfg, "cpu", 10) == build.critic_settings(plain, "cpu", 10)
+    assert build.whole_sequence_note(cfg, "actor") == (
+        " (sized for whole sequences of up to 88 tokens on every rank: actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+        " = 4 does not split them here, so a rank needs the memory verl would spread over 4)")
+    assert "critic.ulysses_sequence_parallel_size = 2" in build.whole_sequence_note(cfg, "critic")
+    assert build.whole_sequence_note(cfg, "reference") == build.whole_sequence_note(plain, "actor") == ""
+    fsdp = load("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=2")
+    assert "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size = 2" in build.whole_sequence_note(fsdp, "reference")
+
+
 @pytest.mark.parametrize("override,key", [
     ("actor_rollout_ref.model.enable_gradient_checkpointing=sometimes", "actor_rollout_ref.model.enable_gradient_checkpointing"),
     ("critic.model.enable_gradient_checkpointing=2", "critic.model.enable_gradient_checkpointing"),

@@ -26,10 +26,13 @@ FSDP_INTERNAL = NoOp(
 )
 SPEED_ONLY = NoOp("a speed or memory knob of verl's engine that does not change the numbers; grpo_dist has its own path")
 ULYSSES = NoOp(
-    "Ulysses sequence parallelism is not built: every rank is a data-parallel rank holding whole sequences, "
+    "Ulysses sequence parallelism is not built: a sequence is NOT split across ranks here, so each rank holds "
+    "whole sequences and needs the activation memory of the full prompt + response, which this setting would "
+    "have divided by sp (a micro-batch of ppo_micro_batch_size_per_gpu rows takes sp times the memory it takes "
+    "in verl; the automatic memory choices are sized for whole sequences; if memory is short, lower the "
+    "micro-batch size or use use_dynamic_bsz with a per-rank token budget); every rank is a data-parallel rank, "
     "so verl's data-parallel size ranks / sp is ranks here; the global mini-batch and so the update are the "
-    "same, each rank needs memory for its whole sequences, and batch sizes must divide by all ranks "
-    "(trainer.nnodes x trainer.n_gpus_per_node)"
+    "same, and batch sizes must divide by all ranks (trainer.nnodes x trainer.n_gpus_per_node)"
 )
 UNUSED_WITHOUT = "read only when {0} is on, which is accepted only off here"
 
