@@ -10,7 +10,9 @@ the command redraws it for any run folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +129,30 @@ def _panels(rows: list[dict]) -> list[tuple[str, str, int, Callable[[Any], None]
     return panels
 
 
+@contextlib.contextmanager
+def _quiet_matplotlib():
+    """matplotlib's ``INFO`` records (``generated new fontManager`` when its font cache is first built)
+    kept at bay while the report is drawn: a run's logging (Hydra's job_logging) shows INFO on the
+    console, and the report is drawn after the run's summary. A level set on matplotlib's logger is kept."""
+    log = logging.getLogger("matplotlib")
+    if log.level != logging.NOTSET:
+        yield
+        return
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(logging.NOTSET)
+
+
 def write_report(run_dir: str | Path) -> list[Path]:
+    """Draw ``run_dir/metrics.jsonl`` as PNGs in ``run_dir/report/`` (one per panel and ``summary.png``
+    with all of them); the paths written, the summary first. matplotlib logs only warnings meanwhile."""
+    with _quiet_matplotlib():
+        return _write_report(run_dir)
+
+
+def _write_report(run_dir: str | Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

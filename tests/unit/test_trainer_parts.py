@@ -165,3 +165,46 @@ def test_cpu_half_precision_warning(native_bf16, monkeypatch):
     only_rollout = cfg("actor_rollout_ref.rollout.dtype=bfloat16")
     assert (cpu_half_precision_warning(only_rollout, "cpu") is None) == native_bf16
 
+
+
+REPORT_UNDER_THE_RUNS_LOGGING = """
+import sys
+from grpo_dist.config import hydra_cli as hc
+from grpo_dist.config.loader import compose, to_typed
+
+overrides = ["trainer.default_local_dir=" + sys.argv[1]]
+job = hc.prepare_job(compose(overrides, return_hydra_config=True), overrides, num=None, sweep_dir=None, to_typed=to_typed)
+
+def task(cfg, write_files):
+    from grpo_dist.report import write_report
+    write_report(sys.argv[1])
+    print("drawn", flush=True)
+    return 0
+
+sys.exit(hc.run_job(job, task))
+"""
+
+
+def test_drawing_the_report_prints_no_matplotlib_log_lines(tmp_path):
+    """The report is drawn after the run's summary, under the job's logging (Hydra's job_logging: the root
+    logger at INFO on the console): matplotlib's first use builds its font cache and logged
+    '[matplotlib.font_manager][INFO] - generated new fontManager' after the summary. A fresh
+    MPLCONFIGDIR makes it build the cache here as on a new machine."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for s in range(1, 4):
+            f.write(json.dumps({"step": s, "critic/score/mean": s / 10, "timing_s/gen": 0.5}) + "\n")
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "mplconfig"), "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, "-c", REPORT_UNDER_THE_RUNS_LOGGING, str(run_dir)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "drawn" in proc.stdout and (run_dir / "report" / "summary.png").stat().st_size > 1000
+    assert (tmp_path / "mplconfig").is_dir()  # the font cache was built in this run
+    out = proc.stdout + proc.stderr
+    assert "matplotlib" not in out and "fontManager" not in out, out
