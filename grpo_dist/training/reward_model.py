@@ -89,21 +89,25 @@ def reward_head_config(model_path: str | os.PathLike, *, trust_remote_code: bool
 def saved_weight_names(model_path: str | os.PathLike) -> tuple[str, set[str]] | None:
     """``(file, names)``: the names of the tensors a Hugging Face folder saves, read from its
     safetensors index or file headers (or a PyTorch index, or a memory-mapped PyTorch file), without
-    reading the weights; None when the folder has no weight file of those kinds."""
+    reading the weights; None when the folder has no weight file of those kinds or it cannot be read
+    (the load then says what is wrong with it)."""
     import json
 
     from safetensors import safe_open
 
     folder = Path(model_path)
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (folder / index).is_file():
-            return index, set(json.loads((folder / index).read_text())["weight_map"])
-    if (folder / "model.safetensors").is_file():
-        with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-            return "model.safetensors", set(f.keys())
-    if (folder / "pytorch_model.bin").is_file():
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
-        return "pytorch_model.bin", set(state)
+    try:
+        for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            if (folder / index).is_file():
+                return index, set(json.loads((folder / index).read_text())["weight_map"])
+        if (folder / "model.safetensors").is_file():
+            with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+                return "model.safetensors", set(f.keys())
+        if (folder / "pytorch_model.bin").is_file():
+            state = torch.load(folder / "pytorch_model.bin", map_location="cpu", mmap=True, weights_only=True)
+            return "pytorch_model.bin", set(state)
+    except Exception:  # noqa: BLE001 - an unreadable file is the load's to report, with its own message
+        return None
     return None
 
 

@@ -325,3 +325,23 @@ def test_the_iterative_label_threshold_reaches_the_plan():
     assert driver_plan(load(*ITER), "cpu", 4096).iterative.label_threshold == 0.5
     assert driver_plan(load(*ITER, "reward_model.iterative.label_threshold=1.0"), "cpu", 4096).iterative.label_threshold == 1.0
     assert driver_plan(load(*ITER, "reward_model.iterative.label_threshold=null"), "cpu", 4096).iterative.label_threshold is None
+
+
+def test_the_head_check_reads_pytorch_files_and_leaves_unreadable_ones_to_the_load(tmp_path, tiny_model_dir):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from grpo_dist.training.reward_model import check_reward_head
+
+    pt = tmp_path / "pt"
+    shutil.copytree(tiny_model_dir, pt)
+    torch.save(load_file(pt / "model.safetensors"), pt / "pytorch_model.bin")
+    (pt / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"score.weight, score.bias are not in the folder \(pytorch_model.bin\)"):
+        check_reward_head(pt)
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    check_reward_head(broken)  # no verdict from names it cannot read: the load reports the file
