@@ -105,7 +105,8 @@ def failure_message(exc: BaseException, stop=None, resume_settings=None, *,
         msg = stop.interrupt_message() if stop is not None else "interrupted by SIGINT (Ctrl-C) before the run began"
         return msg, 130
     if isinstance(exc, WorkerError):
-        return worker_failure_message(exc, resume_settings, starting=starting), 1
+        return (worker_failure_message(exc, resume_settings, starting=starting) if resume_settings is not None
+                else str(exc)), 1
     if isinstance(exc, (ValueError, FileNotFoundError)):
         if os.environ.get("GRPO_DIST_DEBUG"):
             return None
