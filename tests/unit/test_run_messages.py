@@ -262,3 +262,50 @@ def test_damaged_resume_path_is_refused_before_ray_starts(tiny_model_dir, revers
                         f"trainer.resume_from_path={ckpt}"))
     one_message(capsys.readouterr().err, 2, code, f"trainer.resume_from_path={ckpt} is damaged",
                 "trainer_state.json is missing")
+
+
+def test_sigterm_inside_rays_wait_is_the_stop_message(tiny_model_dir, reverse_data, tmp_path, monkeypatch, capsys):
+    """The handler's exception raised inside Ray's C code comes out as a SystemError chained to it
+    (``<cyfunction CoreWorker.wait> returned a result with an exception set``): still one message, 143."""
+    def wait_like_ray():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        except BaseException as exc:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from exc
+        raise AssertionError("the signal did not stop the start-up")
+
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
+    monkeypatch.setattr(worker_group, "cluster_gpus", wait_like_ray)
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up; no checkpoint was taken",
+                f"this run has no checkpoint in {tmp_path / 'o'} yet: rerun the same command to start from the beginning")
+
+
+def test_ctrl_c_names_what_a_rerun_does(tiny_model_dir, reverse_data, tmp_path, monkeypatch, capsys):
+    from grpo_dist.trainer import driver
+
+    out = tmp_path / "o"
+    publish_checkpoint(out, 1)
+
+    class Trainer:
+        def __init__(self, *args, stop, **kwargs):
+            self.stop = stop
+
+        def start_workers(self):
+            pass
+
+        def fit(self, resume):
+            self.stop.training()
+            self.stop.step_begins(2)
+            raise KeyboardInterrupt
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
+    monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0)
+    monkeypatch.setattr(driver, "GRPOTrainer", Trainer)
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    one_message(capsys.readouterr().err, 130, code, "interrupted by SIGINT (Ctrl-C) during step 2; no checkpoint was "
+                f"taken; rerun the same command to resume from step 1 ({out / 'global_step_1'})")
