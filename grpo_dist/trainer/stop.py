@@ -185,7 +185,7 @@ class StopSignal:
             return
         if self.requested:
             self._raise(f"stopped on a second {name}{self._during()}; no checkpoint was taken; "
-                              f"{self.where_to_resume()}")
+                        f"{self.where_to_resume()}")
         self.requested = name
         if self.phase == "start-up":
             self._raise(f"stopped on {name} during start-up; no checkpoint was taken; {self.where_to_resume()}")
