@@ -25,9 +25,25 @@ key=value), ++key=value (add or override), ~key (remove), hydra.run.dir=DIR, hyd
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
-from grpo_dist.config.hydra_cli import UsageError, parse_args
+
+def _stopped_before_the_run(signum, frame) -> None:
+    """SIGTERM or Ctrl-C while Python loads the command line's modules (a second or two), before the run's
+    own handlers exist: nothing was started or written, so the process ends here, with one line."""
+    name = signal.Signals(signum).name
+    print(f"grpo_dist: error: stopped on {name} during start-up, before the run began; nothing was started or "
+          "written: rerun the same command to start it", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":  # python -m grpo_dist.main: handled from the first moment
+    signal.signal(signal.SIGTERM, _stopped_before_the_run)
+    signal.signal(signal.SIGINT, _stopped_before_the_run)
+
+from grpo_dist.config.hydra_cli import UsageError, parse_args  # noqa: E402
 
 USAGE = __doc__
 
@@ -51,6 +67,23 @@ def _hydra_help() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; every error grpo_dist defines, a SIGTERM and Ctrl-C end it with one message
+    (``GRPO_DIST_DEBUG=1``: an error's traceback instead)."""
+    if signal.getsignal(signal.SIGINT) is _stopped_before_the_run:  # from here on, Ctrl-C is KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _main(argv)
+    except BaseException as exc:
+        from grpo_dist.trainer.run import failure_message
+
+        said = None if isinstance(exc, SystemExit) else failure_message(exc)
+        if said is None:
+            raise
+        print(f"grpo_dist: error: {said[0]}", file=sys.stderr, flush=True)
+        return said[1]
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parse_args(argv)

@@ -19,6 +19,7 @@ others first, and a broken connection with none found is still ``"lost"``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass
@@ -412,7 +413,8 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     if address:
         # A submitted job brings its own runtime environment; only what the user asked for is added.
         try:
-            ray.init(address=address, log_to_driver=True, **({"runtime_env": user_env} if user_env else {}))
+            with _keeping_sigterm_handler():
+                ray.init(address=address, log_to_driver=True, **({"runtime_env": user_env} if user_env else {}))
         except Exception as exc:
             raise RayStartError(
                 f"could not connect to the Ray cluster at {address} (ray_kwargs.ray_init.address or RAY_ADDRESS): "
@@ -432,7 +434,8 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     _local_only()
     try:
         try:
-            ray.init(**kwargs)
+            with _keeping_sigterm_handler():
+                ray.init(**kwargs)
         except Exception as exc:
             # Ray waits a fixed 30 s for its raylet to register; on a machine busy with other work
             # (measured: load 16 on 2 cores, a previous instance's agents still exiting) that can miss.
@@ -441,7 +444,8 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
                 raise
             ray.shutdown()
             time.sleep(5.0)
-            ray.init(**kwargs)
+            with _keeping_sigterm_handler():
+                ray.init(**kwargs)
     except Exception as exc:
         try:
             ray.shutdown()
@@ -477,6 +481,28 @@ def _local_only() -> None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     except (ImportError, AttributeError):  # a Ray without the switch: its default binding stays
         pass
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler():
+    """``ray.init`` replaces the process's SIGTERM handler with its own (``sys.exit(15)``) while it starts;
+    a program that handles SIGTERM itself (the run: one message, exit code 143) keeps its handler for
+    those seconds. Without a Python handler installed, Ray's is left to do its work."""
+    import signal
+    import threading
+
+    from ray._private import utils as ray_utils
+
+    mine = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if not callable(mine) or not hasattr(ray_utils, "set_sigterm_handler"):
+        yield
+        return
+    original = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
 
 
 def shutdown_ray() -> None:

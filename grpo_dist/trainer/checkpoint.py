@@ -114,7 +114,7 @@ def publish(root: str | os.PathLike, tmp: Path, step: int, state: dict[str, Any]
 
 
 def save(root: str | os.PathLike, step: int, state: dict[str, Any], *, write_shards: Callable[[Path], None],
-         max_keep: int | None, newest: str | None, root_key: str) -> Path:
+         max_keep: int | None, newest: str | None, root_key: str, resume_settings: Any = None) -> Path:
     """One step's checkpoint: ``write_shards(tmp)`` fills a fresh temporary folder (the workers'
     shards), then :func:`publish` adds the driver ``state`` and publishes it by one rename.
 
@@ -123,7 +123,8 @@ def save(root: str | os.PathLike, step: int, state: dict[str, Any], *, write_sha
     :class:`~grpo_dist.trainer.summary.CheckpointSaveError` naming the folder, the error, the space left
     when it is nearly none, and ``newest`` (the run's newest published checkpoint, which is untouched,
     as is everything a resume reads); ``root_key`` is the configuration key of ``root``, for the
-    message. The temporary folder is removed then.
+    message; the message ends with what a rerun of the same command will do (:func:`what_a_rerun_does`
+    with ``resume_settings``, default: resume from ``root``). The temporary folder is removed then.
     """
     tmp = Path(root) / f".global_step_{step}.tmp"
     try:
@@ -142,7 +143,7 @@ def save(root: str | os.PathLike, step: int, state: dict[str, Any], *, write_sha
     kept = f"the previous checkpoints are intact (newest: {newest})" if newest else "no earlier checkpoint of this run exists"
     raise CheckpointSaveError(
         f"could not save the checkpoint of step {step} under {tmp}: {what}{disk}; {kept}. Free space or fix the "
-        f"permissions of {root_key}={root}, then rerun the same command to resume")
+        f"permissions of {root_key}={root}; then {what_a_rerun_does(resume_settings or root)}")
 
 
 def free_bytes(path: str | os.PathLike) -> int | None:
@@ -242,6 +243,26 @@ def problem_with(ckpt: str | os.PathLike, *, checksums: bool = True) -> str | No
     except ValueError:
         return f"its {STATE_FILE} is unreadable"
     return None
+
+
+def what_a_rerun_does(settings: Any) -> str:
+    """What running the same command again will do, from the checkpoints on disk now: resume from step N
+    (the newest checkpoint whose files match its manifest's sizes, as :func:`resume_target` would pick,
+    less the checksums), or start from the beginning. ``settings``: the run's
+    :class:`~grpo_dist.trainer.plan.ResumeSettings` (``default_local_dir``, ``resume_mode``,
+    ``resume_from_path``), or just the checkpoint folder (``resume_mode=auto``)."""
+    if isinstance(settings, (str, os.PathLike)):
+        root, mode, path = Path(settings), "auto", None
+    else:
+        root, mode, path = Path(settings.default_local_dir), settings.resume_mode, settings.resume_from_path
+    if mode == "disable":
+        return "rerun the same command to start from the beginning (trainer.resume_mode=disable reads no checkpoint)"
+    if mode == "resume_path":
+        return f"rerun the same command to resume from trainer.resume_from_path={path} again"
+    for step, ckpt in reversed(step_folders(root)):
+        if problem_with(ckpt, checksums=False) is None:
+            return f"rerun the same command to resume from step {step} ({ckpt}), the newest checkpoint that verifies"
+    return f"this run has no checkpoint in {root} yet: rerun the same command to start from the beginning"
 
 
 def clean_stale_tmp(root: str | os.PathLike) -> None:

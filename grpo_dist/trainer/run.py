@@ -14,6 +14,7 @@ the driver (a damaged checkpoint is reported in seconds); then Ray and the worke
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -65,18 +66,65 @@ def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
     """Train with a validated configuration; ``on_start`` runs once the output directory is this run's
     (its lock taken), before any worker starts (the command line writes Hydra's files there)."""
     from grpo_dist.trainer.plan import launch_plan
-    from grpo_dist.trainer.stop import Interrupted, StopSignal
+    from grpo_dist.trainer.stop import StopSignal
 
     lp = launch_plan(cfg)
     # Installed before anything starts, so that a SIGTERM during start-up ends the run with one message.
-    stop = StopSignal(lp.preemption_grace_s, str(lp.out_dir))
+    stop = StopSignal(lp.preemption_grace_s, str(lp.out_dir), resume_settings=lp.resume)
     stop.install()
     try:
         return _run(cfg, lp, stop, on_start)
-    except Interrupted as exc:
-        return _fail(str(exc), 143)
+    except BaseException as exc:  # what start-up raised before the workers' clean-up took over
+        said = failure_message(exc, stop, lp.resume)
+        if said is None:
+            raise
+        return _fail(*said)
     finally:
         stop.uninstall()
+
+
+def failure_message(exc: BaseException, stop=None, resume_settings=None, *,
+                    starting: bool = False) -> tuple[str, int] | None:
+    """The one message (and exit code) for an error that ended a run, or None for one that is a bug in
+    grpo_dist or a library (its traceback is then the useful report).
+
+    A signal that the run's handler turned into ``Interrupted`` is reported as such whatever came out of
+    the code it interrupted (raised inside Ray's C code, it surfaces as a ``SystemError``). Exit codes:
+    143 a stop on SIGTERM, 130 Ctrl-C, 2 bad input (a ``ValueError``, an output directory in use), 1 any
+    other error of a grpo_dist class (every class grpo_dist defines is one message)."""
+    from grpo_dist.distributed.worker_group import WorkerError
+    from grpo_dist.trainer.stop import Interrupted, StopRequested
+    from grpo_dist.utils.run_lock import RunLockError
+
+    interrupted = getattr(stop, "interrupted", None)
+    if interrupted is not None:
+        return str(interrupted), 143
+    if isinstance(exc, (Interrupted, StopRequested)):
+        return str(exc), 143
+    if isinstance(exc, KeyboardInterrupt):
+        msg = stop.interrupt_message() if stop is not None else "interrupted by SIGINT (Ctrl-C) before the run began"
+        return msg, 130
+    if isinstance(exc, WorkerError):
+        return (worker_failure_message(exc, resume_settings, starting=starting) if resume_settings is not None
+                else str(exc)), 1
+    if isinstance(exc, (ValueError, FileNotFoundError)):
+        if os.environ.get("GRPO_DIST_DEBUG"):
+            return None
+        return f"{exc}\n  (set GRPO_DIST_DEBUG=1 to see the traceback)", 2
+    if isinstance(exc, OSError) and resume_settings is not None:  # the output folder refused a write
+        from grpo_dist.trainer.checkpoint import what_a_rerun_does
+
+        return (f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+                + "\n  the checkpoints already written are intact; fix the file system problem, then "
+                + what_a_rerun_does(resume_settings)), 1
+    if isinstance(exc, Exception) and _defined_here(type(exc)) and not os.environ.get("GRPO_DIST_DEBUG"):
+        return str(exc), 2 if isinstance(exc, RunLockError) else 1
+    return None
+
+
+def _defined_here(cls: type) -> bool:
+    """Whether ``cls`` or a base of it is an exception class grpo_dist defines."""
+    return any(c.__module__.split(".")[0] == "grpo_dist" for c in cls.__mro__)
 
 
 def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
@@ -153,8 +201,7 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         write_timeline,
     )
     from grpo_dist.trainer import build, checkpoint
-    from grpo_dist.trainer.driver import GRPOTrainer, TrainingError
-    from grpo_dist.trainer.stop import StopRequested
+    from grpo_dist.trainer.driver import GRPOTrainer
 
     # The checkpoint to resume from is chosen (and verified) before any worker starts.
     try:
@@ -167,8 +214,17 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
 
     try:
         started_ray = init_ray(**lp.ray_init)
-    except RayStartError as exc:
-        return _fail(str(exc))
+    except BaseException as exc:
+        if stop.interrupted is None:
+            if isinstance(exc, RayStartError):
+                return _fail(str(exc))
+            raise
+        # A SIGTERM while Ray started (init_ray keeps the run's handler): stop what had begun, then say so.
+        try:
+            shutdown_ray()
+        except Exception:
+            pass
+        raise stop.interrupted from None
     stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
     trainer = None
     failure = LastWord()  # said once the workers and Ray are gone: their late log lines come before it
@@ -179,25 +235,14 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         try:
             trainer.start_workers()
         except WorkerError as exc:
-            failure.set(worker_failure_message(exc, out_dir, starting=True))
+            failure.set(*(failure_message(exc, stop, lp.resume, starting=True) or (str(exc), 1)))
         if not failure:
             summary = trainer.fit(resume)
-    except StopRequested as exc:
-        failure.set(str(exc), 143)
-    except TrainingError as exc:
-        failure.set(str(exc))
-    except WorkerError as exc:
-        failure.set(worker_failure_message(exc, out_dir))
-    except (ValueError, FileNotFoundError) as exc:
-        if os.environ.get("GRPO_DIST_DEBUG"):
+    except BaseException as exc:  # noqa: B036 (Ctrl-C and the stop signal too: said once all is shut down)
+        said = failure_message(exc, stop, lp.resume)
+        if said is None:
             raise
-        failure.set(f"{exc}\n  (set GRPO_DIST_DEBUG=1 to see the traceback)", 2)
-    except OSError as exc:  # the output folder refused a write (metrics, the report, a checkpoint's state)
-        failure.set(f"{type(exc).__name__}: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
-                    + f"\n  the checkpoints already written are intact; fix the file system problem, then rerun the "
-                    f"same command to resume from the newest checkpoint in {out_dir} that verifies")
-    except KeyboardInterrupt:
-        failure.set("interrupted", 130)
+        failure.set(*said)
     finally:
         failure.start_clock()
         try:
@@ -225,15 +270,19 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
     return 0
 
 
-def worker_failure_message(exc, out_dir: Path, *, starting: bool = False) -> str:
-    """What a user reads when a worker failed: the failure, then what helps. A rerun resumes past a
-    lost or frozen worker; a fault in code or data (a reward function's bad value, a refused
-    checkpoint, an error raised in a worker) would be met again, so the message says what to fix."""
+def worker_failure_message(exc, resume_settings, *, starting: bool = False) -> str:
+    """What a user reads when a worker failed: the failure, then what helps. A rerun gets past a lost or
+    frozen worker, and the message says what it will do (resume from step N, or start from the
+    beginning: ``resume_settings`` is the run's :class:`~grpo_dist.trainer.plan.ResumeSettings`, or its
+    checkpoint folder); a fault in code or data (a reward function's bad value, a refused checkpoint, an
+    error raised in a worker) would be met again, so the message says what to fix."""
     from grpo_dist.rewards.manager import RewardError
+    from grpo_dist.trainer.checkpoint import what_a_rerun_does
     from grpo_dist.training.errors import UnsafeCheckpointError
 
-    head = f"could not start the workers: {exc}" if starting else str(exc)
-    resume = f"rerun the same command to resume from the newest checkpoint in {out_dir} that verifies"
+    text = without_ray_boilerplate(str(exc))
+    head = f"could not start the workers: {text}" if starting else text
+    resume = what_a_rerun_does(resume_settings)
     if exc.kind == "lost":
         return f"{head}\n  the worker's process or its node died (killed for memory, a crash, a lost node); {resume}"
     if exc.kind == "frozen":
@@ -255,6 +304,18 @@ def worker_failure_message(exc, out_dir: Path, *, starting: bool = False) -> str
                 "names (GRPO_DIST_DEBUG=1 shows the driver's traceback; the worker's own is in Ray's logs under "
                 "/tmp/ray/session_latest/logs)")
     return f"{head}\n  {hint}"
+
+
+# Ray's advice after an actor's death, about its own cluster setup (common causes of a dead worker, its
+# resource-isolation mode): it names nothing of this run and the message says what helps instead.
+_RAY_ADVICE = (re.compile(r"\s*Some common causes include:[^;\n]*"),
+               re.compile(r"[^.;\n]*consider enabling resource isolation[^;\n]*"))
+
+
+def without_ray_boilerplate(text: str) -> str:
+    for pattern in _RAY_ADVICE:
+        text = pattern.sub("", text)
+    return text
 
 
 def save_config(cfg: GRPOConfig, out_dir: Path) -> None:

@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import Callable
+from typing import Any, Callable
 
 from grpo_dist.trainer.summary import TrainingError
 
@@ -59,10 +59,13 @@ class StopSignal:
         margin_s: how long before the end of the grace period the run gives up on a checkpoint, to
             leave time for its clean-up; None: ``min(30 s, grace_s / 10)``.
         clock: seconds, monotonic (tests pass a fake one).
+        resume_settings: the run's :class:`~grpo_dist.trainer.plan.ResumeSettings`: the messages then say
+            what a rerun will do from the checkpoints on disk (resume from step N, or start from the
+            beginning); None: from the checkpoints this object was told of.
     """
 
     def __init__(self, grace_s: float = 0.0, out_dir: str = "", *, margin_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, resume_settings: Any = None) -> None:
         self.grace_s = float(grace_s)
         self.margin_s = min(30.0, self.grace_s / 10) if margin_s is None else float(margin_s)
         self.out_dir, self.clock = out_dir, clock
@@ -73,6 +76,8 @@ class StopSignal:
         self.slowest_step_s = 0.0  # a step's work up to its save (generation ... validation)
         self.slowest_save_s: float | None = None
         self.last_checkpoint: str | None = None
+        self.resume_settings = resume_settings
+        self.interrupted: Interrupted | None = None  # the last Interrupted the handler raised
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
         self._out_of_time = False
@@ -122,7 +127,11 @@ class StopSignal:
 
     # ---- what the training loop reports ----------------------------------------------------------
     def training(self) -> None:
-        """Start-up is over: from now on a SIGTERM waits for the step boundary when it can."""
+        """Start-up is over: from now on a SIGTERM waits for the step boundary when it can. A SIGTERM during
+        start-up whose ``Interrupted`` a library swallowed (raised inside its C code) stops the run here."""
+        if self.phase == "start-up" and self.requested:
+            self._raise(f"stopped on {self.requested} during start-up; no checkpoint was taken; "
+                        f"{self.where_to_resume()}")
         self.phase = "training"
 
     def step_begins(self, step: int) -> None:
@@ -154,6 +163,11 @@ class StopSignal:
         return rest + (self.slowest_save_s or 0.0)
 
     def where_to_resume(self) -> str:
+        """What a rerun of the same command will do."""
+        if self.resume_settings is not None:
+            from grpo_dist.trainer.checkpoint import what_a_rerun_does
+
+            return what_a_rerun_does(self.resume_settings)
         if self.last_checkpoint:
             return f"the newest checkpoint is {self.last_checkpoint}: rerun the same command to resume from it"
         where = f" in {self.out_dir}" if self.out_dir else ""
@@ -164,27 +178,36 @@ class StopSignal:
         if self._out_of_time:
             self._out_of_time = False
             if self.phase == "training":
-                raise Interrupted(
+                self._raise(
                     f"stopped on {self.requested}{self._during()}: trainer.preemption_grace_s={self.grace_s:g} ran "
                     f"out before the step and its checkpoint were done; no checkpoint was taken; "
                     f"{self.where_to_resume()}")
             return
         if self.requested:
-            raise Interrupted(f"stopped on a second {name}{self._during()}; no checkpoint was taken; "
-                              f"{self.where_to_resume()}")
+            self._raise(f"stopped on a second {name}{self._during()}; no checkpoint was taken; "
+                        f"{self.where_to_resume()}")
         self.requested = name
         if self.phase == "start-up":
-            raise Interrupted(f"stopped on {name} during start-up; no checkpoint was taken; {self.where_to_resume()}")
+            self._raise(f"stopped on {name} during start-up; no checkpoint was taken; {self.where_to_resume()}")
         if self.phase != "training" or self.grace_s <= 0:
             return
         budget = self.grace_s - self.margin_s
         need = self.seconds_to_checkpoint()
         if need > budget:
-            raise Interrupted(
+            self._raise(
                 f"stopped on {name}{self._during()}: finishing the step and saving a checkpoint would take about "
                 f"{need:.0f}s, more than trainer.preemption_grace_s={self.grace_s:g} allows; no checkpoint was "
                 f"taken; {self.where_to_resume()}")
         self._arm(max(budget, 0.001))
+
+    def _raise(self, msg: str) -> None:
+        self.interrupted = Interrupted(msg)
+        raise self.interrupted
+
+    def interrupt_message(self) -> str:
+        """The message of a Ctrl-C (SIGINT, ``KeyboardInterrupt``): it stops at once, like a second SIGTERM."""
+        return (f"interrupted by SIGINT (Ctrl-C){self._during()}; no checkpoint was taken; "
+                f"{self.where_to_resume()}")
 
     def _during(self) -> str:
         return f" during step {self.step}" if self.step is not None else ""

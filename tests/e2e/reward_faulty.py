@@ -27,3 +27,8 @@ def huge_when_odd(data_source, solution_str, ground_truth, extra_info=None):
 def returns_string(data_source, solution_str, ground_truth, extra_info=None):
     """A common slip: the score as text."""
     return "1.0" if solution_str.strip() == str(ground_truth) else "0.0"
+
+
+def constant(data_source, solution_str, ground_truth, extra_info=None):
+    """The same score for every response: no group has spread (DAPO's dynamic sampling keeps none)."""
+    return 0.5

@@ -199,6 +199,64 @@ def test_repeated_nonfinite_updates_stop_after_saving(tiny_model_dir, reverse_da
     assert any(r.get("actor/grad_norm_nonfinite_count", 0) > 0 for r in m.values())
 
 
+def test_dynamic_sampling_that_keeps_no_group_is_one_message(tiny_model_dir, reverse_data, tmp_path):
+    """DAPO's filter_groups with a reward that never differs within a group exhausts
+    max_num_gen_batches: one message saying what to change, no traceback, no rerun hint (a rerun would
+    meet the same data)."""
+    args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + LIGHT + [
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=constant",
+        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc",
+        "algorithm.filter_groups.max_num_gen_batches=1"]
+    proc = run_main(args)
+    tail = assert_one_message(proc, "dynamic sampling kept 0 of the 4 prompts", "max_num_gen_batches",
+                              "on_exhausted=train", code=1)
+    assert "rerun the same command" not in tail, tail
+
+
+def test_sigterm_at_any_moment_of_start_up_is_one_message_and_143(tiny_model_dir, reverse_data, tmp_path):
+    """A SIGTERM while Python loads, while Ray starts, and while the driver waits for the workers to start
+    (a signal inside Ray's own wait once ended in a SystemError traceback): exit code 143 and one message
+    each time, saying what a rerun does."""
+    args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 40) + LIGHT
+
+    def ray_started(root: psutil.Process) -> bool:
+        return any(p.name() in ("raylet", "gcs_server") for p in root.children(recursive=True))
+
+    def workers_starting(root: psutil.Process) -> bool:
+        return any(any(c.startswith("ray::") and "IDLE" not in c for c in _cmdline(p))
+                   for p in root.children(recursive=True))
+
+    def loading(root: psutil.Process) -> bool:  # Python loads the modules (main's first lines have run)
+        return time.time() - root.create_time() > 1.0
+
+    moments = {"loading": loading, "ray": ray_started, "workers": workers_starting}
+    for name, ready in moments.items():
+        proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 240
+            root = psutil.Process(proc.pid)
+            while time.time() < deadline and proc.poll() is None:
+                try:
+                    if ready(root):
+                        break
+                except psutil.Error:
+                    pass
+                time.sleep(0.2)
+            assert proc.poll() is None, (name, proc.communicate()[1][-3000:])
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143, (name, err[-3000:])
+        tail = assert_one_message(subprocess.CompletedProcess(args, 143, "", err), "stopped on SIGTERM during start-up")
+        assert "rerun the same command to start" in tail, (name, tail)
+        assert not (tmp_path / "o" / ".grpo_dist.lock").exists(), name  # the run let go of its folder
+
+
 def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_path):
     """A killed actor worker stops the run within two minutes with one message naming the actor and
     saying the same command resumes. That it does (from the newest checkpoint, exactly) is tested on the

@@ -52,10 +52,53 @@ def test_dead_worker_is_lost_and_an_exception_in_it_is_raised_with_its_cause():
     (WorkerError("actor worker rank 0 failed during save_checkpoint: OSError", cause=OSError(28, "No space")), True),
 ])
 def test_rerun_hint_only_where_a_rerun_helps(tmp_path, exc, helps):
+    publish_checkpoint(tmp_path, 2)
     msg = worker_failure_message(exc, tmp_path)
     assert msg.startswith(str(exc))
     assert (RERUN in msg) is helps, msg
     assert exc.rerun_helps is (exc.kind != "raised")
+    if helps:  # what the rerun will do: resume from the newest checkpoint on disk, named
+        assert f"resume from step 2 ({tmp_path / 'global_step_2'})" in msg, msg
+
+
+def publish_checkpoint(out, step: int):
+    tmp = checkpoint.tmp_dir(out, step)
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "shard.bin").write_bytes(b"w" * 64)
+    return checkpoint.publish(out, tmp, step, {"global_step": step}, None)
+
+
+def test_the_rerun_hint_says_what_a_rerun_will_do(tmp_path):
+    """Where no checkpoint exists, a rerun starts over, and the message says so instead of promising a
+    resume; a damaged newest checkpoint is passed over as resume would; resume_mode=disable starts over."""
+    from grpo_dist.trainer.plan import ResumeSettings
+
+    lost = WorkerError("actor worker rank 1 failed during update_policy: ActorDiedError", kind="lost")
+    msg = worker_failure_message(lost, tmp_path)
+    assert RERUN not in msg and f"no checkpoint in {tmp_path} yet: rerun the same command to start from the " \
+        "beginning" in msg, msg
+    publish_checkpoint(tmp_path, 1)
+    (publish_checkpoint(tmp_path, 3) / "actor" / "shard.bin").write_bytes(b"w")  # damaged: sizes differ
+    msg = worker_failure_message(lost, tmp_path)
+    assert f"resume from step 1 ({tmp_path / 'global_step_1'}), the newest checkpoint that verifies" in msg, msg
+    fresh = worker_failure_message(lost, ResumeSettings(str(tmp_path), "disable", None))
+    assert RERUN not in fresh and "start from the beginning (trainer.resume_mode=disable" in fresh, fresh
+
+
+def test_rays_advice_is_left_out_of_a_dead_workers_message(tmp_path):
+    ray_text = ray.exceptions.ActorDiedError().__str__().splitlines()[0]
+    advice = (" Some common causes include: (1) the process was killed by the OOM killer due to high memory usage, "
+              "(2) ray stop --force was called, or (3) the worker crashed unexpectedly due to SIGSEGV or another "
+              "unexpected error. If the process was killed by the kernel OOM killer (verifiable by checking for OOM "
+              "in dmesg of the OOMing node), consider enabling resource isolation via --enable-resource-isolation "
+              "to prevent node deaths by resource contention and significant loss of progress by uninformed kernel "
+              "OOM killing.")
+    exc = WorkerError(f"actor worker rank 0 failed during update_policy: ActorDiedError: {ray_text}{advice}; its "
+                      "process also held the reference", kind="lost")
+    msg = worker_failure_message(exc, tmp_path)
+    assert "resource isolation" not in msg and "common causes" not in msg, msg
+    assert msg.startswith(f"actor worker rank 0 failed during update_policy: ActorDiedError: {ray_text}; its "
+                          "process also held the reference\n"), msg
 
 
 def test_what_to_fix_is_named_for_code_and_data_faults(tmp_path):
@@ -219,3 +262,50 @@ def test_damaged_resume_path_is_refused_before_ray_starts(tiny_model_dir, revers
                         f"trainer.resume_from_path={ckpt}"))
     one_message(capsys.readouterr().err, 2, code, f"trainer.resume_from_path={ckpt} is damaged",
                 "trainer_state.json is missing")
+
+
+def test_sigterm_inside_rays_wait_is_the_stop_message(tiny_model_dir, reverse_data, tmp_path, monkeypatch, capsys):
+    """The handler's exception raised inside Ray's C code comes out as a SystemError chained to it
+    (``<cyfunction CoreWorker.wait> returned a result with an exception set``): still one message, 143."""
+    def wait_like_ray():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        except BaseException as exc:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from exc
+        raise AssertionError("the signal did not stop the start-up")
+
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
+    monkeypatch.setattr(worker_group, "cluster_gpus", wait_like_ray)
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up; no checkpoint was taken",
+                f"this run has no checkpoint in {tmp_path / 'o'} yet: rerun the same command to start from the beginning")
+
+
+def test_ctrl_c_names_what_a_rerun_does(tiny_model_dir, reverse_data, tmp_path, monkeypatch, capsys):
+    from grpo_dist.trainer import driver
+
+    out = tmp_path / "o"
+    publish_checkpoint(out, 1)
+
+    class Trainer:
+        def __init__(self, *args, stop, **kwargs):
+            self.stop = stop
+
+        def start_workers(self):
+            pass
+
+        def fit(self, resume):
+            self.stop.training()
+            self.stop.step_begins(2)
+            raise KeyboardInterrupt
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
+    monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0)
+    monkeypatch.setattr(driver, "GRPOTrainer", Trainer)
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    one_message(capsys.readouterr().err, 130, code, "interrupted by SIGINT (Ctrl-C) during step 2; no checkpoint was "
+                f"taken; rerun the same command to resume from step 1 ({out / 'global_step_1'})")
