@@ -140,8 +140,9 @@ def render_doc() -> str:
         "`+key=value` and `++key=value`); `python -m grpo_dist.main --cfg job` prints the composed configuration.",
         "An unknown key, a value of the wrong type, a refused value or a combination that cannot work stops the run",
         "before any process starts, with a message naming the key. A run prints once, at start-up, every key given a",
-        "value that has no effect here. Keys of verl that are not listed (learned reward models, `reward_model.*` /",
-        "`reward.reward_model.*` beyond what is below, and verl's Megatron-only keys) are refused as unknown keys.",
+        "value that has no effect here. The keys of verl's generated trainer configurations, FSDP and Megatron, are all",
+        "below (the Megatron backend's settings with no effect, as `strategy=megatron` is refused); a key that is not",
+        "listed (a misspelling, a key of another verl version) is refused as an unknown key, naming the nearest ones.",
         "",
     ]
     refused: list[tuple[str, str, str]] = []
