@@ -81,11 +81,11 @@ from grpo_dist.tasks.reverse import DEFAULT_JOB_STEPS
 # --------------------------------------------------------------------------------------------
 SCHEDULE_LENGTH = NoOp("the schedule always spans the run's steps (trainer.total_training_steps, or total_epochs x "
                        "steps per epoch), as verl's trainer writes here")
-ADAMW_ONLY = Refused("the optimizer is torch's AdamW (weight_decay, betas and lr are its settings)")
+ADAMW_ONLY = Refused("optimizers other than torch's AdamW are not built here; weight_decay, betas and lr are AdamW's settings")
 ONE_TIMEOUT = NoOp("one collective timeout, actor_rollout_ref.nccl_timeout, covers every FSDP role here",
                    same_as="actor_rollout_ref.nccl_timeout", otherwise="set actor_rollout_ref.nccl_timeout instead")
 FSDP2_ONLY = NoOp("grpo_dist trains with FSDP2 (fsdp runs as the same sharding)", values=("fsdp", "fsdp2"),
-                  otherwise="use fsdp2 or fsdp (Megatron is not built)")
+                  otherwise="the Megatron backend is not built here; use fsdp2 or fsdp")
 COPY_OF_N = NoOp("verl's copy of actor_rollout_ref.rollout.n", same_as="actor_rollout_ref.rollout.n",
                  otherwise="set actor_rollout_ref.rollout.n instead")
 TEXT_MODELS = NoOp("grpo_dist trains text models: there is no vision tower")
@@ -148,9 +148,9 @@ class DataConfig:
     mm_processor_kwargs: Dict[str, Any] = F({}, "arguments of the multimodal processor", TEXT_ONLY)
     return_multi_modal_inputs: bool = F(True, "keep the processor's multimodal inputs in the batch", TEXT_ONLY)
     tool_config_path: Optional[str] = F(None, "tool definitions for multi-turn rollouts", Refused(
-        "tools are read by multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*); leave it null here"))
+        "tools for multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*) are not built here; leave it null"))
     function_tool_path: Optional[str] = F(None, "Python tools for multi-turn rollouts", Refused(
-        "tools are read by multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*); leave it null here"))
+        "tools for multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*) are not built here; leave it null"))
     custom_cls: CustomClassConfig = custom_class_section(
         "dataset", "write the data in verl's row format (parquet or jsonl with prompt, data_source, reward_model)")
     datagen: CustomClassConfig = custom_class_section(
@@ -439,7 +439,8 @@ class AgentConfig:
     num_workers: int = F(8, "verl's agent-loop workers (any value >= 1)", NoOp(
         "a parallelism knob of verl's async server; single-turn rollouts here run on the rollout ranks' engines"))
     default_agent_loop: str = F("single_turn_agent", "the agent loop", Refused(
-        "only verl's single-turn agent loop is built here (tool_agent needs multi-turn rollouts); use single_turn_agent",
+        "agent loops other than verl's single-turn one (tool_agent needs multi-turn rollouts) are not built here; "
+        "use single_turn_agent",
         accept=("single_turn_agent",)))
     agent_loop_config_path: Optional[str] = F(None, "custom agent loops", off_feature("custom agent loops", "leave it null"))
     custom_async_server: CustomAsyncServerConfig = S(CustomAsyncServerConfig, "a custom async rollout server")

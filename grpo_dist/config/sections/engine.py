@@ -149,7 +149,7 @@ class FSDPEngineKeys:
 
     strategy: str = F("fsdp", "FSDP generation of verl's engine: fsdp | fsdp2", NoOp(
         "grpo_dist always trains with FSDP2 (fsdp is the same sharding)", values=("fsdp", "fsdp2"),
-        otherwise="use fsdp or fsdp2 (Megatron is not built)"))
+        otherwise="the Megatron backend is not built here; use fsdp or fsdp2"))
     forward_prefetch: bool = F(False, "prefetch the next layer's parameters in the forward", FSDP_INTERNAL)
     use_orig_params: bool = F(False, "FSDP1's flat-parameter option", FSDP_INTERNAL)
     fsdp_size: int = F(-1, "ranks per FSDP shard group (-1 = all; else hybrid sharding)", FSDP_INTERNAL)
