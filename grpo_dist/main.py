@@ -165,15 +165,16 @@ def compose_jobs(args):
 
 def print_plans(jobs, full: bool = True) -> int:
     """``--check``: the plan of every job; exit 0 (every job validated already)."""
-    import os
-
     from grpo_dist.config.plan import build_plan
-    from grpo_dist.trainer.build import check_cpu_ranks
+    from grpo_dist.trainer.build import check_cpu_ranks, machine_notes, usable_cores
 
     for job in jobs:
+        notes = []
         try:
             if full:  # the run happens on this machine's files; --check=config may be elsewhere
-                check_cpu_ranks(job.cfg, os.cpu_count())
+                cores = usable_cores(job.cfg)  # the same count and rule as the run (build.check_cpu_resources)
+                check_cpu_ranks(job.cfg, cores)
+                notes = machine_notes(job.cfg, cores)
         except ValueError as exc:
             print(f"grpo_dist: configuration error: {exc}", file=sys.stderr)
             return 2
@@ -181,6 +182,8 @@ def print_plans(jobs, full: bool = True) -> int:
         print(f"grpo_dist --check: {head}: the configuration is valid")
         for line in build_plan(job.cfg, count_rows=full).lines():
             print(f"  {line}")
+        for note in notes:
+            print(f"  note        {note}")
         out = job.cfg.trainer.default_local_dir
         where = "" if out == job.output_dir else f"; Hydra's .hydra/ and log in {job.output_dir}"
         print(f"  output      {out} (checkpoints, metrics{', Hydra' + chr(39) + 's .hydra/ and log' if not where else ''}){where}")

@@ -31,14 +31,19 @@ from grpo_dist.config.sections.engine import (
     DisaggregationConfig,
     FSDPEngineKeys,
     FusedKernelOptions,
+    LayerNameMapConfig,
     LoraConfig,
+    MegatronOptimKeys,
     MTPConfig,
     QATConfig,
     RouterReplayConfig,
     PrometheusConfig,
     TiledMLPConfig,
     TraceConfig,
+    layer_name_map_section,
+    load_weight_field,
     lora_section,
+    megatron_section,
     mtp_section,
     off_feature,
     qat_section,
@@ -46,6 +51,7 @@ from grpo_dist.config.sections.engine import (
 )
 from grpo_dist.config.sections.features import (
     MANAGER_NAME,
+    MANAGER_SOURCE,
     DistillationConfig,
     EarlyRewardManagerConfig,
     RewardCustomFunctionConfig,
@@ -75,9 +81,11 @@ from grpo_dist.tasks.reverse import DEFAULT_JOB_STEPS
 # --------------------------------------------------------------------------------------------
 SCHEDULE_LENGTH = NoOp("the schedule always spans the run's steps (trainer.total_training_steps, or total_epochs x "
                        "steps per epoch), as verl's trainer writes here")
-ADAMW_ONLY = Refused("the optimizer is torch's AdamW (weight_decay, betas and lr are its settings)")
+ADAMW_ONLY = Refused("optimizers other than torch's AdamW are not built here; weight_decay, betas and lr are AdamW's settings")
+ONE_TIMEOUT = NoOp("one collective timeout, actor_rollout_ref.nccl_timeout, covers every FSDP role here",
+                   same_as="actor_rollout_ref.nccl_timeout", otherwise="set actor_rollout_ref.nccl_timeout instead")
 FSDP2_ONLY = NoOp("grpo_dist trains with FSDP2 (fsdp runs as the same sharding)", values=("fsdp", "fsdp2"),
-                  otherwise="use fsdp2 or fsdp (Megatron is not built)")
+                  otherwise="the Megatron backend is not built here; use fsdp2 or fsdp")
 COPY_OF_N = NoOp("verl's copy of actor_rollout_ref.rollout.n", same_as="actor_rollout_ref.rollout.n",
                  otherwise="set actor_rollout_ref.rollout.n instead")
 TEXT_MODELS = NoOp("grpo_dist trains text models: there is no vision tower")
@@ -140,9 +148,9 @@ class DataConfig:
     mm_processor_kwargs: Dict[str, Any] = F({}, "arguments of the multimodal processor", TEXT_ONLY)
     return_multi_modal_inputs: bool = F(True, "keep the processor's multimodal inputs in the batch", TEXT_ONLY)
     tool_config_path: Optional[str] = F(None, "tool definitions for multi-turn rollouts", Refused(
-        "tools are read by multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*); leave it null here"))
+        "tools for multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*) are not built here; leave it null"))
     function_tool_path: Optional[str] = F(None, "Python tools for multi-turn rollouts", Refused(
-        "tools are read by multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*); leave it null here"))
+        "tools for multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*) are not built here; leave it null"))
     custom_cls: CustomClassConfig = custom_class_section(
         "dataset", "write the data in verl's row format (parquet or jsonl with prompt, data_source, reward_model)")
     datagen: CustomClassConfig = custom_class_section(
@@ -203,7 +211,7 @@ class ModelConfig:
 
 
 @dataclass
-class OptimConfig:
+class OptimConfig(MegatronOptimKeys):
     lr: float = F(5e-4, "peak learning rate of AdamW")
     weight_decay: float = F(0.01, "AdamW weight decay")
     betas: List[float] = F([0.9, 0.999], "AdamW betas")
@@ -332,6 +340,8 @@ class ActorConfig:
     profiler: ProfilerConfig = profiler_section("actor")
     qat: QATConfig = qat_section()
     router_replay: RouterReplayConfig = router_replay_section()
+    megatron: Dict[str, Any] = megatron_section("actor")
+    load_weight: bool = load_weight_field("actor")
 
 
 @dataclass
@@ -371,6 +381,8 @@ class RefConfig:
     pad_to_length: bool = F(False, "pad packed sequences to fixed lengths", SPEED_ONLY)
     profiler: ProfilerConfig = profiler_section("reference")
     router_replay: RouterReplayConfig = router_replay_section()
+    megatron: Dict[str, Any] = megatron_section("reference")
+    load_weight: bool = load_weight_field("reference")
 
 
 @dataclass
@@ -427,7 +439,8 @@ class AgentConfig:
     num_workers: int = F(8, "verl's agent-loop workers (any value >= 1)", NoOp(
         "a parallelism knob of verl's async server; single-turn rollouts here run on the rollout ranks' engines"))
     default_agent_loop: str = F("single_turn_agent", "the agent loop", Refused(
-        "only verl's single-turn agent loop is built here (tool_agent needs multi-turn rollouts); use single_turn_agent",
+        "agent loops other than verl's single-turn one (tool_agent needs multi-turn rollouts) are not built here; "
+        "use single_turn_agent",
         accept=("single_turn_agent",)))
     agent_loop_config_path: Optional[str] = F(None, "custom agent loops", off_feature("custom agent loops", "leave it null"))
     custom_async_server: CustomAsyncServerConfig = S(CustomAsyncServerConfig, "a custom async rollout server")
@@ -535,6 +548,7 @@ class RolloutConfig:
                            NoOp("read only with trace.backend set, which is accepted only null here"))
     profiler: ProfilerConfig = profiler_section("rollout")
     mtp: MTPConfig = mtp_section()
+    layer_name_map: LayerNameMapConfig = layer_name_map_section()
     qat: QATConfig = qat_section()
     engine_kwargs: EngineKwargsConfig = S(EngineKwargsConfig, "extra constructor arguments of the rollout engine")
     multi_turn: MultiTurnConfig = S(MultiTurnConfig, "multi-turn (tool-calling) rollouts: not built; accepted only at verl's defaults (off)")
@@ -614,7 +628,7 @@ class CriticModelConfig:
 
 
 @dataclass
-class CriticOptimConfig:
+class CriticOptimConfig(MegatronOptimKeys):
     lr: float = F(1e-5, "peak learning rate of the critic's AdamW")
     weight_decay: float = F(0.01, "AdamW weight decay")
     betas: List[float] = F([0.9, 0.999], "AdamW betas")
@@ -696,6 +710,10 @@ class CriticConfig:
     rollout_n: int = F(II("actor_rollout_ref.rollout.n"), "verl's copy of rollout.n", COPY_OF_N)
     ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel ranks", ULYSSES)
     profiler: ProfilerConfig = profiler_section("critic")
+    nccl_timeout: int = F(II("actor_rollout_ref.nccl_timeout"), "seconds a collective of the critic may wait (verl's Megatron layout)",
+                          ONE_TIMEOUT)
+    megatron: Dict[str, Any] = megatron_section("critic")
+    load_weight: bool = load_weight_field("critic")
 
 
 # --------------------------------------------------------------------------------------------
@@ -779,6 +797,9 @@ class RewardKwargsConfig:
 
 _RM_FSDP_ONLY = NoOp("the reward model is an FSDP2 forward on every rank here, not served by an inference engine")
 _RM_OWN_POOL = Refused("a device pool of the reward model's own is not built here: it shares every rank's device; leave it false")
+_CUSTOM_REWARD_LOOP = off_feature(
+    "loading a custom reward-loop class", "use custom_reward_function.path for a custom score, "
+    "reward_model.reward_manager for naive / prime / dapo")
 _RM_POOL_ONLY = NoOp("read only with a reward-model pool of its own (enable_resource_pool), which is accepted only off here")
 
 
@@ -819,6 +840,13 @@ class RewardModelModelConfig:
         "the reward model's forwards take the padded path, whose scores are the same"))
     override_config: Dict[str, Any] = F({}, "fields set on the reward model's Hugging Face config before it is built")
     fsdp_config: RMFSDPConfig = S(RMFSDPConfig, "FSDP2 settings of the reward model")
+    external_lib: Optional[str] = F(II("actor_rollout_ref.model.external_lib"), "a Python module imported before the reward model is built; default: the policy's", Refused(
+        "importing a module into every worker is not built here; use reward_model.model.trust_remote_code=true for "
+        "model code shipped with the model folder", accept=(None,)))
+    use_shm: bool = F(False, "copy the reward model to shared memory before loading", SPEED_ONLY)
+    use_fused_kernels: bool = F(II("actor_rollout_ref.model.use_fused_kernels"), "verl's fused kernels in the reward model; default: the policy's", NoOp(
+        "the reward model's forward ends in its one-label score head, not in the vocabulary: there are no "
+        "log-probs to fuse"))
 
 
 @dataclass
@@ -904,6 +932,19 @@ class RewardModelConfig:
     on_error: str = F("raise", "a scorer that raises, hangs or returns a non-number: raise (stop, naming the sample) | zero (score 0, counted)")
     overlong_buffer: OverlongBufferConfig = S(OverlongBufferConfig, "DAPO's overlong reward shaping (its recipe's spelling; max_resp_len = data.max_response_length)")
     reward_kwargs: RewardKwargsConfig = S(RewardKwargsConfig, "reward-manager arguments (verl's spelling of the overlong shaping)")
+    reward_loop_source: str = F("register", "where verl's reward loop comes from: register (by reward_manager) | importlib", MANAGER_SOURCE)
+    reward_loop_module_path: Optional[str] = F(None, "Python file of a custom reward loop", _CUSTOM_REWARD_LOOP)
+    reward_loop_class_name: Optional[str] = F(None, "class name of a custom reward loop", _CUSTOM_REWARD_LOOP)
+    launch_reward_fn_async: bool = F(False, "score responses while the old log-probs are computed", NoOp(
+        "scoring runs in parallel scoring processes after the rollout and before the log-prob forwards; the "
+        "scores and the update are the same either way"))
+    sandbox_fusion: SandboxFusionConfig = sandbox_section("verl's early-2026 layout")
+    profiler: ProfilerConfig = profiler_section("reward model")
+    ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel ranks of the reward model", ULYSSES)
+    nccl_timeout: int = F(II("actor_rollout_ref.nccl_timeout"),
+                          "seconds a collective of the reward model may wait (verl's Megatron layout)", ONE_TIMEOUT)
+    megatron: Dict[str, Any] = megatron_section("reward model")
+    load_weight: bool = load_weight_field("reward model")
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,8 @@ def choose_device(name: str, cluster_gpus: float) -> str:
     if name == "auto":
         return "cuda" if cluster_gpus > 0 or torch.cuda.is_available() else "cpu"
     if name == "cuda" and cluster_gpus <= 0:
-        raise ValueError("trainer.device = 'cuda' is not valid here: the Ray cluster has no GPUs; use trainer.device=cpu")
+        raise ValueError("trainer.device = 'cuda' is not valid here: the Ray cluster has no GPUs; run it where the GPUs "
+                         "are (`--check` validates it for them on any machine), or use trainer.device=cpu")
     return name
 
 
@@ -626,24 +628,79 @@ def startup_lines(compute: str, warning: str | None, device: str, world: int, pl
     return lines + ([f"warning: {warning}"] if warning else [])
 
 
-def check_cpu_ranks(cfg: GRPOConfig, cores: int | None) -> None:
-    """A single-machine CPU run starts one training process per rank, each computing with its own
-    threads: more ranks than the machine has cores only oversubscribe them and multiply the memory
-    (64 ranks on 2 cores ran the machine out of memory in minutes). ``ValueError`` naming the keys and
-    the largest setting that fits. Runs on a Ray cluster (``ray_kwargs.ray_init.address``), on GPUs, or
-    with an unknown core count are not checked here."""
+def local_cpu_run(cfg: GRPOConfig) -> bool:
+    """A run on this machine's CPUs: ``trainer.device=cpu`` (or ``auto`` without a GPU here) and no Ray
+    cluster to join (``ray_kwargs.ray_init.address``)."""
     t = cfg.trainer
     on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
-    if not on_cpu or cfg.ray_kwargs.ray_init.address or not cores:
+    return on_cpu and not cfg.ray_kwargs.ray_init.address
+
+
+def usable_cores(cfg: GRPOConfig) -> int | None:
+    """The cores a single-machine run may use: this process's CPU affinity (a batch scheduler or taskset
+    narrows it), else the machine's count; at most ``ray_kwargs.ray_init.num_cpus`` when that is set (the
+    local Ray cluster gets that many). The one count both ``--check`` and the run use."""
+    cores = machine_cores()
+    limit = cfg.ray_kwargs.ray_init.num_cpus
+    if limit:
+        cores = min(cores, int(limit)) if cores else int(limit)
+    return cores
+
+
+def threads_per_rank(cores: int | None, ranks: int) -> int:
+    """Intra-op threads of each rank's processes on a single-machine CPU run: the usable cores shared
+    out evenly (at least one)."""
+    return max(1, (cores or 1) // max(ranks, 1))
+
+
+def worker_threads(cfg: GRPOConfig, device: str, world: int, cluster_cpus: Callable[[], float]) -> int:
+    """Intra-op threads of every worker process: 4 on GPUs (they only launch kernels); on this machine's
+    CPUs the rule ``--check`` applies (:func:`usable_cores`, :func:`threads_per_rank`); on a Ray cluster's
+    CPUs (``ray_kwargs.ray_init.address``) its CPUs shared out over the ranks."""
+    if device != "cpu":
+        return 4
+    if cfg.ray_kwargs.ray_init.address:
+        return max(1, int(cluster_cpus() // max(world, 1)))
+    return threads_per_rank(usable_cores(cfg), world)
+
+
+def check_cpu_ranks(cfg: GRPOConfig, cores: int | None) -> None:
+    """A single-machine CPU run starts one training process per rank, each computing with
+    :func:`threads_per_rank` threads of the ``cores`` usable (:func:`usable_cores`): more ranks than
+    cores would leave a rank less than one core, which only oversubscribes them and multiplies the
+    memory (64 ranks on 2 cores ran the machine out of memory in minutes). ``ValueError`` naming the keys
+    and the largest setting that fits. Runs on a Ray cluster (``ray_kwargs.ray_init.address``), on GPUs,
+    or with an unknown core count are not checked here."""
+    t = cfg.trainer
+    if not local_cpu_run(cfg) or not cores:
         return
     ranks = data_parallel_size(cfg)
     if ranks > cores:
+        gpu_hint = ("; for a GPU cluster, set trainer.device=cuda: `--check` then validates for its GPUs on any machine"
+                    if t.device == "auto" else "")
         raise ValueError(
             f"trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node} = {ranks} CPU ranks, but this "
-            f"machine has {cores} cores: every rank is a training process with its own threads and memory; use at "
-            f"most trainer.n_gpus_per_node={max(1, cores // max(t.nnodes, 1))} here (the batch sizes must stay "
-            "divisible by it), or run on a Ray cluster (ray_kwargs.ray_init.address)"
+            f"machine has {cores} cores this process may use (its CPU affinity): every rank is a training process with at least one "
+            f"thread of its own and its own memory; use at most trainer.n_gpus_per_node={max(1, cores // max(t.nnodes, 1))}"
+            " here (the batch sizes must stay divisible by it), or run on a Ray cluster (ray_kwargs.ray_init.address)"
+            + gpu_hint
         )
+
+
+def machine_notes(cfg: GRPOConfig, cores: int | None) -> list[str]:
+    """What ``--check`` says about this machine besides the plan: the threads of a single-machine CPU run,
+    or, for ``trainer.device=cuda`` on a machine without a GPU, that it checked for the GPUs the
+    configuration names (the run itself must start where they are)."""
+    t = cfg.trainer
+    if local_cpu_run(cfg) and cores:
+        ranks = data_parallel_size(cfg)
+        return [f"{ranks} CPU rank(s) x {threads_per_rank(cores, ranks)} thread(s) on the {cores} core(s) this process "
+                "may use (its CPU affinity)"]
+    if t.device == "cuda" and not torch.cuda.is_available():
+        return [f"this machine has no GPU: checked for the cluster the config names (trainer.nnodes x "
+                f"trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node} GPUs); the run must start where they are "
+                "(on a Ray cluster with GPUs: ray_kwargs.ray_init.address)"]
+    return []
 
 
 # ---- memory of a single-machine CPU run ---------------------------------------------------------
@@ -769,11 +826,9 @@ def check_cpu_resources(cfg: GRPOConfig, model_path: str) -> str | None:
     use (:func:`check_cpu_ranks`) and the memory floor against the memory available
     (:func:`check_cpu_memory`). ``ValueError`` when the run clearly does not fit; a warning (returned)
     when it is close."""
-    cores = machine_cores()
+    cores = usable_cores(cfg)
     check_cpu_ranks(cfg, cores)
-    t = cfg.trainer
-    on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
-    if not on_cpu or cfg.ray_kwargs.ray_init.address:
+    if not local_cpu_run(cfg):
         return None
     critic = model_parameter_count(critic_model_path(cfg, model_path)) if needs_critic(cfg) else None
     return check_cpu_memory(cfg, model_parameter_count(model_path), available_memory_gib(), cores, critic)

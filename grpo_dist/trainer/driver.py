@@ -83,7 +83,7 @@ class GRPOTrainer:
     # ================================================================ set-up / tear-down
     def start_workers(self) -> None:
         world, dev = self.shape.world_size, self.device
-        threads = max(1, int(cluster_cpus() // max(world, 1))) if dev == "cpu" else 4
+        threads = build.worker_threads(self.cfg, dev, world, cluster_cpus)
         self.workers = Workers(RoleContext(self.cfg, dev, self.model_path, self.tokenizer_path, self.total_steps,
                                            world, threads))
         self.workers.start()

@@ -76,6 +76,47 @@ def test_generated_yaml_and_docs_are_in_step():
     assert docgen.main(["--check"]) == 0, "run `python -m grpo_dist.config.docgen`"
 
 
+def _readme_refused_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    assert docgen.README_BEGIN in text and docgen.README_END in text, "the README's refused list is not the generated one"
+    return text[text.index(docgen.README_BEGIN):text.index(docgen.README_END)]
+
+
+def test_the_readmes_refused_list_and_the_reference_come_from_the_key_states():
+    """The README names only features refused by their keys' states, with what to use instead, and the
+    reference's table of refused features holds the same keys."""
+    import re
+
+    from grpo_dist.config.states import state_of
+
+    block = _readme_refused_block()
+    assert block + docgen.README_END == docgen.render_readme_block(), "run `python -m grpo_dist.config.docgen`"
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    table = doc[doc.index("## Features refused here"):doc.index("## Defaults that differ from verl's")]
+    doc_keys = set(re.findall(r"^\| `([^`]+)` \|", table, re.M))
+    named = re.findall(r"\(`([^`]+)`(?: and \d+ more)?\): \S", block)
+    assert len(named) == sum(len(items) for _g, items in docgen.refused_features()) > 40
+    for key in named:
+        assert key in doc_keys, key
+        state = state_of(key.split("=")[0])
+        assert state.kind == "refused" or getattr(state, "refuse", ()) or getattr(state, "otherwise", ""), key
+    # implemented features the README once listed as refused
+    implemented = {"actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.mode",
+                   "actor_rollout_ref.rollout.enable_chunked_prefill", "actor_rollout_ref.rollout.engine_kwargs.vllm",
+                   "trainer.log_val_generations", "trainer.val_only", "reward_model.enable", "reward.reward_model.enable",
+                   "reward_model.model.path"}
+    assert not implemented & {key.split("=")[0] for key in named}
+    # the README's opening sentence names features from the list
+    intro = (ROOT / "README.md").read_text().split("## ", 1)[0]
+    for feature in ("LoRA", "Megatron", "SGLang", "multi-turn", "profil"):
+        assert feature in intro and feature.lower() in block.lower(), feature
+
+
+def test_the_references_header_does_not_call_learned_reward_models_unknown_keys():
+    head = (ROOT / "docs" / "configuration.md").read_text().split("\n## ", 1)[0]
+    assert "unknown key" in head and "learned reward model" not in head and "Megatron-only keys) are refused" not in head
+
+
 def test_every_key_is_documented_in_yaml_with_a_comment():
     text = (ROOT / "conf" / "grpo_trainer.yaml").read_text()
     for key in all_keys():

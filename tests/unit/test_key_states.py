@@ -40,6 +40,72 @@ def test_every_key_has_exactly_one_state_and_the_reference_lists_it():
     assert kinds["honoured"] > 150 and kinds["no-op"] > 300 and kinds["refused"] > 40, kinds
 
 
+def _state_of_verl_key(key: str, table: dict) -> str | None:
+    """The state a verl key name gets here: its own leaf's, or that of the mapping it is an entry of, or (a
+    section verl fills by interpolation, e.g. rollout.mtp) the states of the leaves under it; None: no state."""
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in table:
+            return table[".".join(parts[:i])].kind
+    under = {state.kind for k, state in table.items() if k.startswith(key + ".")}
+    return "/".join(sorted(under)) or None
+
+
+@pytest.mark.parametrize("layout", ["FSDP", "MEGATRON_ONLY"])
+def test_every_key_of_verls_generated_trainer_configs_has_a_state(layout):
+    from tests import verl_keys
+
+    table = {key: state for key, _f, state in leaf_states(GRPOConfig)}
+    names = getattr(verl_keys, layout)
+    assert len(names) > 100
+    missing = [key for key in names if _state_of_verl_key(key, table) is None]
+    assert missing == [], f"verl keys with no state here (refused only as unknown keys): {missing}"
+
+
+@pytest.mark.parametrize("key,kind", [
+    ("reward_model.launch_reward_fn_async", "no-op"), ("reward_model.sandbox_fusion.url", "refused"),
+    ("reward_model.sandbox_fusion.max_concurrent", "no-op"), ("reward_model.sandbox_fusion.memory_limit_mb", "no-op"),
+    ("reward_model.reward_loop_source", "no-op"), ("reward_model.reward_loop_module_path", "refused"),
+    ("reward_model.reward_loop_class_name", "refused"), ("reward_model.profiler.enable", "refused"),
+    ("reward_model.profiler.tool", "no-op"), ("reward_model.ulysses_sequence_parallel_size", "no-op"),
+    ("reward_model.model.external_lib", "refused"), ("reward_model.model.use_shm", "no-op"),
+    ("reward_model.model.use_fused_kernels", "no-op"),
+    ("global_profiler.global_tool_config.nsys.controller_nsight_options.trace", "no-op"),
+    ("global_profiler.global_tool_config.nsys.worker_nsight_options.capture-range", "no-op"),
+    ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "no-op"), ("critic.optim.lr_decay_style", "no-op"),
+])
+def test_verls_reward_model_and_profiler_keys_have_the_state_of_their_neighbours(key, kind):
+    table = {k: state for k, _f, state in leaf_states(GRPOConfig)}
+    assert _state_of_verl_key(key, table) == kind
+
+
+@pytest.mark.parametrize("override,needles", [
+    ("reward_model.reward_loop_source=importlib", ["reward_loop_source", "'importlib'", "custom_reward_function.path"]),
+    ("reward_model.reward_loop_module_path=/x.py", ["reward_loop_module_path", "custom_reward_function.path"]),
+    ("reward_model.sandbox_fusion.url=http://x", ["reward_model.sandbox_fusion.url", "custom_reward_function"]),
+    ("reward_model.profiler.enable=true", ["reward_model.profiler.enable", "timing_s"]),
+    ("reward_model.model.external_lib=mylib", ["reward_model.model.external_lib", "trust_remote_code"]),
+    ("critic.nccl_timeout=60", ["critic.nccl_timeout", "actor_rollout_ref.nccl_timeout"]),
+])
+def test_verls_reward_model_keys_refuse_with_what_to_use_instead(override, needles):
+    msg = refused(override)
+    assert msg.startswith(override.split("=")[0])
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def test_verls_reward_model_and_megatron_knobs_are_accepted_and_noted():
+    cfg = load("reward_model.launch_reward_fn_async=true", "reward_model.sandbox_fusion.max_concurrent=8",
+               "reward_model.ulysses_sequence_parallel_size=2", "reward_model.model.use_shm=true",
+               "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "critic.optim.lr_decay_style=cosine",
+               "actor_rollout_ref.nccl_timeout=900")
+    notes = noop_notes(cfg)
+    assert len(notes) == 6, notes
+    assert any(n.startswith("reward_model.launch_reward_fn_async") and "scores" in n for n in notes)
+    assert any(n.startswith("actor_rollout_ref.actor.megatron") and "Megatron" in n for n in notes)
+    assert cfg.critic.nccl_timeout == 900 and cfg.reward_model.nccl_timeout == 900  # verl's copies follow the one timeout
+
+
 def test_states_that_accept_only_the_default_have_plain_defaults():
     """A refused key is accepted at its default: that default must be a value, not an interpolation."""
     for key, f, state in leaf_states(GRPOConfig):

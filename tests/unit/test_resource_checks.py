@@ -110,3 +110,53 @@ def test_parameter_count_from_safetensors_headers(tmp_path):
     save_file({"c": torch.zeros(2, 2, 2)}, str(tmp_path / "model-2.safetensors"))
     assert model_parameter_count(str(tmp_path)) == 12 + 5 + 8
     assert model_parameter_count(str(tmp_path / "nothing")) is None
+
+
+# ---- one rule for --check and the run: usable cores (CPU affinity) and threads per rank ---------------------
+def test_check_and_run_count_the_cores_of_the_cpu_affinity(monkeypatch):
+    """A batch scheduler or taskset narrows the cores a process may use; --check and the run both count
+    those (not the machine's), and the run's threads per rank come from the same count."""
+    import os
+
+    from grpo_dist import main as main_mod
+    from grpo_dist.trainer import build
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(build.torch.cuda, "is_available", lambda: False)
+    too_many = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=4")
+    assert build.usable_cores(too_many) == 2
+    with pytest.raises(ValueError, match=r"= 4 CPU ranks, but this machine has 2 cores this process may use"):
+        build.check_cpu_resources(too_many, "unused")  # the run's check
+
+    class Job:  # what --check prints the plan of
+        cfg, sweep, num, label, output_dir = too_many, None, 0, "", too_many.trainer.default_local_dir
+
+    assert main_mod.print_plans([Job()], full=True) == 2  # --check refuses it too
+    fits = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2")
+    assert build.worker_threads(fits, "cpu", 2, cluster_cpus=lambda: 64) == 1  # 2 cores / 2 ranks, not 64 / 2
+    assert build.worker_threads(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=1"), "cpu", 1, lambda: 64) == 2
+    limited = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_cpus=1")
+    with pytest.raises(ValueError, match="has 1 cores this process may use"):
+        build.check_cpu_ranks(limited, build.usable_cores(limited))
+
+
+def test_check_on_a_machine_without_gpus_validates_a_gpu_config_for_its_cluster(monkeypatch, capsys):
+    """`--check` of a GPU launch script on a laptop or a login node: trainer.device=cuda is checked for the
+    GPUs the config names, with a note; the auto device refuses CPU ranks it cannot hold, saying so."""
+    from grpo_dist.main import main
+    from grpo_dist.trainer import build
+
+    monkeypatch.setattr(build.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(build, "machine_cores", lambda: 2)
+    gpu = ["--check", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", "data.train_batch_size=64"]
+    assert main(gpu + ["trainer.device=cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "the configuration is valid" in out
+    assert "this machine has no GPU: checked for the cluster the config names" in out and "2 x 8 GPUs" in out
+    assert main(gpu) == 2  # trainer.device=auto: CPU ranks here
+    err = capsys.readouterr().err
+    assert "16 CPU ranks" in err and "trainer.device=cuda" in err and "--check` then validates for its GPUs" in err
+    # a real run of trainer.device=cuda where Ray has no GPUs: one message
+    with pytest.raises(ValueError, match="the Ray cluster has no GPUs; run it where the GPUs are"):
+        build.choose_device("cuda", 0)

@@ -5,7 +5,8 @@ grpo_dist trains with FSDP2 (``fully_shard`` on every decoder layer, then the wh
 computes log-probs and entropy in chunks with a closed-form backward (``core/logprobs.py``); knobs
 that only change how verl's engines reach the same numbers have no effect here, for every value.
 Features that would change the training (LoRA, QAT, MTP, router replay, verl's other FSDP engine)
-are accepted only off.
+are accepted only off. The keys only verl's Megatron backend reads (``<role>.megatron``, its optimizer's
+schedule keys, ``load_weight``, ``rollout.layer_name_map``) have no effect: that backend is refused.
 """
 
 from __future__ import annotations
@@ -39,6 +40,47 @@ UNUSED_WITHOUT = "read only when {0} is on, which is accepted only off here"
 
 def off_feature(what: str, instead: str) -> Refused:
     return Refused(f"{what} is not built here; {instead}")
+
+
+# ---- verl's Megatron backend (its ppo_megatron_trainer layout) ---------------------------------------------
+# strategy=megatron is refused (FSDP2_ONLY in schema.py); the keys only that backend reads have no effect.
+MEGATRON_ONLY = NoOp(UNUSED_WITHOUT.format("verl's Megatron backend (strategy=megatron)"))
+
+
+def megatron_section(role: str) -> Any:
+    """``<role>.megatron``: verl's Megatron engine settings, a mapping (any of its keys has no effect here)."""
+    return F({}, f"verl's Megatron engine settings of the {role} (tensor/pipeline parallel sizes, ...)", MEGATRON_ONLY)
+
+
+def load_weight_field(role: str) -> Any:
+    return F(True, f"verl's Megatron engine: load the {role}'s weights from its Hugging Face folder", MEGATRON_ONLY)
+
+
+@dataclass
+class MegatronOptimKeys:
+    """The learning-rate keys of verl's Megatron optimizer (``McoreOptimizerConfig``), shared by the actor's
+    and the critic's ``optim``; the FSDP2 optimizer's schedule is lr_scheduler_type / lr_warmup_steps(_ratio) /
+    min_lr_ratio."""
+
+    lr_warmup_init: float = F(0.0, "Megatron optimizer: learning rate at the start of the warm-up", MEGATRON_ONLY)
+    lr_decay_steps: Optional[int] = F(None, "Megatron optimizer: steps of the decay", MEGATRON_ONLY)
+    lr_decay_style: str = F("constant", "Megatron optimizer: decay schedule", MEGATRON_ONLY)
+    min_lr: float = F(0.0, "Megatron optimizer: lowest learning rate", MEGATRON_ONLY)
+    weight_decay_incr_style: str = F("constant", "Megatron optimizer: weight-decay schedule", MEGATRON_ONLY)
+    lr_wsd_decay_style: str = F("exponential", "Megatron optimizer: decay of the warmup-stable-decay schedule", MEGATRON_ONLY)
+    lr_wsd_decay_steps: Optional[int] = F(None, "Megatron optimizer: decay steps of that schedule", MEGATRON_ONLY)
+    use_checkpoint_opt_param_scheduler: bool = F(False, "Megatron optimizer: take the schedule from the checkpoint",
+                                                 MEGATRON_ONLY)
+
+
+@dataclass
+class LayerNameMapConfig:
+    qkv_layer_name: str = F("qkv", "Megatron layer name of the fused attention projection")
+    gate_proj_layer_name: str = F("gate_up", "Megatron layer name of the fused gate/up projection")
+
+
+def layer_name_map_section() -> Any:
+    return S(LayerNameMapConfig, "names of verl's Megatron layers in the weight transfer to the rollout", MEGATRON_ONLY)
 
 
 # ---- FSDP engine internals ---------------------------------------------------------------------
@@ -110,7 +152,7 @@ class FSDPEngineKeys:
 
     strategy: str = F("fsdp", "FSDP generation of verl's engine: fsdp | fsdp2", NoOp(
         "grpo_dist always trains with FSDP2 (fsdp is the same sharding)", values=("fsdp", "fsdp2"),
-        otherwise="use fsdp or fsdp2 (Megatron is not built)"))
+        otherwise="the Megatron backend is not built here; use fsdp or fsdp2"))
     forward_prefetch: bool = F(False, "prefetch the next layer's parameters in the forward", FSDP_INTERNAL)
     use_orig_params: bool = F(False, "FSDP1's flat-parameter option", FSDP_INTERNAL)
     fsdp_size: int = F(-1, "ranks per FSDP shard group (-1 = all; else hybrid sharding)", FSDP_INTERNAL)
