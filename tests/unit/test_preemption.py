@@ -128,7 +128,7 @@ def test_signal_while_a_worker_call_is_pending_names_it_and_its_deadline_at_once
                         r"\(by \d\d:\d\d:\d\d, within trainer.preemption_grace_s=300\); now waiting for rollout "
                         r"worker rank 0's wake_up \(deadline \d\d:\d\d:\d\d, in 5[12] s\)", line), out
     # no limit, no worker call pending: said too
-    unlimited = installed(0, "/runs/y")
+    unlimited = StopSignal(0, "/runs/y")  # not installed: its handler is called directly
     run_steps(unlimited, Clock(), [10.0])
     unlimited.step_begins(2)
     unlimited._handle(signal.SIGTERM, None)
