@@ -1023,10 +1023,16 @@ class TrainerConfig:
     )
     worker_call_timeout_s: float = F(
         1800.0,
-        "a worker call that takes longer than max(this, worker_call_timeout_factor x the slowest such call so far) "
-        "stops the run naming the worker (a frozen or deadlocked process); 0 = no deadline",
+        "deadline of the first call of each worker method (it may load a model, compile, warm up); a worker that "
+        "misses a deadline stops the run naming it (a frozen or deadlocked process); later calls: "
+        "worker_call_timeout_min_s / _factor; 0 = no deadlines at all",
     )
-    worker_call_timeout_factor: float = F(10.0, "see worker_call_timeout_s")
+    worker_call_timeout_factor: float = F(
+        10.0, "a later call of a worker method may take this many times the slowest such call so far (at least "
+        "worker_call_timeout_min_s)")
+    worker_call_timeout_min_s: float = F(
+        60.0, "the shortest deadline of a later call of a worker method: how long a worker may not answer a fast "
+        "call (a busy machine, a pause) before it is named as frozen")
     preemption_grace_s: float = F(
         300.0,
         "seconds between SIGTERM and the scheduler's kill (Slurm: --signal=B:TERM@N; Kubernetes: "

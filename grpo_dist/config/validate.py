@@ -446,6 +446,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     _validate_verl_extras(cfg)
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
+    _positive("trainer.worker_call_timeout_min_s", tr.worker_call_timeout_min_s)
     _positive("trainer.preemption_grace_s", tr.preemption_grace_s, allow_zero=True)
 
     # --- choices -----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Any, Callable, Sequence
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from grpo_dist.distributed.waiting import Waiting
 
 
 class WorkerError(RuntimeError):
@@ -153,21 +156,78 @@ def classify(exc: BaseException) -> tuple[str, BaseException | None]:
     return "raised", cause
 
 
-def where_actor_runs(handle: Any) -> str:
-    """``node 10.0.0.3 (Ray node 3f2a9c1d0e4b), pid 1234`` for an actor handle, from Ray's actor table
-    (no call to the actor itself, which may be the one not answering); ``an unknown node`` when Ray
-    cannot say."""
+def _actor_address(handle: Any) -> tuple[str | None, str | None, int | None] | None:
+    """(ip, Ray node id, pid) of an actor from Ray's actor table (no call to the actor itself, which
+    may be the one not answering); None when Ray cannot say."""
     try:
         from ray._private import state
 
         info = state.actors(actor_id=handle._actor_id.hex())
         addr = info.get("Address") or {}
-        ip, node, pid = addr.get("IPAddress"), addr.get("NodeID"), info.get("Pid")
+        return addr.get("IPAddress"), addr.get("NodeID"), info.get("Pid")
     except Exception:
+        return None
+
+
+def where_actor_runs(handle: Any) -> str:
+    """``node 10.0.0.3 (Ray node 3f2a9c1d0e4b), pid 1234`` for an actor handle, from Ray's actor table;
+    ``an unknown node`` when Ray cannot say."""
+    found = _actor_address(handle)
+    if found is None:
         return "an unknown node"
+    ip, node, pid = found
     if not ip and not node:
         return "an unknown node (not placed yet)"
     return f"node {ip or '?'} (Ray node {str(node)[:12]})" + (f", pid {pid}" if pid else "")
+
+
+_STATES = {
+    "T": "stopped by a signal: state T",
+    "t": "stopped by a debugger: state t",
+    "R": "running: state R (busy: a loop that does not end, or slower than allowed)",
+    "S": "sleeping: state S (waiting: a lock, a socket, a peer in a collective)",
+    "D": "in uninterruptible I/O: state D (a slow or hung disk or network file system)",
+    "I": "idle: state I",
+}
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of a process of this machine (``/proc/<pid>/stat``: R, S, D, T, ...), ``?`` when
+    it exists but its state cannot be read, None when it is gone (or a zombie: it has exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc here: whether it exists is still known
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "?"
+    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+    return None if state in ("Z", "X", "x") else state
+
+
+def probe(handle: Any) -> tuple[str, str]:
+    """Whether an actor's process is alive: (``"alive"`` | ``"gone"`` | ``"unknown"``, what was seen),
+    e.g. ``("alive", "stopped by a signal: state T; node 127.0.0.1 (Ray node 3f2a9c1d0e4b), pid 1234")``.
+    Only a process on the driver's node can be checked (its pid in Ray's actor table, then ``/proc``);
+    one on another node is ``"unknown"``, never called dead."""
+    where = where_actor_runs(handle)
+    found = _actor_address(handle)
+    pid = found[2] if found else None
+    try:
+        here = ray.get_runtime_context().get_node_id()
+    except Exception:
+        here = None
+    if not pid or not found[1] or found[1] != here:
+        return "unknown", f"{where}: on another node, whether its process is alive cannot be checked from here"
+    state = process_state(int(pid))
+    if state is None:
+        return "gone", f"its process has exited; {where}"
+    return "alive", f"{_STATES.get(state, f'state {state}')}; {where}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -182,26 +242,51 @@ def _describe(exc: BaseException) -> str:
 
 
 class CallDeadlines:
-    """How long a worker call may take: ``max(floor_s, factor x the slowest finished call of the same
-    method so far)``. A worker that is alive but does not answer (frozen, stopped, deadlocked) is
-    named instead of blocking the driver forever. ``floor_s <= 0`` disables the deadlines."""
+    """How long a worker call may take, per method (and label) of one role.
 
-    def __init__(self, floor_s: float, factor: float) -> None:
-        self.floor_s, self.factor = float(floor_s), float(factor)
+    * The first call of a method gets ``first_s`` (``trainer.worker_call_timeout_s``): it may load a
+      model, compile, warm caches up, and nothing is known yet of how long the method takes.
+    * Every later call gets ``max(min_s, factor x the slowest later call so far)``
+      (``trainer.worker_call_timeout_min_s`` and ``trainer.worker_call_timeout_factor``); until a later
+      call has finished, the first call's time stands in. The first call's warm-up is not counted
+      otherwise, so a slow first call does not stretch every deadline after it.
+
+    So a worker that stops answering a fast call is named within about ``min_s`` instead of
+    ``first_s``. ``label`` (:meth:`Workers.calls_labelled <grpo_dist.trainer.roles.Workers>`) sets
+    calls apart whose size differs from the training step's (validation): ``generate (validation)``
+    has deadlines of its own. ``first_s <= 0`` disables the deadlines.
+    """
+
+    def __init__(self, first_s: float, factor: float, min_s: float = 60.0) -> None:
+        self.floor_s, self.factor, self.min_s = float(first_s), float(factor), float(min_s)
+        self.first: dict[str, float] = {}
         self.slowest: dict[str, float] = {}
+        self.label: str | None = None
 
-    def limit(self, method: str) -> float | None:
+    def key(self, method: str) -> str:
+        """The name calls of ``method`` are timed and reported under (``generate (validation)``)."""
+        return f"{method} ({self.label})" if self.label else method
+
+    def limit(self, key: str) -> float | None:
         if self.floor_s <= 0:
             return None
-        return max(self.floor_s, self.factor * self.slowest.get(method, 0.0))
+        if key not in self.first:
+            return self.floor_s
+        return max(self.min_s, self.factor * self.slowest.get(key, self.first[key]))
 
-    def record(self, method: str, seconds: float) -> None:
-        self.slowest[method] = max(seconds, self.slowest.get(method, 0.0))
+    def record(self, key: str, seconds: float) -> None:
+        if key not in self.first:
+            self.first[key] = seconds
+        else:
+            self.slowest[key] = max(seconds, self.slowest.get(key, 0.0))
 
-    def explain(self, method: str) -> str:
-        return (f"the deadline is max(trainer.worker_call_timeout_s={self.floor_s:.0f}, "
-                f"trainer.worker_call_timeout_factor={self.factor:g} x the slowest {method} so far, "
-                f"{self.slowest.get(method, 0.0):.1f}s)")
+    def explain(self, key: str) -> str:
+        if key not in self.first:
+            return (f"the deadline of a first {key} call, which may load and warm up, is "
+                    f"trainer.worker_call_timeout_s={self.floor_s:g}")
+        return (f"the deadline of a later {key} call is max(trainer.worker_call_timeout_min_s={self.min_s:g}, "
+                f"trainer.worker_call_timeout_factor={self.factor:g} x the slowest {key} so far, "
+                f"{self.slowest.get(key, self.first[key]):.1f}s)")
 
 
 class WorkerGroup:
@@ -281,42 +366,73 @@ class WorkerGroup:
         return refs
 
     def collect(self, refs: list, what: str, timeout_s: float | None = None) -> list:
-        """Wait for every rank's result; fail fast (naming the rank) on the first error."""
+        """Wait for every rank's result; fail fast (naming the rank) on the first error. While it
+        waits, :func:`grpo_dist.distributed.waiting.now` names the ranks still pending and the deadline."""
         pending = {ref: i for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while pending:
-            wait_s = 5.0 if deadline is None else max(0.0, min(5.0, deadline - time.monotonic()))
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
-            for ref in done:
-                i = pending.pop(ref)
-                try:
-                    results[i] = ray.get(ref)
-                except Exception as exc:  # RayActorError, RayTaskError, ...
-                    kind, cause = classify(exc)
-                    note = ""
-                    if kind == "raised":
-                        # A rank whose peer died fails too (its collective breaks), often first: the
-                        # dead peer is the failure to name, and a rerun helps.
-                        peer = self._lost_peer(pending, deadline)
-                        if peer is not None:
-                            (i, exc), kind, cause = peer, "lost", None
-                        elif broken_link(cause):
-                            kind, cause, note = "lost", None, BROKEN_LINK_NOTE
-                    if kind == "lost":
-                        note += self._shared_note()
+        with Waiting(lambda: self._who_of(sorted(pending.values())), what, deadline):
+            while pending:
+                wait_s = 5.0 if deadline is None else max(0.0, min(5.0, deadline - time.monotonic()))
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+                for ref in done:
+                    i = pending.pop(ref)
+                    try:
+                        results[i] = ray.get(ref)
+                    except Exception as exc:  # RayActorError, RayTaskError, ...
+                        _ABANDONED.extend(pending)
+                        raise self._failed(i, exc, what, pending, deadline) from None
+                if deadline is not None and time.monotonic() > deadline and pending:
                     _ABANDONED.extend(pending)
-                    raise WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}{note}",
-                                      kind=kind, cause=cause) from None
-            if deadline is not None and time.monotonic() > deadline and pending:
-                stuck = sorted(pending.values())
-                ranks = [self.ranks[i] for i in stuck]
-                who = f"{self.role} worker" if self.single else f"{self.role} worker rank(s) {ranks}"
-                hint = f" ({self.deadlines.explain(what)})" if self.deadlines is not None else ""
-                where = "; ".join(f"rank {self.ranks[i]} on {where_actor_runs(self.workers[i])}" for i in stuck[:4])
-                raise WorkerError(f"{who} did not finish {what} within {timeout_s:.0f}s{hint}: frozen, "
-                                  f"or slower than allowed ({where}){self._shared_note()}", kind="frozen")
+                    raise self._not_answering(sorted(pending.values()), what, timeout_s)
         return results
+
+    def _failed(self, i: int, exc: BaseException, what: str, pending: dict, deadline: float | None) -> WorkerError:
+        """The error for rank index ``i``'s failed call (see :class:`WorkerError` for the kinds)."""
+        kind, cause = classify(exc)
+        note = ""
+        if isinstance(exc, ray.exceptions.ActorUnavailableError):
+            # Ray's keepalive gave up on the actor: it may be stopped or swapping, not dead
+            status, seen = probe(self.workers[i])
+            if status == "alive":
+                return WorkerError(f"{self._who(i)} is frozen: its process is alive but did not answer {what} "
+                                   f"(Ray reports it unavailable) ({seen}){self._shared_note()}", kind="frozen")
+            if status == "unknown":
+                return WorkerError(f"{self._who(i)} did not answer {what}: Ray reports it unavailable ({seen})"
+                                   f"{self._shared_note()}", kind="frozen")
+        if kind == "raised":
+            # A rank whose peer died fails too (its collective breaks), often first: the
+            # dead peer is the failure to name, and a rerun helps.
+            peer = self._lost_peer(pending, deadline)
+            if peer is not None:
+                (i, exc), kind, cause = peer, "lost", None
+            elif broken_link(cause):
+                kind, cause, note = "lost", None, BROKEN_LINK_NOTE
+        if kind == "lost":
+            note += self._shared_note()
+        return WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}{note}", kind=kind, cause=cause)
+
+    def _not_answering(self, stuck: list[int], what: str, timeout_s: float | None) -> WorkerError:
+        """The error for ranks (indices ``stuck``) that did not answer ``what`` within its deadline:
+        frozen when a process is alive (named first: the one stopped by a signal, if any), lost when
+        every process is gone, and only "did not answer" for processes on other nodes."""
+        seen = [(i, *probe(self.workers[i])) for i in stuck]
+        order = {"alive": 0, "unknown": 1, "gone": 2}
+        seen.sort(key=lambda s: (order[s[1]], "stopped by" not in s[2]))
+        (i, status, detail), others = seen[0], seen[1:]
+        within = f"within {timeout_s:.0f}s" if timeout_s is not None else ""
+        hint = f" ({self.deadlines.explain(what)})" if self.deadlines is not None else ""
+        kind = "frozen"
+        if status == "alive":
+            head = f"{self._who(i)} is frozen: its process is alive but did not answer {what} {within} ({detail})"
+        elif status == "unknown":
+            head = f"{self._who(i)} did not answer {what} {within} ({detail}): frozen, cut off, or slower than allowed"
+        else:
+            kind = "lost"
+            head = f"{self._who(i)} failed during {what}: it did not answer {within} and {detail}"
+        more = "".join(f"; rank {self.ranks[j]} did not answer either ({status_j}: {d})"
+                       for j, status_j, d in others[:3])
+        return WorkerError(f"{head}{more}{hint}{self._shared_note()}", kind=kind)
 
     def _lost_peer(self, pending: dict, deadline: float | None) -> tuple[int, BaseException] | None:
         """(index, exception) of a rank among ``pending`` that turns out lost within
@@ -344,16 +460,22 @@ class WorkerGroup:
     def _who(self, index: int) -> str:
         return f"{self.role} worker" if self.single else f"{self.role} worker rank {self.ranks[index]}"
 
+    def _who_of(self, indices: list[int]) -> str:
+        if self.single or len(indices) == 1:
+            return self._who(indices[0]) if indices else f"{self.role} worker"
+        return f"{self.role} worker ranks {[self.ranks[i] for i in indices]}"
+
     def call(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None,
              timeout_s: float | None = None, **kwargs: Any) -> list:
         """``method`` on every rank, waiting at most ``timeout_s`` (default: the group's deadline for
         ``method``); ``WorkerError`` naming the ranks that did not answer."""
+        what = method if self.deadlines is None else self.deadlines.key(method)
         if timeout_s is None and self.deadlines is not None:
-            timeout_s = self.deadlines.limit(method)
+            timeout_s = self.deadlines.limit(what)
         t0 = time.monotonic()
-        out = self.collect(self.submit(method, *args, per_rank=per_rank, **kwargs), method, timeout_s)
+        out = self.collect(self.submit(method, *args, per_rank=per_rank, **kwargs), what, timeout_s)
         if self.deadlines is not None:
-            self.deadlines.record(method, time.monotonic() - t0)
+            self.deadlines.record(what, time.monotonic() - t0)
         return out
 
     def kill(self) -> None:

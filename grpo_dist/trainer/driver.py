@@ -238,11 +238,12 @@ class GRPOTrainer:
     def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
         """Scores of the validation set by the verifier (:func:`grpo_dist.trainer.validation.validate`)."""
         p = self.plan
-        return validation.validate(
-            self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],
-            score=lambda batch: self.rewards.score(batch, token_level=False)[0], batch_size=p.val_batch_size,
-            n=self.val_sampling.n, tokenizer=self.tokenizer, log_generations=p.log_val_generations, tracker=tracker,
-            step=self.global_step)
+        with self.workers.calls_labelled("validation"):  # its calls' sizes are not the step's: own deadlines
+            return validation.validate(
+                self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],
+                score=lambda batch: self.rewards.score(batch, token_level=False)[0], batch_size=p.val_batch_size,
+                n=self.val_sampling.n, tokenizer=self.tokenizer, log_generations=p.log_val_generations,
+                tracker=tracker, step=self.global_step)
 
     def validate_only(self, tracker: Tracker) -> RunSummary:
         """``trainer.val_only`` (verl): validate the resumed checkpoint (else the initial model), log, stop."""

@@ -16,9 +16,10 @@ model with ``init_model``; a rank's models share the rank's torch.distributed pr
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
@@ -252,13 +253,26 @@ class Workers:
         self.pgs: list = []
         t = ctx.cfg.trainer
         self.resources = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
-        self._timeouts = (t.worker_call_timeout_s, t.worker_call_timeout_factor)
+        self._timeouts = (t.worker_call_timeout_s, t.worker_call_timeout_factor, t.worker_call_timeout_min_s)
         self.model_notes: dict[str, str] = {}
         """Per role, the line its workers' ``init_model`` returned (the auto memory choices)."""
 
     def _deadlines(self) -> CallDeadlines:
-        """Each group's own call deadlines (``trainer.worker_call_timeout_s`` / ``_factor``)."""
+        """Each group's own call deadlines (``trainer.worker_call_timeout_s`` / ``_factor`` / ``_min_s``)."""
         return CallDeadlines(*self._timeouts)
+
+    @contextmanager
+    def calls_labelled(self, label: str) -> Iterator[None]:
+        """Inside, every group's calls are timed under ``<method> (<label>)``: calls of another size
+        than the training step's (validation over the whole held-out set) get deadlines of their own."""
+        labelled = [g.deadlines for g in self.groups.values() if g.deadlines is not None]
+        for d in labelled:
+            d.label = label
+        try:
+            yield
+        finally:
+            for d in labelled:
+                d.label = None
 
     def __getitem__(self, name: str) -> WorkerGroup:
         return self.groups[name]

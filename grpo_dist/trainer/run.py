@@ -286,8 +286,9 @@ def worker_failure_message(exc, resume_settings, *, starting: bool = False) -> s
     if exc.kind == "lost":
         return f"{head}\n  the worker's process or its node died (killed for memory, a crash, a lost node); {resume}"
     if exc.kind == "frozen":
-        return (f"{head}\n  {resume}; if the call is only slow (a large model, a busy machine), raise "
-                "trainer.worker_call_timeout_s first")
+        return (f"{head}\n  {resume}; if the call is only slow (a large model, a busy machine), raise the key the "
+                "deadline above names (trainer.worker_call_timeout_s for a first call, "
+                "trainer.worker_call_timeout_min_s or _factor for a later one)")
     cause = exc.cause
     if isinstance(cause, RewardError):
         hint = ("the reward function is at fault, not the machine (a rerun would meet the same sample again): fix it "

@@ -14,6 +14,10 @@ The handler is installed when the run starts, before Ray, the trainer or any wor
   see :mod:`grpo_dist.trainer.checkpoint`).
 * a second SIGTERM stops at once.
 
+A SIGTERM whose stop waits for the step boundary prints one line at once: until when, and which worker
+call the run is waiting for now with its deadline (:mod:`grpo_dist.distributed.waiting`), so that a
+worker that does not answer is named before its deadline passes.
+
 Stopping "at once" raises :class:`Interrupted` (a ``BaseException``, like ``KeyboardInterrupt``, so
 no library's ``except Exception`` swallows it) in the driver's main thread; the run's clean-up (stop
 the workers, shut Ray down) still happens. The grace period ends ``margin_s`` before the scheduler's
@@ -28,12 +32,15 @@ Slurm to send SIGTERM ``trainer.preemption_grace_s`` seconds before the time lim
 from __future__ import annotations
 
 import _thread
+import os
 import signal
+import sys
 import threading
 import time
 from types import FrameType
 from typing import Any, Callable
 
+from grpo_dist.distributed import waiting
 from grpo_dist.trainer.summary import TrainingError
 
 __all__ = ["Interrupted", "StopRequested", "StopSignal"]
@@ -81,6 +88,8 @@ class StopSignal:
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
         self._out_of_time = False
+        self.waiting_for: Callable[[], str | None] = waiting.now
+        """What the run waits for now (a worker call and its deadline), named when a signal arrives."""
 
     # ---- installation -----------------------------------------------------------------------
     def install(self) -> None:
@@ -189,7 +198,10 @@ class StopSignal:
         self.requested = name
         if self.phase == "start-up":
             self._raise(f"stopped on {name} during start-up; no checkpoint was taken; {self.where_to_resume()}")
-        if self.phase != "training" or self.grace_s <= 0:
+        if self.phase != "training":
+            return
+        if self.grace_s <= 0:
+            self._say_what_it_waits_for(name, None)
             return
         budget = self.grace_s - self.margin_s
         need = self.seconds_to_checkpoint()
@@ -199,6 +211,24 @@ class StopSignal:
                 f"{need:.0f}s, more than trainer.preemption_grace_s={self.grace_s:g} allows; no checkpoint was "
                 f"taken; {self.where_to_resume()}")
         self._arm(max(budget, 0.001))
+        self._say_what_it_waits_for(name, budget)
+
+    def _say_what_it_waits_for(self, name: str, budget: float | None) -> None:
+        """One line, at once, on stdout: the stop is deferred to the step boundary, until when, and
+        which worker call the run waits for now (a worker that does not answer would otherwise leave
+        the run silent until its deadline). Written to the file descriptor: the main thread may be in
+        the middle of a print of its own."""
+        until = ("no time limit: trainer.preemption_grace_s=0" if budget is None else
+                 f"by {time.strftime('%H:%M:%S', time.localtime(time.time() + budget))}, "
+                 f"within trainer.preemption_grace_s={self.grace_s:g}")
+        waiting = self.waiting_for()
+        now = f"waiting for {waiting}" if waiting else "not waiting for a worker"
+        line = (f"grpo_dist: {name} received{self._during()}: stopping after the step and its checkpoint ({until}); "
+                f"now {now}\n")
+        try:
+            os.write(sys.stdout.fileno(), line.encode())
+        except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture): the buffered way
+            sys.stdout.write(line)
 
     def _raise(self, msg: str) -> None:
         self.interrupted = Interrupted(msg)

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from grpo_dist.trainer import checkpoint
 from tests.e2e.helpers import ROOT, base_args, read_metrics, run_main
 
 pytestmark = pytest.mark.slow
@@ -342,41 +344,136 @@ def test_sigterm_saves_at_the_step_boundary_and_exits(tiny_model_dir, reverse_da
     assert not exposed, f"Ray processes listen beyond the loopback interface: {exposed}"
 
 
-def test_frozen_worker_is_named_within_its_deadline(tiny_model_dir, reverse_data, tmp_path):
-    """A worker that is alive but does not answer (SIGSTOP) stops the run with its role, rank and call
-    once the call's deadline passes, instead of blocking the driver forever."""
+class Run:
+    """``python -m grpo_dist.main`` in the background, its output lines read as they come (with the time
+    each arrived)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **env), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.out: list[tuple[float, str]] = []
+        self.err: list[tuple[float, str]] = []
+        self.readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
+                        for pipe, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for r in self.readers:
+            r.start()
+        self.stopped: psutil.Process | None = None
+
+    @staticmethod
+    def _read(pipe, lines: list) -> None:
+        for line in pipe:
+            lines.append((time.time(), line.rstrip("\n")))
+
+    def stdout(self) -> str:
+        return "\n".join(l for _, l in self.out)
+
+    def stderr(self) -> str:
+        return "\n".join(l for _, l in self.err)
+
+    def wait_for(self, what: str, ready, timeout: float = 600) -> None:
+        end = time.time() + timeout
+        while not ready():
+            assert self.proc.poll() is None, f"the run ended before {what}: {self.stderr()[-3000:]}"
+            assert time.time() < end, f"no {what} within {timeout}s: {self.stderr()[-3000:]}"
+            time.sleep(0.1)
+
+    def freeze(self, title: str) -> psutil.Process:
+        """SIGSTOP this run's (not another's) worker process whose title is ``title``."""
+        victims = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if any(title in c for c in _cmdline(p))]
+        assert victims, f"no {title} process found"
+        self.stopped = victims[0]
+        self.stopped.send_signal(signal.SIGSTOP)
+        return self.stopped
+
+    def finish(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.stopped is not None and self.stopped.is_running():
+                self.stopped.send_signal(signal.SIGCONT)
+                self.stopped.kill()
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            for r in self.readers:
+                r.join(timeout=10)
+
+    def message(self) -> str:
+        """The run's failure message (checked: one message, the last thing printed, no traceback)."""
+        return assert_one_message(subprocess.CompletedProcess([], self.proc.returncode, "", self.stderr() + "\n"))
+
+
+def test_frozen_workers_are_named_within_two_minutes_and_a_rerun_resumes(embedded_model, tmp_path):
+    """The default job (the embedded task, whose worker calls take a fraction of a second) with the
+    default deadlines: a rollout worker stopped with SIGSTOP after step 1 is named as frozen, alive and
+    stopped (not dead), within two minutes; a SIGTERM sent meanwhile says at once what the run waits
+    for and until when. Nothing is lost: the newest checkpoint verifies, and the same command resumes
+    from it; in that rerun a frozen actor rank (its ``ray::ModelWorker`` process, which holds the
+    reference too) is named within two minutes as well."""
     out = tmp_path / "o"
-    args = base_args(tiny_model_dir, reverse_data, out, 40) + LIGHT + [
-        "trainer.save_freq=-1", "trainer.worker_call_timeout_s=30", "trainer.worker_call_timeout_factor=3"]
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    victim = None
+    args = ["trainer.total_training_steps=40", "trainer.save_freq=1", "trainer.val_before_train=false",
+            "trainer.test_freq=-1", "trainer.progress_bar=false", f"trainer.default_local_dir={out}"]
+    env = {"GRPO_DIST_CACHE": str(embedded_model.parent)}
+
+    # ---- 1. the rollout worker freezes after step 1
+    run = Run(args, env)
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and not ((out / "metrics.jsonl").exists() and read_metrics(out).get(1)):
-            time.sleep(0.3)
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-        victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
-                   if any("ray::ModelWorker" in c for c in _cmdline(p))]
-        assert victims, "no model worker process found"
-        victim = victims[0]
-        victim.send_signal(signal.SIGSTOP)
+        run.wait_for("checkpoint of step 1", lambda: (out / "global_step_1").is_dir())
+        victim = run.freeze("ray::RolloutWorker")
         t_stop = time.time()
-        _, err = proc.communicate(timeout=300)
-        waited = time.time() - t_stop
+        time.sleep(20)  # by now the driver waits for the frozen worker (a step's other work takes seconds)
+        assert run.proc.poll() is None, run.stderr()[-3000:]
+        t_term = time.time()
+        run.proc.send_signal(signal.SIGTERM)
+        run.wait_for("a line on SIGTERM", lambda: any("SIGTERM received" in l for _, l in run.out), timeout=60)
+        t_said, said = next((t, l) for t, l in run.out if "SIGTERM received" in l)
+        run.finish(timeout=300)
     finally:
-        if victim is not None and victim.is_running():
-            victim.send_signal(signal.SIGCONT)
-            victim.kill()
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, err[-3000:]
-    tail = assert_one_message(subprocess.CompletedProcess(args, 1, "", err), "actor worker rank(s) [0] did not finish",
-                              "trainer.worker_call_timeout_s=30")
-    assert "frozen" in tail
-    assert "rank 0 on node 127.0.0.1 (Ray node " in tail and f"pid {victim.pid}" in tail, tail  # where it hangs
-    assert waited < 240, waited
+        if run.proc.poll() is None:
+            run.finish(timeout=1)
+    assert t_said - t_term < 5, (t_said - t_term, said)  # at once, not at the step's end
+    assert re.search(r"during step \d+: stopping after the step and its checkpoint \(by \d\d:\d\d:\d\d, within "
+                     r"trainer.preemption_grace_s=300\); now waiting for rollout worker rank 0's \w+ \(deadline "
+                     r"\d\d:\d\d:\d\d, in \d+ s\)", said), said
+    assert int(said.rsplit("in ", 1)[1].split()[0]) <= 60 - 15  # the later-call deadline: 60 s from the call
+    assert run.proc.returncode == 1, run.stderr()[-3000:]
+    msg = run.message()
+    named = max(t for t, l in run.err if l.startswith("grpo_dist: error:"))
+    assert named - t_stop < 120, named - t_stop
+    assert re.match(r"grpo_dist: error: rollout worker rank 0 is frozen: its process is alive but did not answer "
+                    r"\w+ within 60s \(stopped by a signal: state T; node 127.0.0.1 \(Ray node \w+\), pid "
+                    rf"{victim.pid}\)", msg), msg
+    assert "trainer.worker_call_timeout_min_s=60" in msg and "rerun the same command to resume" in msg
+    assert "died" not in msg, msg
+
+    # ---- 2. nothing was lost: the newest checkpoint verifies, and the same command resumes from it
+    newest = checkpoint.latest_checkpoint(out)
+    assert newest is not None and checkpoint.problem_with(newest) is None
+    step = int(newest.name.split("_")[-1])
+    assert step >= 1 and max(read_metrics(out)) == step
+    rerun = Run(args, env)
+    try:
+        rerun.wait_for(f"step {step + 1} of the rerun", lambda: (out / f"global_step_{step + 1}").is_dir())
+        assert f"grpo_dist: resumed from {newest} (step {step})" in rerun.stdout()
+
+        # ---- 3. an actor rank freezes
+        victim = rerun.freeze("ray::ModelWorker")
+        t_stop = time.time()
+        rerun.finish(timeout=300)
+    finally:
+        if rerun.proc.poll() is None:
+            rerun.finish(timeout=1)
+    assert rerun.proc.returncode == 1, rerun.stderr()[-3000:]
+    msg = rerun.message()
+    named = max(t for t, l in rerun.err if l.startswith("grpo_dist: error:"))
+    assert named - t_stop < 120, named - t_stop
+    assert re.match(r"grpo_dist: error: (actor|reference) worker rank 0 is frozen: its process is alive but did not "
+                    rf"answer \w+ within 60s \(stopped by a signal: state T; .*pid {victim.pid}\)", msg), msg
+    assert "actor worker" in msg or "also held the actor" in msg, msg
+    # the resumed run logged each step once, continuing from the checkpoint
+    rows = [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows == sorted(set(rows)) and step + 1 in rows, rows
 
 
 def test_no_secret_reaches_logs_configs_or_checkpoints(full_run):

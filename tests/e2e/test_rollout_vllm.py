@@ -249,6 +249,27 @@ def test_hf_engine_sleep_refuses_generate_until_wake_up_and_keeps_the_weights(hf
 
 
 # ------------------------------------------------------------------------------ tensor parallelism
+SHARDED = {"model.layers.0.self_attn.qkv_proj": "output", "model.layers.0.self_attn.o_proj": "input",
+           "model.layers.0.mlp.down_proj": "input"}
+"""Layers split over a tensor-parallel group, and along which side (column-parallel: output rows;
+row-parallel: input columns)."""
+
+
+def _held_by_this_rank(worker) -> dict:
+    """Run in the engine's worker (``collective_rpc``): its tensor-parallel rank and group size, and, for
+    each layer of :data:`SHARDED`, (the part of the split dimension this process holds, the whole). The
+    CPU build packs the weights into its GEMM kernel's format, so the layer's own record of its partition
+    is read rather than the tensor."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    model = worker.model_runner.get_model()
+    held = {}
+    for name, side in SHARDED.items():
+        layer = model.get_submodule(name)
+        held[name] = (getattr(layer, f"{side}_size_per_partition"), getattr(layer, f"{side}_size"), layer.tp_rank)
+    return {"rank": get_tensor_model_parallel_rank(), "size": get_tensor_model_parallel_world_size(), **held}
+
+
 def _tp_engine_run(model_dir, tp, tp_rank, port, queue):
     """One process of a vLLM engine (``tp`` processes in all): greedy and seeded sampling, then a weight
     sync with full tensors (the trainer's state dict, perturbed) and the same again."""
@@ -261,10 +282,13 @@ def _tp_engine_run(model_dir, tp, tp_rank, port, queue):
     sampled = SamplingSettings(n=2, temperature=1.0, max_tokens=12, seed=11)
     greedy = dataclasses.replace(SamplingSettings.greedy(max_tokens=12), logprobs=True)
     out = {"before": [engine.generate(PROMPTS, s) for s in (greedy, sampled)]}
+    out["held_before"] = engine._llm.collective_rpc(_held_by_this_rank)
+    out["engine_tp"] = engine._llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
     g = torch.Generator().manual_seed(1)
     state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
     engine.update_weights(state.items())
     out["after"] = [engine.generate(PROMPTS, s) for s in (greedy, sampled)]
+    out["held_after"] = engine._llm.collective_rpc(_held_by_this_rank)
     engine.close()
     queue.put((tp, tp_rank, out))
 
@@ -273,7 +297,10 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
     """``tensor_model_parallel_size=2``: two processes hold one engine (vLLM's external launcher over gloo
     on CPU; NCCL on GPU, same code), each given the same prompts and, at the weight sync, the same full
     tensors (vLLM's loaders cut each process's shard). Both return what a one-process engine returns:
-    the same tokens, and log-probs equal to float rounding, before and after the sync."""
+    the same tokens, and log-probs equal to float rounding, before and after the sync. Equal outputs
+    alone would also pass for an engine that silently ran on one rank: the engine reports a group of 2,
+    and each process holds only its half of the split layers (qkv_proj's rows, o_proj's and down_proj's
+    columns) as its own rank, before and after the sync."""
     import multiprocessing as mp
 
     from grpo_dist.distributed.process_group import free_port
@@ -300,5 +327,15 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
                 assert a.response_ids == b.response_ids, (phase, rank)
                 for la, lb in zip(a.logprobs, b.logprobs):
                     torch.testing.assert_close(torch.tensor(la), torch.tensor(lb), atol=1e-4, rtol=0)
+        # the engine really runs over two ranks, each holding its half of the split layers, not a full copy
+        assert two["engine_tp"] == 2 and one["engine_tp"] == 1
+        for phase in ("held_before", "held_after"):
+            (held,) = two[phase]  # this process's worker only (vLLM's external launcher)
+            assert (held["rank"], held["size"]) == (rank, 2), held
+            for name in SHARDED:
+                part, whole, layer_rank = held[name]
+                assert (2 * part, layer_rank) == (whole, rank), (name, held[name])
+    (alone,) = one["held_before"]
+    assert alone["size"] == 1 and all(alone[n][0] == alone[n][1] for n in SHARDED), alone
     assert one["before"][0].response_ids != one["after"][0].response_ids  # the sync changed the policy
 

@@ -211,6 +211,7 @@ FAILURES = [
      ["tensor_model_parallel_size", "consecutive ranks of one node", "valid: 1, 3"]),
     (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.name=hf"],
      ["tensor_model_parallel_size", "rollout.name=vllm"]),
+    (["trainer.worker_call_timeout_min_s=0"], ["trainer.worker_call_timeout_min_s", "0", "> 0"]),
     (["trainer.nnodes=abc"], ["trainer.nnodes", "'abc'", "Integer"]),
     (["trainer.device=tpu"], ["trainer.device", "cpu", "cuda"]),
     (["trainer.resume_mode=resume_path"], ["resume_from_path", "resume_path"]),

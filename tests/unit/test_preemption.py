@@ -4,6 +4,7 @@ the newest checkpoint is; a failing save names the folder and the OS error and l
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -107,6 +108,32 @@ def test_second_signal_and_no_limit(installed):
     with pytest.raises(Interrupted, match="stopped on a second SIGTERM during step 2; no checkpoint was taken; "
                                           "the newest checkpoint is /ckpt/global_step_1"):
         unlimited._handle(signal.SIGTERM, None)
+
+
+def test_signal_while_a_worker_call_is_pending_names_it_and_its_deadline_at_once(installed, capfd):
+    """A SIGTERM whose stop waits for the step boundary says at once what the run waits for and until
+    when: a frozen worker otherwise left the run silent for minutes after the signal."""
+    from grpo_dist.distributed.waiting import Waiting
+
+    stop = installed(300, "/runs/x")
+    run_steps(stop, Clock(), [10.0], save_s=5.0)
+    stop.step_begins(2)
+    with Waiting(lambda: "rollout worker rank 0", "wake_up", time.monotonic() + 52.4):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs in this thread between two bytecodes
+        assert stop.requested == "SIGTERM"
+    out = capfd.readouterr().out
+    line = next((l for l in out.splitlines() if "SIGTERM received" in l), "")
+    assert re.fullmatch(r"grpo_dist: SIGTERM received during step 2: stopping after the step and its checkpoint "
+                        r"\(by \d\d:\d\d:\d\d, within trainer.preemption_grace_s=300\); now waiting for rollout "
+                        r"worker rank 0's wake_up \(deadline \d\d:\d\d:\d\d, in 5[12] s\)", line), out
+    # no limit, no worker call pending: said too
+    unlimited = StopSignal(0, "/runs/y")  # not installed: its handler is called directly
+    run_steps(unlimited, Clock(), [10.0])
+    unlimited.step_begins(2)
+    unlimited._handle(signal.SIGTERM, None)
+    assert ("stopping after the step and its checkpoint (no time limit: trainer.preemption_grace_s=0); now not "
+            "waiting for a worker") in capfd.readouterr().out
 
 
 def test_handler_is_restored_and_sigalrm_left_alone():

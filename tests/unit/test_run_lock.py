@@ -54,13 +54,29 @@ def test_lock_is_released_on_an_exception(tmp_path):
 
 
 def test_call_deadlines_follow_the_slowest_call_with_a_floor():
+    """The first call of a method may load and warm up: it gets the long floor. Later calls get
+    factor x the slowest later call, at least the minimum: a worker that stops answering a 0.2 s call
+    is named within a minute, not after half an hour."""
     from grpo_dist.distributed.worker_group import CallDeadlines
 
-    d = CallDeadlines(30.0, 10.0)
-    assert d.limit("generate") == 30.0
+    d = CallDeadlines(1800.0, 10.0, 20.0)
+    assert d.limit("generate") == 1800.0
+    assert "first generate call" in d.explain("generate") and "trainer.worker_call_timeout_s=1800" in d.explain("generate")
+    d.record("generate", 40.0)  # the first call: compile, warm-up
+    assert d.limit("generate") == 400.0  # until a later call is timed, the first one stands in
     d.record("generate", 2.0)
     d.record("generate", 5.0)
     d.record("generate", 1.0)
-    assert d.limit("generate") == 50.0 and d.limit("update_policy") == 30.0
+    # the first call's warm-up no longer counts; the slowest later call does
+    assert d.limit("generate") == 50.0 and d.limit("update_policy") == 1800.0
     assert "slowest generate so far, 5.0s" in d.explain("generate")
+    assert "trainer.worker_call_timeout_min_s=20" in d.explain("generate")
+    d.record("wake_up", 0.5)
+    d.record("wake_up", 0.2)
+    assert d.limit("wake_up") == 20.0  # the minimum: 10 x 0.2 s would be 2 s
+    assert CallDeadlines(1800.0, 10.0).limit("generate") == 1800.0
+    assert CallDeadlines(1800.0, 10.0).min_s == 60.0  # the documented default
+    # validation calls are timed apart from the step's calls of the same method
+    d.label = "validation"
+    assert d.key("generate") == "generate (validation)" and d.limit(d.key("generate")) == 1800.0
     assert CallDeadlines(0.0, 10.0).limit("generate") is None

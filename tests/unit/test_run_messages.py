@@ -43,6 +43,81 @@ def test_dead_worker_is_lost_and_an_exception_in_it_is_raised_with_its_cause():
     assert kind == "raised" and cause is bad
 
 
+# ---- a worker that does not answer: frozen, gone, or on a node that cannot be checked -----------------
+def test_process_state_tells_stopped_from_running_from_gone():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        assert worker_group.process_state(child.pid) in ("S", "R")
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(0.3)
+        assert worker_group.process_state(child.pid) == "T"
+    finally:
+        child.kill()
+        child.wait()
+    assert worker_group.process_state(child.pid) is None
+
+
+def group_with(monkeypatch, seen: dict[int, tuple[str, str]], ranks=(0,), role="rollout"):
+    """A group of stand-in handles whose processes ``probe`` sees as ``seen[index]``."""
+    from grpo_dist.distributed.worker_group import CallDeadlines, WorkerGroup
+
+    g = WorkerGroup.__new__(WorkerGroup)
+    g.role, g.single, g.ranks, g.workers = role, False, list(ranks), list(range(len(ranks)))
+    g.dispatch, g.process_roles = None, [role]
+    g.deadlines = CallDeadlines(1800, 10, 60)
+    g.deadlines.record("wake_up", 2.0)
+    g.deadlines.record("wake_up", 0.2)
+    monkeypatch.setattr(worker_group, "probe", lambda handle: seen[handle])
+    return g
+
+
+WHERE = "node 127.0.0.1 (Ray node 3f2a9c1d0e4b), pid 1234"
+
+
+def test_a_missed_deadline_names_a_stopped_process_as_frozen_not_dead(monkeypatch, tmp_path):
+    g = group_with(monkeypatch, {0: ("alive", f"{worker_group._STATES['S']}; node 127.0.0.1, pid 77"),
+                                 1: ("alive", f"{worker_group._STATES['T']}; {WHERE}")}, ranks=(0, 1))
+    err = g._not_answering([0, 1], "wake_up", 60.0)
+    assert err.kind == "frozen" and err.rerun_helps
+    msg = str(err)
+    # the stopped rank is named first, the other one waiting on it after
+    assert msg.startswith(f"rollout worker rank 1 is frozen: its process is alive but did not answer wake_up within "
+                          f"60s (stopped by a signal: state T; {WHERE}); rank 0 did not answer either (alive: "
+                          "sleeping"), msg
+    assert "trainer.worker_call_timeout_min_s=60" in msg and "died" not in msg
+    text = worker_failure_message(err, tmp_path)
+    assert RERUN in text and "died" not in text
+
+
+def test_a_missed_deadline_on_another_node_is_not_called_dead_and_a_gone_process_is_lost(monkeypatch):
+    remote = group_with(monkeypatch, {0: ("unknown", "node 10.0.0.3 (Ray node 9a), pid 5: on another node, whether "
+                                              "its process is alive cannot be checked from here")})
+    err = remote._not_answering([0], "wake_up", 60.0)
+    assert err.kind == "frozen" and str(err).startswith("rollout worker rank 0 did not answer wake_up within 60s")
+    assert "cannot be checked from here" in str(err)
+    gone = group_with(monkeypatch, {0: ("gone", f"its process has exited; {WHERE}")})
+    err = gone._not_answering([0], "wake_up", 60.0)
+    assert err.kind == "lost" and "its process has exited" in str(err)
+
+
+def test_rays_keepalive_giving_up_on_a_live_process_is_frozen_not_dead(monkeypatch, tmp_path):
+    """Ray reports an actor it cannot reach (a stopped process) as ``ActorUnavailableError``, a kind of
+    ``RayActorError``: while its process is alive, that is a frozen worker, not a dead one."""
+    unavailable = ray.exceptions.ActorUnavailableError("the keepalive timed out", None)
+    g = group_with(monkeypatch, {0: ("alive", f"{worker_group._STATES['T']}; {WHERE}")})
+    err = g._failed(0, unavailable, "wake_up", {}, None)
+    assert err.kind == "frozen", str(err)
+    assert str(err).startswith("rollout worker rank 0 is frozen: its process is alive but did not answer wake_up "
+                               "(Ray reports it unavailable) (stopped by a signal: state T")
+    assert "died" not in worker_failure_message(err, tmp_path)
+    gone = group_with(monkeypatch, {0: ("gone", f"its process has exited; {WHERE}")})
+    assert gone._failed(0, unavailable, "wake_up", {}, None).kind == "lost"
+
+
 @pytest.mark.parametrize("exc, helps", [
     (WorkerError("actor worker rank 1 failed during update_policy: ActorDiedError", kind="lost"), True),
     (WorkerError("rollout worker rank(s) [0] did not finish generate within 1800s", kind="frozen"), True),
