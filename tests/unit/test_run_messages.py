@@ -89,6 +89,7 @@ def test_a_missed_deadline_names_a_stopped_process_as_frozen_not_dead(monkeypatc
                           f"60s (stopped by a signal: state T; {WHERE}); rank 0 did not answer either (alive: "
                           "sleeping"), msg
     assert "trainer.worker_call_timeout_min_s=60" in msg and "died" not in msg
+    publish_checkpoint(tmp_path, 1)
     text = worker_failure_message(err, tmp_path)
     assert RERUN in text and "died" not in text
 
