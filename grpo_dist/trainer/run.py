@@ -113,8 +113,10 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
 
             load_custom_reward_fn(*lp.custom_reward)
         sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
-        train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample)
-        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample)
+        train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample,
+                                         key="data.train_files")
+        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample,
+                                        key="data.val_files")
                if val_files else None)
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
