@@ -118,6 +118,12 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
         val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample,
                                         key="data.val_files")
                if val_files else None)
+        if lp.custom_reward:  # its type and value errors in seconds, not after the workers start
+            from grpo_dist.trainer.reward_trial import try_custom_reward
+
+            warning = try_custom_reward(*lp.custom_reward, train[0], **lp.reward_trial)
+            if warning:
+                print(f"grpo_dist: warning: {warning}", file=sys.stderr, flush=True)
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
 
@@ -290,4 +296,7 @@ def _print_summary(s, total_s: float) -> None:
     if s.last_checkpoint:
         lines.append(f"  checkpoint       {s.last_checkpoint}")
     lines.append(f"  metrics, report  {s.out_dir}/metrics.jsonl, {s.out_dir}/report/")
+    lines += [line for line in [s.rewards.summary_line()] if line]
     print("\n".join(lines), flush=True)
+    if s.rewards.warning():
+        print(f"grpo_dist: warning: {s.rewards.warning()}", file=sys.stderr, flush=True)
