@@ -138,9 +138,10 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
     except RunLockError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:
+        from grpo_dist.utils.disk import write_failure
+
         lock.release()
-        return _fail(f"cannot write to trainer.default_local_dir={out_dir}: {exc.strerror or exc} "
-                     f"({exc.filename or out_dir}); give a directory this user can create and write", 2)
+        return _fail(write_failure("trainer.default_local_dir", out_dir, exc), 2)
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
     try:
@@ -272,7 +273,9 @@ def save_config(cfg: GRPOConfig, out_dir: Path) -> None:
 
     import yaml
 
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    from grpo_dist.utils.disk import write_text_atomic
+
+    write_text_atomic(out_dir / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
 
 
 def _print_summary(s, total_s: float) -> None:

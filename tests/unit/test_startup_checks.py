@@ -5,12 +5,14 @@ The runs go through ``grpo_dist.trainer.run.run`` with the tiny model up to wher
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
 import pytest
 
 from grpo_dist.distributed import worker_group
+from tests.unit.test_command_line import restore_logging  # noqa: F401  (autouse: the jobs configure logging)
 from tests.unit.test_run_messages import one_message, tiny_cfg
 
 
@@ -136,3 +138,112 @@ def test_the_trial_call_gets_the_first_row_and_leaves_the_driver_alone(tiny_mode
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert calls == [f"{first['data_source']} {truth!r} {truth!r} {first['extra_info']['index']}"]
     assert "GRPO_DIST_TEST_TRIAL_MARK" not in os.environ
+
+
+# ---- a full disk at start-up ---------------------------------------------------------------------------
+def main_args(tiny_model_dir, reverse_data, out, *extra):
+    return [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={reverse_data['train']}",
+            f"data.val_files={reverse_data['test']}", "data.train_batch_size=4", "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
+            f"trainer.default_local_dir={out}", *extra]
+
+
+def disk_full_on(monkeypatch, what: str, errnum: int = errno.ENOSPC):
+    """The start's write of ``what`` fails as on a full disk: the run's ``config.yaml``, or Hydra's
+    ``.hydra/`` files (after the folder and its first file were written)."""
+    from grpo_dist.config import hydra_cli
+    from grpo_dist.trainer import run as run_module
+
+    def fail(path):
+        raise OSError(errnum, os.strerror(errnum), str(path))
+
+    if what == "config.yaml":
+        monkeypatch.setattr(run_module, "save_config", lambda cfg, out_dir: fail(out_dir / "config.yaml"))
+    else:
+        def partly(job):
+            sub = os.path.join(job.output_dir, ".hydra")
+            os.makedirs(sub, exist_ok=True)
+            with open(os.path.join(sub, "config.yaml"), "w") as f:
+                f.write("data:\n")
+            fail(os.path.join(sub, "hydra.yaml"))
+
+        monkeypatch.setattr(hydra_cli, "write_hydra_files", partly)
+
+
+@pytest.mark.parametrize("name", ["config.yaml", ".hydra"])
+def test_a_full_disk_at_start_says_so_and_leaves_nothing_behind(name, tiny_model_dir, reverse_data, tmp_path,
+                                                                 monkeypatch, ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    out = tmp_path / "runs" / "o"
+    disk_full_on(monkeypatch, name)
+    code = main(main_args(tiny_model_dir, reverse_data, out))
+    tail = one_message(capsys.readouterr().err, 2, code, f"cannot write to trainer.default_local_dir={out}: the disk is "
+                       "full (No space left on device, ", " free, writing ", f"{out}/{name}",
+                       "free space on that disk, or point trainer.default_local_dir at a directory on another one")
+    assert "give a directory this user can create and write" not in tail
+    assert not (tmp_path / "runs").exists(), sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+def test_a_full_quota_is_named_and_an_earlier_runs_files_stay(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                              ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    out = tmp_path / "o"
+    (out / ".hydra").mkdir(parents=True)
+    earlier = {out / "config.yaml": "earlier: 1\n", out / "main.log": "earlier log\n",
+               out / ".hydra" / "config.yaml": "earlier: 2\n", out / "metrics.jsonl": '{"step": 1}\n'}
+    for path, text in earlier.items():
+        path.write_text(text)
+    disk_full_on(monkeypatch, ".hydra", errno.EDQUOT)
+    code = main(main_args(tiny_model_dir, reverse_data, out))
+    one_message(capsys.readouterr().err, 2, code, "this user's disk quota is used up")
+    # the earlier run's log and metrics are untouched (its config.yaml files were rewritten by this start)
+    assert [(out / n).read_text() for n in ("main.log", "metrics.jsonl")] == ["earlier log\n", '{"step": 1}\n']
+    assert sorted(p.name for p in out.iterdir()) == [".hydra", "config.yaml", "main.log", "metrics.jsonl"]
+
+
+def test_a_folder_this_user_cannot_write_still_asks_for_another(tiny_model_dir, reverse_data, tmp_path,
+                                                                ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    code = main(main_args(tiny_model_dir, reverse_data, blocker / "out"))
+    tail = one_message(capsys.readouterr().err, 2, code, f"cannot write to trainer.default_local_dir={blocker / 'out'}",
+                       "give a directory this user can create and write")
+    assert "full" not in tail
+
+
+def test_a_start_refused_for_its_data_leaves_no_output_folder(tiny_model_dir, reverse_data, tmp_path,
+                                                              ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    bad = tmp_path / "broken.parquet"
+    bad.write_bytes(b"PAR1 not parquet PAR1")
+    code = main(main_args(tiny_model_dir, reverse_data, tmp_path / "o", f"data.val_files={bad}"))
+    one_message(capsys.readouterr().err, 2, code, "data.val_files")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from grpo_dist.utils.disk import write_text_atomic
+
+    target = tmp_path / "config.yaml"
+    target.write_text("earlier\n")
+    real = Path.write_text
+
+    def half_then_full(self, text, *a, **k):
+        real(self, text[:3])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(OSError):
+        write_text_atomic(target, "new: 1\n")
+    monkeypatch.undo()
+    assert target.read_text() == "earlier\n" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+    write_text_atomic(target, "new: 1\n")
+    assert target.read_text() == "new: 1\n"
