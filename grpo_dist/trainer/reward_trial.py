@@ -29,8 +29,8 @@ def try_custom_reward(path: str, name: str, item: dict[str, Any], *, timeout_s: 
     ``extra_info``). Returns None when it gave a valid score, the warning to print with
     ``on_error="zero"``; raises ``ValueError`` with ``on_error="raise"``."""
     target = CustomRewardFn(path, name)
-    source = item.get("reward_source", item.get("data_source"))
-    problem = try_reward_fn(target, source, item["ground_truth"], item.get("extra_info"), timeout_s=timeout_s)
+    source = item["reward_source"]  # what the run's samples hand the function (data.reward_fn_key's column)
+    problem = try_reward_fn(target, source, item["ground_truth"], item["extra_info"], timeout_s=timeout_s)
     if problem is None:
         return None
     response = trial_solution(item["ground_truth"])
