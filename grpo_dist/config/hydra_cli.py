@@ -35,6 +35,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from grpo_dist.config.schema import ConfigError, GRPOConfig
+from grpo_dist.utils.disk import StartFiles, write_failure, write_text_atomic
 
 JOB_NAME = "main"
 #: Hydra's own default of hydra.run.dir; a run that leaves it unchanged writes to trainer.default_local_dir.
@@ -381,9 +382,31 @@ def write_hydra_files(job: Job) -> None:
     job_cfg = copy.deepcopy(full)
     with read_write(job_cfg), open_dict(job_cfg):
         del job_cfg["hydra"]
-    OmegaConf.save(job_cfg, out / "config.yaml")
-    OmegaConf.save(OmegaConf.masked_copy(full, "hydra"), out / "hydra.yaml")
-    OmegaConf.save(full.hydra.overrides.task, out / "overrides.yaml")
+    # whole or not at all: a full disk leaves a resumed run's earlier files as they were
+    write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(job_cfg))
+    write_text_atomic(out / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.masked_copy(full, "hydra")))
+    write_text_atomic(out / "overrides.yaml", OmegaConf.to_yaml(full.hydra.overrides.task))
+
+
+def start_files(job: Job) -> StartFiles:
+    """What the start of ``job`` may create: its output directory and ``trainer.default_local_dir``
+    (with the parents they need), the job log, ``config.yaml`` and the ``.hydra/`` files."""
+    out, run_dir = Path(job.output_dir), Path(job.cfg.trainer.default_local_dir)
+    dirs, files = [out, run_dir], [out / f"{job.full.hydra.job.name}.log", run_dir / "config.yaml"]
+    if job.full.hydra.output_subdir is not None:
+        sub = out / str(job.full.hydra.output_subdir)
+        dirs.append(sub)
+        files += [sub / f"{n}.yaml" for n in ("config", "hydra", "overrides")]
+    return StartFiles(dirs, files)
+
+
+def _close_log_files(folder: str) -> None:
+    """Close the root logger's file handlers writing into ``folder`` (the job log), so it can go."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename).startswith(os.path.abspath(folder) + os.sep):
+            root.removeHandler(h)
+            h.close()
 
 
 def run_job(job: Job, task: Callable[[GRPOConfig, Callable[[], None]], int]) -> int:
@@ -391,13 +414,23 @@ def run_job(job: Job, task: Callable[[GRPOConfig, Callable[[], None]], int]) -> 
     ``hydra.job.chdir``, configure logging (``hydra.job_logging``, ``hydra.verbose``), set
     ``hydra.job.env_set`` and call ``task(cfg, write_files)``; the task calls ``write_files`` (the
     ``.hydra/`` files) once it owns the output directory (after taking its lock), so a refused run
-    never overwrites a running one's files. The working directory is restored afterwards."""
+    never overwrites a running one's files. The working directory is restored afterwards.
+
+    A start that fails before ``write_files`` has written the files (a full disk, bad data, another
+    run's lock) removes what it created (:func:`start_files`): the folders, the job log, the files."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import configure_log, env_override
 
     full = job.full
     HydraConfig.instance().set_config(full)
     old_cwd = os.getcwd()
+    created, started = start_files(job), []
+
+    def write_files() -> None:
+        write_hydra_files(job)
+        started.append(True)
+
+    rc = 2
     try:
         try:
             Path(job.output_dir).mkdir(parents=True, exist_ok=True)
@@ -408,17 +441,23 @@ def run_job(job: Job, task: Callable[[GRPOConfig, Callable[[], None]], int]) -> 
             key = ("trainer.default_local_dir" if job.output_dir == job.cfg.trainer.default_local_dir
                    else "hydra.sweep.dir" if job.sweep else "hydra.run.dir")
             err = exc if isinstance(exc, OSError) else (exc.__cause__ or exc)
-            why = getattr(err, "strerror", None) or err
-            print(f"grpo_dist: error: cannot write to {key}={job.output_dir}: {why} "
-                  f"({getattr(err, 'filename', None) or job.output_dir}); give a directory this user can create and write",
-                  file=sys.stderr, flush=True)
-            return 2
+            if isinstance(err, OSError):
+                msg = write_failure(key, job.output_dir, err)
+            else:
+                msg = (f"cannot write to {key}={job.output_dir}: {err} ({job.output_dir}); give a directory this user "
+                       "can create and write")
+            print(f"grpo_dist: error: {msg}", file=sys.stderr, flush=True)
+            return rc
         with env_override(dict(full.hydra.job.env_set)):
-            return task(job.cfg, lambda: write_hydra_files(job))
+            rc = task(job.cfg, write_files)
+            return rc
     finally:
         for h in logging.getLogger().handlers:
             h.flush()
         os.chdir(old_cwd)
+        if rc and not started:  # the start failed before the run owned its folder: leave nothing of it
+            _close_log_files(job.output_dir)
+            created.remove_created()
 
 
 def print_config(full: DictConfig, what: str, package: str | None, resolve: bool) -> str:

@@ -94,12 +94,34 @@ def _translate(exc: BaseException, overrides: list[str]) -> ConfigError:
             full_key = next((k for k in keys if full_key and k.startswith(full_key + ".")), full_key)
             return ConfigError(_unknown_key_message(full_key or text))
         if full_key:
-            given = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == full_key), None)
-            shown = f" = {given!r}" if given is not None else ""
-            return ConfigError(f"invalid value for {full_key}{shown}: {text}")
+            return ConfigError(f"invalid value for {full_key}{_given(exc, full_key, overrides)}: {text}")
         return ConfigError(text)
     text = str(exc).strip().split("\n")
     return ConfigError(" ".join(t.strip() for t in text[:3]))
+
+
+MERGING = "Error merging override "
+
+
+def _given(exc: BaseException, full_key: str, overrides: list[str]) -> str:
+    """`` = 'value'``: the value of ``full_key`` that failed, as written on the command line.
+
+    Hydra applies the overrides in order, so each value given for a key must be valid, and the last
+    one is in effect. Hydra's error names the override it was merging when it failed; without one
+    (a value that fails only when the config is resolved) the failing value is the one in effect, the
+    last. A key given more than once says so, with every value, so that no other value is blamed."""
+    values = [o.split("=", 1)[1] for o in overrides if "=" in o and o.lstrip("+~").split("=", 1)[0] == full_key]
+    if not values:
+        return ""
+    failed = values[-1]
+    merging = str(exc).split("\n")[0]
+    if merging.startswith(MERGING) and "=" in merging:
+        failed = merging[len(MERGING):].split("=", 1)[1]
+    shown = f" = {failed!r}"
+    if len(values) > 1:
+        shown += (f" (the key is given {len(values)} times: {', '.join(map(repr, values))}; Hydra applies them in "
+                  "order, so each must be valid, and the last one is in effect)")
+    return shown
 
 
 def _schema_plus(override: str) -> str:

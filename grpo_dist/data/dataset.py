@@ -170,16 +170,24 @@ class PromptDataset:
         max_samples: int = -1,
         sample_seed: int | None = None,
         sample_randomly: bool = False,
+        key: str | None = None,
     ) -> "PromptDataset":
         """The prompts of ``paths``; with ``max_samples > 0`` at most that many rows (verl's
         ``data.train_max_samples`` / ``val_max_samples``): a random choice seeded by ``sample_seed``
         when ``sample_randomly`` (verl: when the data is shuffled), else the first ones, taken before
-        long prompts are filtered."""
-        rows = select_rows(load_rows(paths, prompt_key=prompt_key, skip_bad_rows=skip_bad_rows), max_samples,
-                           seed=sample_seed, randomly=sample_randomly)
-        return cls(rows, tokenizer, max_prompt_length=max_prompt_length,
-                   filter_overlong_prompts=filter_overlong_prompts, truncation=truncation,
-                   reward_fn_key=reward_fn_key, chat_template_kwargs=chat_template_kwargs)
+        long prompts are filtered. ``key``: the configuration key the paths came from
+        (``data.train_files`` / ``data.val_files``); a :class:`DataError` then starts with it, so a
+        user with the same file format in both knows which list holds the bad file."""
+        try:
+            rows = select_rows(load_rows(paths, prompt_key=prompt_key, skip_bad_rows=skip_bad_rows), max_samples,
+                               seed=sample_seed, randomly=sample_randomly)
+            return cls(rows, tokenizer, max_prompt_length=max_prompt_length,
+                       filter_overlong_prompts=filter_overlong_prompts, truncation=truncation,
+                       reward_fn_key=reward_fn_key, chat_template_kwargs=chat_template_kwargs)
+        except DataError as exc:
+            if key is None or str(exc).startswith(key):
+                raise
+            raise DataError(f"{key}: {exc}") from None
 
     @property
     def pad_id(self) -> int:

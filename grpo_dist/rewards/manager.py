@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import math
 import numbers
 import pickle
+import traceback
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
 from grpo_dist.rewards.custom import CustomRewardFn
@@ -50,15 +53,49 @@ def _resolve(target: Callable | CustomRewardFn) -> Callable:
     return target
 
 
+@dataclass(frozen=True)
+class Raised:
+    """What :func:`_invoke` returns when the reward function raised: the exception in one line and
+    where it was raised (``at <file>:<line> (in <function>)``; see :func:`where_raised`)."""
+
+    error: str
+    where: str
+
+    def describe(self) -> str:
+        return f"raised {self.error}" + (f" {self.where}" if self.where else "")
+
+
+def where_raised(exc: BaseException, fn: Callable) -> str:
+    """``at <file>:<line> (in <function>)``: the line of the user's code that raised ``exc``: the last
+    frame of the traceback in the file that defines ``fn`` (a raise inside a library it calls is
+    shown at the user's line that called it); without one, the traceback's last frame. When the call
+    itself failed (a signature that does not take verl's arguments): ``when called (<function> is
+    defined at <file>:<line>)``."""
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # the first frame is _invoke's call
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    home = code.co_filename if code is not None else None
+    mine = [f for f in frames if home is not None and f.filename == home]
+    if mine or frames:
+        frame = (mine or frames)[-1]
+        return f"at {frame.filename}:{frame.lineno} (in {frame.name})"
+    if code is not None:
+        return f"when called ({code.co_name} is defined at {home}:{code.co_firstlineno})"
+    return ""
+
+
 def _invoke(task: tuple) -> Any:
-    """Score one sample: what the reward function returned (checked by the caller)."""
+    """Score one sample: what the reward function returned (checked by the caller), or a
+    :class:`Raised` saying what it raised and where."""
     target, style, data_source, solution_str, ground_truth, extra_info = task
     fn = _resolve(target)
-    if style == _SCORER:
-        return fn(solution_str, ground_truth, extra_info)
     kwargs = target.kwargs if isinstance(target, CustomRewardFn) else {}
-    return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-              extra_info=extra_info, **kwargs)
+    try:
+        if style == _SCORER:
+            return fn(solution_str, ground_truth, extra_info)
+        return fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                  extra_info=extra_info, **kwargs)
+    except Exception as exc:
+        return Raised(one_line(f"{type(exc).__name__}: {exc}"), where_raised(exc, fn))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,6 +173,8 @@ class RewardScorer:
                              f"got {type(fn_or_registry).__name__}")
 
         self.on_error = on_error
+        #: the first failed sample of the last batch (``on_error="zero"``), in one line; None when none failed
+        self.last_problem: str | None = None
         self._pool = TaskPool(num_workers, timeout_s=timeout_s, warm_up=warm_up, mp_context=mp_context,
                               name="reward")
 
@@ -229,6 +268,7 @@ class RewardScorer:
             raise ValueError(f"a reward task cannot be sent to a worker ({exc}); ground truths and "
                              f"extra_info must be picklable") from None
 
+        self.last_problem = first_problem[0] if first_problem else None
         if first_problem:
             logger.warning("reward: %d error(s), %d timeout(s) in a batch of %d scored 0.0; first: %s",
                            stats["reward/num_errors"], stats["reward/num_timeouts"], n, first_problem[0])
@@ -279,6 +319,8 @@ def _check_value(value: Any) -> tuple[float, dict]:
     The score must be a finite float (or convert to one); so must every entry of ``step_rewards``
     (process supervision) when the dict has that key."""
     extra: dict = {}
+    if isinstance(value, Raised):
+        raise ValueError(value.describe())
     if isinstance(value, dict):
         if "score" not in value:
             raise ValueError(f"returned a dict without a 'score' key (keys: {', '.join(map(str, value))})")
@@ -290,3 +332,42 @@ def _check_value(value: Any) -> tuple[float, dict]:
                 raise ValueError(one_line(f"returned step_rewards of type {type(steps).__name__}, not a list of numbers"))
             extra["step_rewards"] = [_finite_float(r, f"returned step_rewards[{k}] =") for k, r in enumerate(steps)]
     return _finite_float(value, "returned"), extra
+
+
+# ----------------------------------------------------------------------------------------------
+# One call before the run starts
+# ----------------------------------------------------------------------------------------------
+
+
+def trial_solution(ground_truth: Any) -> str:
+    """The response a trial call scores: the ground truth as text (what a correct answer would say;
+    a list or dict ground truth as its ``str``)."""
+    return ground_truth if isinstance(ground_truth, str) else str(ground_truth)
+
+
+def try_reward_fn(target: CustomRewardFn, data_source: str, ground_truth: Any, extra_info: Any, *,
+                  timeout_s: float | None, mp_context: str | None = None) -> str | None:
+    """Call the user's function once, as a scoring process of the run would, on one sample whose
+    response is :func:`trial_solution` of ``ground_truth``; None when it returns a valid score, else
+    what went wrong in one line (``raised ZeroDivisionError: ... at <file>:<line> (in <function>)``,
+    ``returned a str ('1.0'), not a number``, ``timed out after 10 s``, ``its worker process died``).
+
+    The call runs in a process of its own (started, used once and stopped), under ``timeout_s`` as a
+    sample of the run would (the file's import is not counted), so that a function that hangs is
+    stopped, and one that changes its process (global state, signal handlers, threads, a device
+    context, ``sys.exit``) leaves the caller as it was. What it does outside its process (files it
+    writes, services it calls) happens once more than the run's own calls."""
+    task = (target, _VERL, data_source, trial_solution(ground_truth), ground_truth, extra_info)
+    with TaskPool(1, timeout_s=timeout_s, warm_up=[functools.partial(_resolve, target)], mp_context=mp_context,
+                  name="reward trial") as pool:
+        try:
+            outcome = pool.map(_invoke, [task])[0]
+        except TaskPickleError as exc:
+            return f"the sample cannot be sent to a scoring process ({exc})"
+    if not outcome.ok:
+        return outcome.error
+    try:
+        _check_value(outcome.value)
+    except ValueError as exc:
+        return str(exc)
+    return None

@@ -29,12 +29,15 @@ class RewardResult:
         step_end_mask_BR: [B, R] float32, 1 on the tokens that end a step; None unless asked for
             with ``step_rewards``.
         stats: what the scorer counted (``reward/num_errors``, ``reward/num_timeouts``).
+        first_error: with ``reward_model.on_error=zero``, the message of the batch's first failed
+            sample (function, file and line, sample); None when none failed.
     """
 
     scores_B: torch.Tensor
     token_level_scores_BR: torch.Tensor | None
     step_end_mask_BR: torch.Tensor | None
     stats: dict[str, float]
+    first_error: str | None = None
 
 
 class BatchRewarder:
@@ -89,7 +92,8 @@ class BatchRewarder:
         elif token_level:
             token_level_BR = place_scores_on_last_token(scores_B, response_mask_BR)
         return RewardResult(scores_B=scores_B, token_level_scores_BR=token_level_BR,
-                            step_end_mask_BR=step_end_BR, stats={k: float(v) for k, v in stats.items()})
+                            step_end_mask_BR=step_end_BR, stats={k: float(v) for k, v in stats.items()},
+                            first_error=self.scorer.last_problem)
 
     def token_char_lengths(self, ids_B: Sequence[Sequence[int]]) -> list[list[int]]:
         """Per response, the number of characters each token decodes to on its own (special tokens:

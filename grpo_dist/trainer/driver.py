@@ -93,6 +93,7 @@ class GRPOTrainer:
         p = self.plan
         self.rewards = RewardStage.from_plan(self.cfg, p, self.reward, w.get("reward_model"), world_size=world,
                                              tokenizer=self.tokenizer, tokenizer_path=self.tokenizer_path)
+        self.summary.rewards = self.rewards.counts
         self.iterative = IterativeRL.from_plan(p, w.get("reward_model"), actor=self.actor, reference=self.ref, device=dev,
                                                reference_dtype=p.reference_dtype)
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),

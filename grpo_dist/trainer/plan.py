@@ -58,6 +58,8 @@ class LaunchPlan:
     sample_shuffle: bool
     custom_reward: tuple[str, str] | None
     """``(path, function name)`` of a custom reward function."""
+    reward_trial: dict
+    """``reward_model.timeout_s`` and ``.on_error``: how the custom function's trial call is limited and judged."""
     out_dir: str
     ray_init: dict
     """Keyword arguments of ``distributed.worker_group.init_ray``."""
@@ -96,6 +98,7 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         sample_seed=d.seed,
         sample_shuffle=d.shuffle,
         custom_reward=(rf, setting(cfg, "custom_reward_function.name") or "compute_score") if rf else None,
+        reward_trial=dict(timeout_s=cfg.reward_model.timeout_s, on_error=cfg.reward_model.on_error),
         out_dir=t.default_local_dir,
         ray_init=dict(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
                       min_cpus=data_parallel_size(cfg),

@@ -45,7 +45,7 @@ from grpo_dist.rewards.combine import RewardCombine, combine_scores
 from grpo_dist.rewards.shaping import OverlongBuffer, apply_overlong_penalty
 from grpo_dist.rewards.tokens import SeparatorTokens, place_scores_on_last_token, token_step_ends
 from grpo_dist.trainer.metrics import Timer
-from grpo_dist.trainer.summary import TrainingError
+from grpo_dist.trainer.summary import ScoreCounts, TrainingError
 from grpo_dist.training.settings import FORWARD_KEYS
 from grpo_dist.workers.common import unwrap_timed
 
@@ -83,6 +83,7 @@ class RewardStage:
         self.iterative, self.reencode, self.rm_path = iterative, reencode, rm_path
         self.label_threshold = label_threshold
         self.warned_no_separator = False
+        self.counts = ScoreCounts()  # every score of the run, and the failed ones (on_error=zero)
 
     @classmethod
     def from_plan(cls, cfg: GRPOConfig, plan: Any, rule: WorkerGroup, rm: WorkerGroup | None, *, world_size: int,
@@ -156,9 +157,11 @@ class RewardStage:
     def _rule_call(self, batch: Batch, *, token_level: bool, step_rewards: bool, optional: bool = False):
         # reward_source: what the reward function gets as its data_source (data.reward_fn_key's column)
         source = batch["reward_source"] if "reward_source" in batch else batch["data_source"]
-        return self.rule.call("compute", batch["responses"], batch["response_mask"], list(source),
-                              list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards,
-                              optional)[0]
+        result = self.rule.call("compute", batch["responses"], batch["response_mask"], list(source),
+                                list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards,
+                                optional)[0]
+        self.counts.add(len(result.scores_B), result.stats, result.first_error)
+        return result
 
     def _rule_only(self, batch: Batch, token_level: bool) -> tuple[torch.Tensor, dict[str, float]]:
         step_rewards = token_level and self.needs_step_rewards

@@ -161,9 +161,17 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
 
             load_custom_reward_fn(*lp.custom_reward)
         sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
-        train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample)
-        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample)
+        train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample,
+                                         key="data.train_files")
+        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample,
+                                        key="data.val_files")
                if val_files else None)
+        if lp.custom_reward:  # its type and value errors in seconds, not after the workers start
+            from grpo_dist.trainer.reward_trial import try_custom_reward
+
+            warning = try_custom_reward(*lp.custom_reward, train[0], **lp.reward_trial)
+            if warning:
+                print(f"grpo_dist: warning: {warning}", file=sys.stderr, flush=True)
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
 
@@ -178,9 +186,10 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
     except RunLockError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:
+        from grpo_dist.utils.disk import write_failure
+
         lock.release()
-        return _fail(f"cannot write to trainer.default_local_dir={out_dir}: {exc.strerror or exc} "
-                     f"({exc.filename or out_dir}); give a directory this user can create and write", 2)
+        return _fail(write_failure("trainer.default_local_dir", out_dir, exc), 2)
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
     try:
@@ -326,7 +335,9 @@ def save_config(cfg: GRPOConfig, out_dir: Path) -> None:
 
     import yaml
 
-    (out_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    from grpo_dist.utils.disk import write_text_atomic
+
+    write_text_atomic(out_dir / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
 
 
 def _print_summary(s, total_s: float) -> None:
@@ -350,4 +361,7 @@ def _print_summary(s, total_s: float) -> None:
     if s.last_checkpoint:
         lines.append(f"  checkpoint       {s.last_checkpoint}")
     lines.append(f"  metrics, report  {s.out_dir}/metrics.jsonl, {s.out_dir}/report/")
+    lines += [line for line in [s.rewards.summary_line()] if line]
     print("\n".join(lines), flush=True)
+    if s.rewards.warning():
+        print(f"grpo_dist: warning: {s.rewards.warning()}", file=sys.stderr, flush=True)

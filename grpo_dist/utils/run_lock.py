@@ -51,8 +51,12 @@ class RunLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(self._record(), f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._record(), f)
+        except BaseException:  # a full disk: no empty lock left behind to puzzle the next run
+            self.path.unlink(missing_ok=True)
+            raise
         return True
 
     def _owner(self) -> dict | None:

@@ -32,3 +32,16 @@ def returns_string(data_source, solution_str, ground_truth, extra_info=None):
 def constant(data_source, solution_str, ground_truth, extra_info=None):
     """The same score for every response: no group has spread (DAPO's dynamic sampling keeps none)."""
     return 0.5
+
+
+def raises_unless_exact(data_source, solution_str, ground_truth, extra_info=None):
+    """Scores an exact answer (so the trial call before the run, on the ground truth, passes) and raises
+    on any other response: the run meets the raise on its first batch."""
+    if solution_str.strip() == str(ground_truth):
+        return 1.0
+    raise ZeroDivisionError("this reward function is broken")
+
+
+def text_unless_exact(data_source, solution_str, ground_truth, extra_info=None):
+    """The score as text, except for an exact answer (which passes the trial call before the run)."""
+    return 1.0 if solution_str.strip() == str(ground_truth) else "0.0"

@@ -145,6 +145,24 @@ def test_wrong_reward_function_name_is_named_before_workers_start(tiny_model_dir
     assert time.time() - t0 < 60 and not (tmp_path / "o" / "placement.json").exists(), "no worker was started"
 
 
+def test_broken_reward_function_is_named_before_workers_start(tiny_model_dir, reverse_data, tmp_path):
+    """A function that fails on every sample is tried once on the first training row and named, with its
+    file and line, before Ray starts; with on_error=zero it is a warning (the run goes on:
+    test_reward_faults_scored_zero_and_counted)."""
+    faulty = HERE / "reward_faulty.py"
+    line = next(i for i, t in enumerate(faulty.read_text().splitlines(), 1) if 'raise ZeroDivisionError("this' in t)
+    for name, needles in [("always_raises", ["raised ZeroDivisionError: this reward function is broken",
+                                             f"at {faulty}:{line} (in always_raises)"]),
+                          ("returns_string", ["returned a str ('1.0'), not a number"])]:
+        t0 = time.time()
+        out = tmp_path / name
+        proc = run_main(base_args(tiny_model_dir, reverse_data, out, 1) + LIGHT + [
+            f"custom_reward_function.path={faulty}", f"custom_reward_function.name={name}"])
+        assert_one_message(proc, f"reward function {name} from {faulty} failed when tried once before the run",
+                           *needles, "custom_reward_function.path", code=2)
+        assert time.time() - t0 < 60 and not (out / "placement.json").exists(), "no worker was started"
+
+
 def test_unwritable_output_directory_is_named(tiny_model_dir, reverse_data, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
@@ -155,9 +173,10 @@ def test_unwritable_output_directory_is_named(tiny_model_dir, reverse_data, tmp_
 # --------------------------------------------------------------- faults during training
 def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, reverse_data, tmp_path):
     args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [
-        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=always_raises"]
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=raises_unless_exact"]
     proc = run_main(args)
-    tail = assert_one_message(proc, "reward", "always_raises", "ZeroDivisionError", "grpo_dist/reverse", code=1)
+    tail = assert_one_message(proc, "reward", "raises_unless_exact", "ZeroDivisionError", "grpo_dist/reverse",
+                              f"{HERE / 'reward_faulty.py'}:", "(in raises_unless_exact)", code=1)
     assert "rerun the same command" not in tail and "reward_model.on_error=zero" in tail, tail
 
 
@@ -165,9 +184,9 @@ def test_reward_function_returning_text_names_the_sample_and_what_to_fix(tiny_mo
     """A user-code fault: the message names the function, the sample and the value, and says what to fix
     instead of suggesting a rerun (which would meet the same value again)."""
     args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [
-        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=returns_string"]
+        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=text_unless_exact"]
     proc = run_main(args)
-    tail = assert_one_message(proc, "reward function returns_string", "of the batch (data_source='grpo_dist/reverse')",
+    tail = assert_one_message(proc, "reward function text_unless_exact", "of the batch (data_source='grpo_dist/reverse')",
                               "returned a str", "not a number", "row index", "response '",
                               "custom_reward_function.path", code=1)
     assert "rerun the same command" not in tail, tail
@@ -181,6 +200,9 @@ def test_reward_faults_scored_zero_and_counted(tiny_model_dir, reverse_data, tmp
         "data.shuffle=false"]
     proc = run_main(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # row 0 hangs: the trial call before the run says so, and the run goes on (on_error=zero)
+    assert "grpo_dist: warning: reward function mixed_faults" in proc.stderr and "timed out after 2 s" in proc.stderr
+    assert re.search(r"reward errors +\d+ of \d+ scores failed", proc.stdout), proc.stdout[-2000:]
     m = read_metrics(out)[1]
     # prompts 0..3 (indices 0,1,2,3), 4 responses each: one hangs, one raises, one returns NaN per group of 4
     assert m["reward/num_timeouts"] == 4

@@ -277,3 +277,15 @@ def test_cli_subprocess_fails_fast_without_traceback():
     assert proc.returncode == 2
     assert "loss_agg_mode" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("given", [["4", "abc"], ["abc", "4"]])
+def test_a_key_given_twice_is_reported_with_the_value_that_failed(given, capsys):
+    """Hydra applies a key's overrides in order (each must be valid, the last is in effect): the message
+    names the value that failed, not the first one given, and says the key was given twice."""
+    assert main(["--check=config"] + [f"data.train_batch_size={v}" for v in given]) == 2
+    err = capsys.readouterr().err
+    assert "invalid value for data.train_batch_size = 'abc' (the key is given 2 times" in err, err
+    assert "= '4'" not in err and "Value 'abc'" in err
+    # the later of two valid values wins, as with Hydra
+    assert load("data.train_batch_size=4", "data.train_batch_size=32", check_paths=False).data.train_batch_size == 32

@@ -189,3 +189,40 @@ def test_the_missing_separator_warning_is_said_once(capsys):
     s.score(batch())
     out = capsys.readouterr().out
     assert out.count("hold no step separator") == 1 and "2 of 3 responses" in out
+
+
+class FailingRuleGroup(RuleGroup):
+    """Every score failed and was scored 0 (reward_model.on_error=zero), as the reward worker reports it."""
+
+    def call(self, method, responses, *args):
+        n = len(responses)
+        return [RewardResult(scores_B=torch.zeros(n), token_level_scores_BR=None, step_end_mask_BR=None,
+                             stats={"reward/num_errors": float(n - 1), "reward/num_timeouts": 1.0},
+                             first_error="reward function f from /r.py failed on sample 0 of the batch: raised "
+                                         "KeyError: 'x' at /r.py:3 (in f)")]
+
+
+def test_failed_scores_are_counted_over_the_run_and_reach_the_summary(capsys):
+    """With on_error=zero a run whose every score failed ends with a summary line and a warning that say
+    so, and the first failure with its file and line."""
+    from grpo_dist.trainer.run import _print_summary
+    from grpo_dist.trainer.summary import RunSummary
+
+    s = RewardStage(FailingRuleGroup(), needs_step_rewards=False, overlong=None)
+    s.score(batch(), token_level=False)
+    s.score(batch(2), token_level=False)
+    assert (s.counts.scored, s.counts.failed) == (5, 5)
+    summary = RunSummary(steps=2, out_dir="/out", rewards=s.counts)
+    _print_summary(summary, 10.0)
+    out, err = capsys.readouterr()
+    assert "reward errors    5 of 5 scores failed (every score) and were scored 0 (reward_model.on_error=zero" in out
+    assert err.startswith("grpo_dist: warning: every reward score of this run failed and was scored 0")
+    assert "the first: reward function f from /r.py failed" in err and "/r.py:3 (in f)" in err
+
+    # a few failures: the summary counts them, no warning
+    summary.rewards.scored = 100
+    _print_summary(summary, 10.0)
+    out, err = capsys.readouterr()
+    assert "5 of 100 scores failed (5%)" in out and err == ""
+    _print_summary(RunSummary(steps=2, out_dir="/out"), 10.0)
+    assert "reward errors" not in capsys.readouterr().out

@@ -201,3 +201,23 @@ def test_worker_exits_quietly_when_the_parent_is_gone():
         assert _worker_main(child, []) is None  # BrokenPipeError on "ready" -> return, no raise
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def test_a_raise_is_shown_at_the_users_file_and_line(raise_scorer, behave_fn, tmp_path):
+    """The line of the user's file that raised, also when the raise comes from a library it called;
+    a signature verl's keywords do not fit is shown at the function's def."""
+    line = next(i for i, text in enumerate(BEHAVE.splitlines(), start=1) if "1 / 0" in text)
+    with pytest.raises(RewardError) as err:
+        score(raise_scorer, ["raise"])
+    assert f"raised ZeroDivisionError: division by zero at {behave_fn.path}:{line} (in behave)" in str(err.value)
+
+    lib = tmp_path / "calls_json.py"
+    lib.write_text("import json\n\n\ndef score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                   "    return json.loads(solution_str)\n\n\ndef positional(text):\n    return 1.0\n")
+    with RewardScorer(CustomRewardFn(str(lib), "score"), num_workers=0, timeout_s=None, on_error="raise") as scorer:
+        with pytest.raises(RewardError, match=rf"raised JSONDecodeError: .* at {lib}:5 \(in score\)"):
+            score(scorer, ["not json"])
+    with RewardScorer(CustomRewardFn(str(lib), "positional"), num_workers=0, timeout_s=None, on_error="raise") as s:
+        with pytest.raises(RewardError, match=rf"raised TypeError: .*'data_source'.* when called \(positional is "
+                                              rf"defined at {lib}:8\)"):
+            score(s, ["x"])

@@ -1,0 +1,249 @@
+"""Start-up checks a new user meets before Ray starts: which data key holds an unreadable file, a
+custom reward function tried once on a training row, a full disk told apart from a permission problem.
+
+The runs go through ``grpo_dist.trainer.run.run`` with the tiny model up to where Ray would start."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+
+from grpo_dist.distributed import worker_group
+from tests.unit.test_command_line import restore_logging  # noqa: F401  (autouse: the jobs configure logging)
+from tests.unit.test_run_messages import one_message, tiny_cfg
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Ray must not start in these tests: the run stops at init_ray when its checks pass."""
+    from grpo_dist.distributed.worker_group import RayStartError
+
+    def stop_here(**kwargs):
+        raise RayStartError("could not start a local Ray instance: stopped here by the test")
+
+    monkeypatch.setattr(worker_group, "init_ray", stop_here)
+
+
+# ---- an unreadable data file names its key ----------------------------------------------------------
+@pytest.mark.parametrize("key", ["data.train_files", "data.val_files"])
+def test_unreadable_parquet_names_the_key_and_the_file(key, tiny_model_dir, reverse_data, tmp_path, no_ray, capsys):
+    bad = tmp_path / "broken.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet PAR1")
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"{key}={bad}"))
+    tail = one_message(capsys.readouterr().err, 2, code, f"{key}: {bad}: not a readable parquet file")
+    other = "data.val_files" if key == "data.train_files" else "data.train_files"
+    assert other not in tail
+
+
+def run_cfg(cfg) -> int:
+    from grpo_dist.trainer.run import run
+
+    return run(cfg)
+
+
+# ---- the custom reward function, tried once before Ray starts ------------------------------------------
+REWARDS = '''import os
+import time
+
+
+def raises(data_source, solution_str, ground_truth, extra_info=None):
+    table = {"other": 1.0}
+    return table[solution_str]
+
+
+def returns_text(data_source, solution_str, ground_truth, extra_info=None):
+    return "1.0"
+
+
+def sleeps(data_source, solution_str, ground_truth, extra_info=None):
+    time.sleep(30)
+    return 1.0
+
+
+def changes_its_process(data_source, solution_str, ground_truth, extra_info=None):
+    os.environ["GRPO_DIST_TEST_TRIAL_MARK"] = "set"
+    with open(os.path.join(os.path.dirname(__file__), "calls.txt"), "a") as f:
+        f.write(f"{data_source} {solution_str!r} {ground_truth!r} {extra_info['index']}\\n")
+    return float(solution_str == ground_truth)
+'''
+
+
+@pytest.fixture
+def rewards_file(tmp_path):
+    path = tmp_path / "my_rewards.py"
+    path.write_text(REWARDS)
+    return path
+
+
+def reward_cfg(tiny_model_dir, reverse_data, out, path, name, *extra):
+    return tiny_cfg(tiny_model_dir, reverse_data, out, f"custom_reward_function.path={path}",
+                    f"custom_reward_function.name={name}", "data.shuffle=false", *extra)
+
+
+@pytest.fixture
+def ray_must_not_start(monkeypatch):
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: pytest.fail("Ray was started"))
+
+
+def test_a_reward_that_raises_stops_the_start_naming_its_file_and_line(tiny_model_dir, reverse_data, tmp_path,
+                                                                       rewards_file, ray_must_not_start, capsys):
+    line = next(i for i, text in enumerate(REWARDS.splitlines(), start=1) if "return table[" in text)
+    code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, tmp_path / "o", rewards_file, "raises"))
+    tail = one_message(capsys.readouterr().err, 2, code,
+                       f"reward function raises from {rewards_file} failed when tried once before the run",
+                       f"raised KeyError: '", f"at {rewards_file}:{line} (in raises)",
+                       "fix it (custom_reward_function.path / .name)", "reward_model.on_error=zero")
+    assert "rerun" not in tail
+    assert not (tmp_path / "o" / ".grpo_dist.lock").exists()
+
+
+def test_a_reward_that_returns_text_stops_the_start(tiny_model_dir, reverse_data, tmp_path, rewards_file,
+                                                    ray_must_not_start, capsys):
+    code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, tmp_path / "o", rewards_file, "returns_text"))
+    one_message(capsys.readouterr().err, 2, code, "returns_text", "returned a str ('1.0'), not a number")
+
+
+def test_a_reward_slower_than_its_limit_is_stopped_and_named(tiny_model_dir, reverse_data, tmp_path, rewards_file,
+                                                             ray_must_not_start, capsys):
+    t0 = time.monotonic()
+    code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, tmp_path / "o", rewards_file, "sleeps",
+                              "reward_model.timeout_s=1"))
+    assert time.monotonic() - t0 < 20
+    one_message(capsys.readouterr().err, 2, code, "timed out after 1 s", "raise reward_model.timeout_s")
+
+
+def test_with_on_error_zero_a_failing_reward_is_a_warning_and_the_run_starts(tiny_model_dir, reverse_data, tmp_path,
+                                                                            rewards_file, no_ray, capsys):
+    code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, tmp_path / "o", rewards_file, "raises",
+                              "reward_model.on_error=zero"))
+    err = capsys.readouterr().err
+    one_message(err, 1, code, "stopped here by the test")  # it went on to start Ray
+    assert "grpo_dist: warning: reward function raises from" in err and "reward/num_errors" in err
+
+
+def test_the_trial_call_gets_the_first_row_and_leaves_the_driver_alone(tiny_model_dir, reverse_data, tmp_path,
+                                                                        rewards_file, no_ray, capsys, monkeypatch):
+    """One call, in a process of its own: the row's data_source, its ground truth as the response, its
+    extra_info; what the function does to its process (here its environment) stays there."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.delenv("GRPO_DIST_TEST_TRIAL_MARK", raising=False)
+    code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, tmp_path / "o", rewards_file, "changes_its_process"))
+    one_message(capsys.readouterr().err, 1, code, "stopped here by the test")
+    first = pq.read_table(reverse_data["train"]).slice(0, 1).to_pylist()[0]
+    truth = first["reward_model"]["ground_truth"]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert calls == [f"{first['data_source']} {truth!r} {truth!r} {first['extra_info']['index']}"]
+    assert "GRPO_DIST_TEST_TRIAL_MARK" not in os.environ
+
+
+# ---- a full disk at start-up ---------------------------------------------------------------------------
+def main_args(tiny_model_dir, reverse_data, out, *extra):
+    return [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={reverse_data['train']}",
+            f"data.val_files={reverse_data['test']}", "data.train_batch_size=4", "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=1", "trainer.device=cpu",
+            f"trainer.default_local_dir={out}", *extra]
+
+
+def disk_full_on(monkeypatch, what: str, errnum: int = errno.ENOSPC):
+    """The start's write of ``what`` fails as on a full disk: the run's ``config.yaml``, or Hydra's
+    ``.hydra/`` files (after the folder and its first file were written)."""
+    from grpo_dist.config import hydra_cli
+    from grpo_dist.trainer import run as run_module
+
+    def fail(path):
+        raise OSError(errnum, os.strerror(errnum), str(path))
+
+    if what == "config.yaml":
+        monkeypatch.setattr(run_module, "save_config", lambda cfg, out_dir: fail(out_dir / "config.yaml"))
+    else:
+        def partly(job):
+            sub = os.path.join(job.output_dir, ".hydra")
+            os.makedirs(sub, exist_ok=True)
+            with open(os.path.join(sub, "config.yaml"), "w") as f:
+                f.write("data:\n")
+            fail(os.path.join(sub, "hydra.yaml"))
+
+        monkeypatch.setattr(hydra_cli, "write_hydra_files", partly)
+
+
+@pytest.mark.parametrize("name", ["config.yaml", ".hydra"])
+def test_a_full_disk_at_start_says_so_and_leaves_nothing_behind(name, tiny_model_dir, reverse_data, tmp_path,
+                                                                 monkeypatch, ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    out = tmp_path / "runs" / "o"
+    disk_full_on(monkeypatch, name)
+    code = main(main_args(tiny_model_dir, reverse_data, out))
+    tail = one_message(capsys.readouterr().err, 2, code, f"cannot write to trainer.default_local_dir={out}: the disk is "
+                       "full (No space left on device, ", " free, writing ", f"{out}/{name}",
+                       "free space on that disk, or point trainer.default_local_dir at a directory on another one")
+    assert "give a directory this user can create and write" not in tail
+    assert not (tmp_path / "runs").exists(), sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+def test_a_full_quota_is_named_and_an_earlier_runs_files_stay(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
+                                                              ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    out = tmp_path / "o"
+    (out / ".hydra").mkdir(parents=True)
+    earlier = {out / "config.yaml": "earlier: 1\n", out / "main.log": "earlier log\n",
+               out / ".hydra" / "config.yaml": "earlier: 2\n", out / "metrics.jsonl": '{"step": 1}\n'}
+    for path, text in earlier.items():
+        path.write_text(text)
+    disk_full_on(monkeypatch, ".hydra", errno.EDQUOT)
+    code = main(main_args(tiny_model_dir, reverse_data, out))
+    one_message(capsys.readouterr().err, 2, code, "this user's disk quota is used up")
+    # the earlier run's log and metrics are untouched (its config.yaml files were rewritten by this start)
+    assert [(out / n).read_text() for n in ("main.log", "metrics.jsonl")] == ["earlier log\n", '{"step": 1}\n']
+    assert sorted(p.name for p in out.iterdir()) == [".hydra", "config.yaml", "main.log", "metrics.jsonl"]
+
+
+def test_a_folder_this_user_cannot_write_still_asks_for_another(tiny_model_dir, reverse_data, tmp_path,
+                                                                ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    code = main(main_args(tiny_model_dir, reverse_data, blocker / "out"))
+    tail = one_message(capsys.readouterr().err, 2, code, f"cannot write to trainer.default_local_dir={blocker / 'out'}",
+                       "give a directory this user can create and write")
+    assert "full" not in tail
+
+
+def test_a_start_refused_for_its_data_leaves_no_output_folder(tiny_model_dir, reverse_data, tmp_path,
+                                                              ray_must_not_start, capsys):
+    from grpo_dist.main import main
+
+    bad = tmp_path / "broken.parquet"
+    bad.write_bytes(b"PAR1 not parquet PAR1")
+    code = main(main_args(tiny_model_dir, reverse_data, tmp_path / "o", f"data.val_files={bad}"))
+    one_message(capsys.readouterr().err, 2, code, "data.val_files")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from grpo_dist.utils.disk import write_text_atomic
+
+    target = tmp_path / "config.yaml"
+    target.write_text("earlier\n")
+    real = Path.write_text
+
+    def half_then_full(self, text, *a, **k):
+        real(self, text[:3])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    with pytest.raises(OSError):
+        write_text_atomic(target, "new: 1\n")
+    monkeypatch.undo()
+    assert target.read_text() == "earlier\n" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+    write_text_atomic(target, "new: 1\n")
+    assert target.read_text() == "new: 1\n"
