@@ -268,9 +268,8 @@ class GRPOTrainer:
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "total_steps": self.total_steps}
         final = checkpoint.save(p.checkpoint_root, self.global_step, state, max_keep=p.max_ckpt_to_keep,
-                                write_shards=write_shards,
-                                newest=self.stop.last_checkpoint, root_key="trainer.default_local_dir",
-                                resume_settings=self.stop.resume_settings)
+                                write_shards=write_shards, newest=self.stop.last_checkpoint,
+                                root_key="trainer.default_local_dir", resume_settings=self.stop.resume_settings)
         self.summary.last_checkpoint = str(final)
         self.stop.saved(str(final), time.perf_counter() - t0)
         return str(final)
