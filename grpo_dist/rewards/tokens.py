@@ -91,7 +91,8 @@ def step_end_tokens(
     may end inside a character, and a byte-fallback decoder then shows the whole run of byte tokens
     before it as U+FFFD too (``"\\n"`` + the first byte of ``"É"``: ``"\\ufffd\\ufffd"``), so it is
     credited with what the up to 3 prefixes before it show (a character has at most 4 bytes); with
-    that, the characters shown never decrease as tokens are added, and the search is exact.
+    that, the characters shown never decrease as tokens are added (unless special tokens sit between the
+    bytes of one character), and the search is exact.
 
     Args:
         char_ends: offsets (exclusive) where steps end in ``text``, ascending, each in ``[1, len(text)]``.

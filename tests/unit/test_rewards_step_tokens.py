@@ -142,8 +142,12 @@ def one_per_line(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def test_step_rewards_land_where_prefix_decoding_puts_the_step_ends(tokenizer):
-    """Through the rewarder: responses padded to R, the EOS after each, the step rewards on the tokens that
-    complete each line (not where the lengths of tokens decoded one at a time would put them)."""
+    check_step_rewards_through_the_rewarder(tokenizer)
+
+
+def check_step_rewards_through_the_rewarder(tokenizer) -> None:
+    """Responses padded to R, the EOS after each: the step rewards are on the tokens that complete each
+    line (not where the lengths of tokens decoded one at a time would put them)."""
     eos = tokenizer.eos_token_id
     rows = [encode(tokenizer, t) + [eos] for t in TEXTS]
     R = max(map(len, rows)) + 2
