@@ -47,6 +47,11 @@ class BatchRewarder:
         self.tokenizer = tokenizer
         self.scorer = scorer
 
+    def decode(self, ids_B: Sequence[Sequence[int]]) -> list[str]:
+        """The texts the scorer sees: special tokens skipped, the tokenizer's own clean-up setting. Step
+        ends are found by decoding prefixes of the responses with this same call."""
+        return self.tokenizer.batch_decode([list(ids) for ids in ids_B], skip_special_tokens=True)
+
     def compute(
         self,
         responses_BR: torch.Tensor,
@@ -78,7 +83,7 @@ class BatchRewarder:
         if step_rewards and not token_level:
             raise ValueError("step_rewards=True places rewards on tokens; it needs token_level=True")
         ids_B = [ids[m.bool()].tolist() for ids, m in zip(responses_BR, response_mask_BR)]
-        texts_B = self.tokenizer.batch_decode(ids_B, skip_special_tokens=True)
+        texts_B = self.decode(ids_B)
         scores, extra, stats = self.scorer.score_batch(list(data_sources), texts_B, list(ground_truths),
                                                        list(extra_infos))
         scores_B = torch.tensor(scores, dtype=torch.float32)
@@ -87,18 +92,9 @@ class BatchRewarder:
             step_rewards = False
         if step_rewards:
             per_step = extra["step_rewards"] if "step_rewards" in extra else [None] * len(texts_B)
-            token_level_BR, step_end_BR = place_step_rewards(per_step, texts_B, self.token_char_lengths(ids_B),
-                                                             response_mask_BR)
+            token_level_BR, step_end_BR = place_step_rewards(per_step, texts_B, ids_B, response_mask_BR, self.decode)
         elif token_level:
             token_level_BR = place_scores_on_last_token(scores_B, response_mask_BR)
         return RewardResult(scores_B=scores_B, token_level_scores_BR=token_level_BR,
                             step_end_mask_BR=step_end_BR, stats={k: float(v) for k, v in stats.items()},
                             first_error=self.scorer.last_problem)
-
-    def token_char_lengths(self, ids_B: Sequence[Sequence[int]]) -> list[list[int]]:
-        """Per response, the number of characters each token decodes to on its own (special tokens:
-        0). Each distinct token id is decoded once per call, whatever the number of responses."""
-        distinct = sorted({t for ids in ids_B for t in ids})
-        pieces = self.tokenizer.batch_decode([[t] for t in distinct], skip_special_tokens=True)
-        length_of = {t: len(piece) for t, piece in zip(distinct, pieces)}
-        return [[length_of[t] for t in ids] for ids in ids_B]

@@ -3,7 +3,8 @@ tokens that end a step (from the text's lines, or, for a process reward model, f
 
 from __future__ import annotations
 
-from typing import Sequence
+import bisect
+from typing import Callable, Sequence
 
 import torch
 
@@ -48,20 +49,130 @@ def step_char_ends(text: str) -> list[int]:
     return ends
 
 
+#: U+FFFD, what a decoder shows for bytes that are not (yet) a whole UTF-8 character.
+REPLACEMENT = "\ufffd"
+#: A prefix of tokens can end at most 3 bytes into an unfinished UTF-8 character (4 bytes at most).
+MAX_UNFINISHED_BYTES = 3
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``."""
+    if b.startswith(a):
+        return len(a)
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; a[:hi + 1] != b[:hi + 1]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if b.startswith(a[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def step_end_tokens(
+    char_ends: Sequence[int],
+    text: str,
+    n_tokens: int,
+    decode_prefixes: Callable[[list[int]], list[str]],
+) -> list[int]:
+    """The token that completes the last character of each step, by decoding prefixes of the response.
+
+    ``shown(n)``, how many leading characters of ``text`` the first ``n`` tokens show, is the length of
+    the common prefix of their decoded text and ``text``. So a prefix that ends inside a multi-byte
+    character (decoded as U+FFFD) does not show that character yet: it belongs to the token that
+    completes it; a token's leading space counts where the whole text has it (a SentencePiece piece
+    decoded on its own loses it); a space that the decoder's clean-up removes once the next token is
+    there is not counted. The rule: the character at offset ``c`` is in the first token that shows it,
+    the smallest ``i`` with ``shown(i + 1) > c``; a step ending at offset ``e`` (exclusive) ends in the
+    smallest ``i`` with ``shown(i + 1) >= e``. That is what decoding every prefix gives.
+
+    It is found with a few decodes per step, not one per token: interpolation between the prefixes
+    decoded so far, bisection when a round does not halve the range. A prefix whose text ends in U+FFFD
+    may end inside a character, and a byte-fallback decoder then shows the whole run of byte tokens
+    before it as U+FFFD too (``"\\n"`` + the first byte of ``"É"``: ``"\\ufffd\\ufffd"``), so it is
+    credited with what the up to 3 prefixes before it show (a character has at most 4 bytes); with
+    that, the characters shown never decrease as tokens are added (unless special tokens sit between the
+    bytes of one character), and the search is exact.
+
+    Args:
+        char_ends: offsets (exclusive) where steps end in ``text``, ascending, each in ``[1, len(text)]``.
+        text: the decoded response, as ``decode_prefixes([n_tokens])[0]`` gives it.
+        n_tokens: T >= 1, the number of response tokens.
+        decode_prefixes: given prefix lengths ``[n, ...]`` (each in ``[1, T]``), the texts of the first
+            ``n`` response tokens, decoded as ``text`` was (the same special-token skipping and clean-up).
+
+    Returns:
+        one token index in ``[0, T)`` per end (an end beyond what all T tokens show: ``T - 1``).
+    """
+    raw: dict[int, tuple[int, bool]] = {0: (0, False)}  # n -> (characters shown, decoded text ends in U+FFFD)
+    shown = {0: 0}  # n -> characters shown by the first n tokens, looking back over an unfinished character
+    known = [0]  # the keys of ``shown``, ascending
+
+    def learn(ns: list[int]) -> None:
+        ns = sorted(set(ns) - shown.keys())
+        back = {n: n for n in ns}  # the shortest prefix looked at for n
+        todo = ns
+        while todo:
+            fresh = sorted(set(todo) - raw.keys())
+            for m, piece in zip(fresh, decode_prefixes(fresh) if fresh else []):
+                raw[m] = (_common_prefix_len(piece, text), piece.endswith(REPLACEMENT))
+            todo = []
+            for n in ns:
+                if raw[back[n]][1] and n - back[n] < MAX_UNFINISHED_BYTES:
+                    back[n] -= 1
+                    todo.append(back[n])
+        for n in ns:
+            shown[n] = max(raw[m][0] for m in range(back[n], n + 1))
+            bisect.insort(known, n)
+
+    def bracket(e: int) -> tuple[int, int]:
+        """(lo, hi): hi the shortest known prefix that shows >= e characters, lo the known one before it."""
+        k = next(j for j, n in enumerate(known) if shown[n] >= e)
+        return known[k - 1], known[k]
+
+    learn([n_tokens])
+    out = []
+    for e in char_ends:
+        if shown[n_tokens] < e:
+            out.append(n_tokens - 1)
+            continue
+        lo, hi = bracket(e)
+        halved = True
+        while hi - lo > 1:
+            # the answer lies in (lo, hi]: probe where the characters shown reach e by interpolation, and
+            # the prefix before (usually that settles it); also the middle when the last round did not halve
+            guess = lo + -(-(e - shown[lo]) * (hi - lo) // (shown[hi] - shown[lo]))
+            probes = {guess, guess - 1} | (set() if halved else {(lo + hi) // 2})
+            learn([n for n in probes if lo < n < hi])
+            new_lo, new_hi = bracket(e)
+            halved = 2 * (new_hi - new_lo) <= hi - lo
+            lo, hi = new_lo, new_hi
+        out.append(hi - 1)
+    return out
+
+
 def place_step_rewards(
     step_rewards_B: Sequence[Sequence[float] | None],
     texts_B: Sequence[str],
-    token_lengths_B: Sequence[Sequence[int]],
+    token_ids_B: Sequence[Sequence[int]],
     response_mask_BR: torch.Tensor,
+    decode: Callable[[list[list[int]]], list[str]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Process supervision: each step's reward on the token that ends the step.
 
+    A step is a line of the text (:func:`step_char_ends`); it ends in the response token that completes
+    its last character, the first token whose prefix of the response decodes to a text showing that
+    character (:func:`step_end_tokens`: exact for multi-byte characters split over tokens, SentencePiece
+    leading spaces and decode clean-up, with a few decodes per step).
+
     Args:
         step_rewards_B: per response, one reward per step (line) of its text, in order.
-        texts_B: the decoded responses the rewards were computed on.
-        token_lengths_B: per response, the number of characters each response token decodes to
-            (its cumulative sum maps a character offset to the token that contains it).
-        response_mask_BR: [B, R] 1 on response tokens.
+        texts_B: the decoded responses the rewards were computed on: ``decode(token_ids_B)``.
+        token_ids_B: per response, its T_b response token ids in order (T_b = the number of 1s in its
+            row of ``response_mask_BR``).
+        response_mask_BR: [B, R] 1 on response tokens (need not be contiguous).
+        decode: a batch decode, ``list of id lists -> list of texts``, the one that gave ``texts_B``
+            (e.g. ``tokenizer.batch_decode`` with the same ``skip_special_tokens``).
 
     Returns:
         rewards_BR [B, R] (float32) with the step rewards at step ends (steps that end in the same
@@ -83,17 +194,15 @@ def place_step_rewards(
                 f"{len(ends)} steps (lines); return {{'score': ..., 'step_rewards': [one per line]}}"
             )
         valid = torch.nonzero(response_mask_BR[b] != 0, as_tuple=True)[0].tolist()
-        if not valid:
+        ids = list(token_ids_B[b])
+        if len(ids) != len(valid):
+            raise ValueError(f"response {b}: {len(ids)} token ids for {len(valid)} response tokens in the mask")
+        if not valid or not ends:
             continue
-        cum, total = [], 0
-        for n_chars in token_lengths_B[b][: len(valid)]:
-            total += n_chars
-            cum.append(total)
-        for end, r in zip(ends, got):
-            k = next((i for i, c in enumerate(cum) if c >= end), len(valid) - 1)
-            t = valid[min(k, len(valid) - 1)]
-            rewards_BR[b, t] += float(r)
-            ends_BR[b, t] = 1.0
+        at = step_end_tokens(ends, texts_B[b], len(ids), lambda ns: decode([ids[:n] for n in ns]))  # noqa: B023
+        for k, r in zip(at, got):
+            rewards_BR[b, valid[k]] += float(r)
+            ends_BR[b, valid[k]] = 1.0
     return rewards_BR, ends_BR
 
 

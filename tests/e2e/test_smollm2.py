@@ -186,6 +186,16 @@ def test_chat_template_and_its_default_system_prompt_as_verl_uses_them(tokenizer
     assert tokenizer.eos_token_id == IM_END and tokenizer.pad_token_id == IM_END
 
 
+def test_step_rewards_land_on_the_tokens_that_complete_each_step(tokenizer):
+    """Process supervision on SmolLM2's byte-level BPE with accents, CJK and emoji split over tokens: every
+    character offset, and every step end placed by the rewarder, is where decoding each prefix puts it."""
+    from tests.unit.test_rewards_step_tokens import TEXTS, check_every_offset, check_step_rewards_through_the_rewarder
+
+    for text in TEXTS:
+        check_every_offset(tokenizer, text)
+    check_step_rewards_through_the_rewarder(tokenizer)
+
+
 def test_eos_ids_of_generation_config_end_responses_as_verl_does(smollm2_dir, prompts, vllm_engine, hf_engine, tmp_path):
     """verl ends a response at the first of ``generation_config.eos_token_id`` (an int or a list) and keeps
     that EOS in the response mask (``get_response_mask``: tokens up to and including the first EOS); the

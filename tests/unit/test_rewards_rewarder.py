@@ -5,7 +5,7 @@ import torch
 
 from grpo_dist.rewards.manager import RewardScorer
 from grpo_dist.rewards.rewarder import BatchRewarder
-from grpo_dist.rewards.tokens import place_scores_on_last_token, place_step_rewards
+from grpo_dist.rewards.tokens import place_scores_on_last_token, step_char_ends
 
 EOS, IM_END, PAD = 1, 3, 0
 
@@ -105,16 +105,20 @@ def test_step_rewards_on_the_tokens_that_end_each_step(tokenizer):
     assert out.scores_B.tolist() == [1.0] * 4
 
 
-def test_step_placement_equals_placement_from_per_token_decoding(tokenizer):
-    """The same placement as decoding every response token on its own and calling place_step_rewards."""
+def test_step_placement_equals_placement_from_prefix_decoding(tokenizer):
+    """Each step's reward on the first token whose prefix of the response decodes to a text that holds
+    the whole step (special tokens skipped, as the scored text was decoded)."""
     responses, mask, texts = batch(tokenizer)
-    ids_B = [r[m.bool()].tolist() for r, m in zip(responses, mask)]
-    lengths = [[len(tokenizer.decode([t], skip_special_tokens=True)) for t in ids] for ids in ids_B]
-    steps = [one_per_line("d", t, t)["step_rewards"] for t in texts]
-    want_rewards, want_ends = place_step_rewards(steps, texts, lengths, mask)
     out = compute(tokenizer, one_per_line, token_level=True, step_rewards=True)
-    assert torch.equal(out.token_level_scores_BR, want_rewards)
-    assert torch.equal(out.step_end_mask_BR, want_ends)
+    for b, text in enumerate(texts):
+        cols = torch.nonzero(mask[b], as_tuple=True)[0].tolist()
+        ids = responses[b, cols].tolist()
+        prefixes = tokenizer.batch_decode([ids[:n] for n in range(1, len(ids) + 1)], skip_special_tokens=True)
+        want = torch.zeros(mask.shape[1])
+        for k, end in enumerate(step_char_ends(text)):
+            want[cols[next(i for i, p in enumerate(prefixes) if p.startswith(text[:end]))]] += k + 1
+        assert torch.equal(out.token_level_scores_BR[b], want)
+        assert torch.equal(out.step_end_mask_BR[b], (want != 0).float())
 
 
 class CountingTokenizer:
@@ -133,13 +137,20 @@ class CountingTokenizer:
         return self.tokenizer.decode(ids, **kwargs)
 
 
-def test_each_response_and_each_distinct_token_is_decoded_once(tokenizer):
+def test_step_ends_cost_a_few_prefix_decodes_not_one_per_token(tokenizer):
+    """A response of over 300 tokens in 4 lines of unequal lengths: its step ends are found with a few
+    prefix decodes per step."""
     counting = CountingTokenizer(tokenizer)
-    responses, mask, texts = batch(tokenizer)
+    text = "".join(("xy1 2ab" * 12 + "\n") if k % 2 else ("z 12" * 30 + "\n") for k in range(4)).rstrip("\n")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    responses, mask = torch.tensor([ids]), torch.ones(1, len(ids))
     rewarder = BatchRewarder(counting, RewardScorer(one_per_line, num_workers=0, timeout_s=None, on_error="raise"))
-    rewarder.compute(responses, mask, ["d"] * 4, texts, [{}] * 4, token_level=True, step_rewards=True)
-    distinct = len({t for r, m in zip(responses, mask) for t in r[m.bool()].tolist()})
-    assert counting.decoded == len(texts) + distinct  # not once per response token (14 of them)
+    out = rewarder.compute(responses, mask, ["d"], [text], [{}], token_level=True, step_rewards=True)
+    prefixes = tokenizer.batch_decode([ids[:n] for n in range(1, len(ids) + 1)], skip_special_tokens=True)
+    want = [next(i for i, p in enumerate(prefixes) if p.startswith(text[:end])) for end in step_char_ends(text)]
+    assert torch.nonzero(out.step_end_mask_BR[0], as_tuple=True)[0].tolist() == want
+    # the text, then a few prefixes per step (26 decodes here), not one per token (363)
+    assert len(ids) > 300 and counting.decoded <= 2 + 8 * len(want)
 
 
 def test_missing_step_rewards_and_bad_arguments(tokenizer):
