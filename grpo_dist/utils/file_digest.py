@@ -28,6 +28,7 @@ from typing import Any
 ALGORITHM = "sha256"
 DIGESTS_PREFIX = ".digests-"  # a writer's record of what it wrote, merged into the manifest and removed
 CHUNK = 8 * 2**20
+SLICE = 2**20
 
 
 def digest_of(path: str | os.PathLike) -> str:
@@ -102,11 +103,16 @@ class HashingStream:
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        n = self._raw.write(view)
-        n = len(view) if n is None else n
-        self._hash.update(view[:n])
-        self._size += n
-        return n
+        done = 0
+        # a slice at a time, so that the hash reads each slice while the write's copy left it in the CPU cache
+        while done < len(view):
+            part = view[done:done + SLICE]
+            n = self._raw.write(part)
+            n = len(part) if n is None else n
+            self._hash.update(part[:n])
+            done += n
+        self._size += done
+        return done
 
     def tell(self) -> int:
         return self._raw.tell()

@@ -7,7 +7,9 @@ two moments after one step: 0.54 GB of weights + 1.08 GB of optimizer state, one
 
     PYTHONPATH=$PWD python scripts/bench/checkpoint_digest.py [--dir /tmp/ckpt_bench] [--repeat 3]
 
-Each save goes to a fresh folder; the page cache is not dropped (a resume usually reads a checkpoint that
+Wall time and this process's CPU time (user + system, all threads) are both reported: on a shared
+machine the CPU time is the steadier measure of what hashing adds. Each save goes to a fresh folder;
+the page cache is not dropped (a resume usually reads a checkpoint that
 an earlier run wrote on the same machine, or from a network file system, which this does not model).
 """
 
@@ -47,26 +49,43 @@ def smollm2_shaped():
     return model, opt
 
 
-def plain_save(monkeypatch_off: bool) -> None:
-    """Switch the hashing writers off (``True``) or back on."""
-    if monkeypatch_off:
+_HASHED = (checkpoint_io._dcp_save, checkpoint_io._torch_save)
+_DIGEST_OF = file_digest.digest_of
+MODES = {
+    "no hash": "the writers' plain DCP / torch.save; the manifest records sizes only",
+    "read back": "the writers' plain DCP / torch.save; the manifest hashes every file by reading it back",
+    "as written": "grpo_dist's writers hash while writing; the manifest takes their records",
+}
+
+
+def set_mode(mode: str) -> None:
+    if mode == "as written":
+        checkpoint_io._dcp_save, checkpoint_io._torch_save = _HASHED
+    else:
         checkpoint_io._dcp_save = lambda state, directory, digests: dcp.save(state, checkpoint_id=str(directory))
         checkpoint_io._torch_save = lambda obj, path, digests: torch.save(obj, path)
-    else:
-        checkpoint_io._dcp_save, checkpoint_io._torch_save = _HASHED
-
-
-_HASHED = (checkpoint_io._dcp_save, checkpoint_io._torch_save)
+    file_digest.digest_of = (lambda path: "-") if mode == "no hash" else _DIGEST_OF
 
 
 def one_save(root: Path, step: int, model, opt) -> tuple[float, float]:
-    """(seconds writing the shards, seconds publishing: manifest + rename)."""
-    t0 = time.perf_counter()
+    """(wall seconds, CPU seconds) of writing the shards and publishing (manifest + rename)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     tmp = checkpoint.tmp_dir(root, step)
     checkpoint_io.save_train_state(tmp / "actor", model, opt, None, {"update_count": step})
-    t1 = time.perf_counter()
     checkpoint.publish(root, tmp, step, {"global_step": step}, None)
-    return t1 - t0, time.perf_counter() - t1
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def timed(fn) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def show(label: str, runs: list[tuple[float, float]]) -> None:
+    w, c = statistics.median(x for x, _ in runs), statistics.median(y for _, y in runs)
+    print(f"{label}: wall {w:.2f} s, CPU {c:.2f} s (median of {len(runs)}; wall "
+          + ", ".join(f"{x:.2f}" for x, _ in runs) + "; CPU " + ", ".join(f"{y:.2f}" for _, y in runs) + ")")
 
 
 def main() -> None:
@@ -82,43 +101,30 @@ def main() -> None:
 
     buf = os.urandom(256 * 2**20)
     for name in ("sha256", "blake2b"):
-        t = time.perf_counter()
-        hashlib.new(name, buf).hexdigest()
-        print(f"{name}: {len(buf) / (time.perf_counter() - t) / 1e9:.2f} GB/s")
+        _, c = timed(lambda: hashlib.new(name, buf).hexdigest())
+        print(f"{name}: {len(buf) / c / 1e9:.2f} GB per CPU second")
 
-    rows: dict[str, list[tuple[float, float]]] = {"plain": [], "hashed": []}
+    rows: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     step = 0
     for _ in range(a.repeat):
-        for mode in ("plain", "hashed"):
-            plain_save(mode == "plain")
+        for mode in MODES:
+            set_mode(mode)
             step += 1
             rows[mode].append(one_save(root, step, model, opt))
             ckpt = root / f"global_step_{step}"
-            if mode == "plain":
-                size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
+            size = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
             shutil.rmtree(ckpt)
-    plain_save(False)
+    set_mode("as written")
     for mode, r in rows.items():
-        w, pub = statistics.median(x for x, _ in r), statistics.median(y for _, y in r)
-        print(f"save {mode:6s}: shards {w:.2f} s + publish {pub:.2f} s = {w + pub:.2f} s  (runs: "
-              + ", ".join(f"{x + y:.2f}" for x, y in r) + ")")
+        show(f"save, {mode:10s} ({MODES[mode]})", r)
     print(f"checkpoint size: {size / 1e9:.2f} GB")
 
     step += 1
     one_save(root, step, model, opt)
     ckpt = root / f"global_step_{step}"
-    for label, checksums in (("sizes only", False), ("full (every file hashed)", True)):
-        times = []
-        for _ in range(a.repeat):
-            t = time.perf_counter()
-            assert checkpoint.verify(ckpt, checksums=checksums) is None
-            times.append(time.perf_counter() - t)
-        print(f"verify {label}: {statistics.median(times):.2f} s  (runs: " + ", ".join(f"{x:.2f}" for x in times) + ")")
-    t = time.perf_counter()
-    for f in sorted(ckpt.rglob("*")):
-        if f.is_file():
-            file_digest.digest_of(f)
-    print(f"(reading + hashing all files once: {time.perf_counter() - t:.2f} s)")
+    for label, checksums in (("verify, sizes only", False), ("verify, every file hashed", True)):
+        show(label, [timed(lambda: checkpoint.verify(ckpt, checksums=checksums)) for _ in range(a.repeat)])
+    assert checkpoint.verify(ckpt) is None
     shutil.rmtree(root, ignore_errors=True)
 
 
