@@ -9,11 +9,18 @@ A checkpoint is written under ``.global_step_N.tmp`` and renamed to ``global_ste
 complete, so a run killed while saving never leaves a folder that resume would pick up
 half-written; ``latest_checkpointed_iteration.txt`` is then replaced atomically.
 
-``manifest.json`` is written last (before the rename): every file's size and, up to
-``CHECKSUM_MAX_BYTES``, its SHA-256. Resume verifies a checkpoint against it and, when the newest is
-damaged (a truncated or changed file, a missing one), falls back to the newest one that verifies,
-naming what it skipped and why. A folder without a manifest (written before manifests existed) is
-used as it is. A folder without a readable ``trainer_state.json`` is damaged too, and named.
+``manifest.json`` is written last (before the rename): every file's size and SHA-256. The workers
+hash their files as they write them (:mod:`grpo_dist.utils.file_digest`; each leaves a record in the
+folder) and :func:`write_manifest` gathers those records, hashing only the files nobody recorded (the
+driver's own small files). Resume verifies a checkpoint against it, reading every file once, and, when
+the newest is damaged (a truncated or changed file, a missing one), falls back to the newest one that
+verifies, naming what it skipped and why. A folder without a readable ``trainer_state.json`` is
+damaged too, and named.
+
+A folder with a ``trainer_state.json`` but no manifest (written by hand, or by a grpo_dist older than
+manifests) cannot be verified: ``resume_mode=auto`` stops before it, naming it and the two ways on
+(resume from it explicitly with ``resume_mode=resume_path``, which loads it with a warning, or move it
+away); it never resumes from it silently nor silently skips it.
 
 The resume target is chosen on the driver before any worker starts (:func:`choose_resume`), so a
 damaged checkpoint is reported in seconds; the workers then load the chosen one.
@@ -26,7 +33,6 @@ keep a damaged one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,41 +44,53 @@ from typing import Any, Callable
 
 from grpo_dist.distributed.worker_group import WorkerError
 from grpo_dist.trainer.summary import CheckpointSaveError
+from grpo_dist.utils import file_digest
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
 MANIFEST_FILE = "manifest.json"
-CHECKSUM_MAX_BYTES = 256 * 2**20  # larger files are checked by size (hashing them would slow every save)
 # torch's file writer reports a full disk as a RuntimeError of its own, not an OSError: "[enforce fail at
 # inline_container.cc:...] . unexpected pos 704 vs 598", "PytorchStreamWriter failed writing file ...".
 TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed", "file write failed")
 LOW_FREE_BYTES = 64 * 2**20  # a save that fails with less than this left on the disk failed for want of space
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def write_manifest(folder: Path) -> None:
-    """Record every file under ``folder`` (size; SHA-256 up to ``CHECKSUM_MAX_BYTES``) in its manifest."""
+    """Record every file under ``folder`` (size, SHA-256) in its manifest, written last and atomically.
+
+    The sizes and digests are those the writers recorded while writing (:func:`file_digest.collect`,
+    whose record files are removed); a file nobody recorded is hashed here. A recorded file that is no
+    longer there is listed all the same, so that the checkpoint does not verify."""
+    recorded = file_digest.collect(folder)
+    on_disk = sorted(q for q in folder.rglob("*") if q.is_file() and q.name != MANIFEST_FILE)
     files = {}
-    for p in sorted(q for q in folder.rglob("*") if q.is_file() and q.name != MANIFEST_FILE):
-        size = p.stat().st_size
-        files[p.relative_to(folder).as_posix()] = {"size": size, **({"sha256": _sha256(p)} if size <= CHECKSUM_MAX_BYTES else {})}
-    (folder / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=1))
+    for p in on_disk:
+        rel = p.relative_to(folder).as_posix()
+        files[rel] = recorded.pop(rel, None) or {"size": p.stat().st_size, file_digest.ALGORITHM: file_digest.digest_of(p)}
+    files.update(recorded)
+    tmp = folder / (MANIFEST_FILE + ".tmp")
+    tmp.write_text(json.dumps({"algorithm": file_digest.ALGORITHM, "files": dict(sorted(files.items()))}, indent=1))
+    os.replace(tmp, folder / MANIFEST_FILE)
+
+
+def has_manifest(ckpt: str | os.PathLike) -> bool:
+    return (Path(ckpt) / MANIFEST_FILE).is_file()
 
 
 def verify(ckpt: str | os.PathLike, *, checksums: bool = True) -> str | None:
     """Why ``ckpt`` does not match its manifest (the first problem found), or None when it does (or
-    has no manifest). ``checksums=False`` checks presence and sizes only (cheap: no file is read)."""
+    has no manifest: see :func:`has_manifest`). Every file is read once and its SHA-256 compared;
+    ``checksums=False`` checks presence and sizes only (cheap: no file is read). An entry without a
+    digest (manifests written before every file was hashed held none above 256 MiB) is checked by
+    size."""
     ckpt = Path(ckpt)
     manifest = ckpt / MANIFEST_FILE
     if not manifest.exists():
         return None
     try:
         files = json.loads(manifest.read_text())["files"]
+        sizes = {rel: int(want["size"]) for rel, want in files.items()}
     except (ValueError, KeyError, TypeError):
         return f"its {MANIFEST_FILE} is unreadable"
     for rel, want in files.items():
@@ -80,10 +98,12 @@ def verify(ckpt: str | os.PathLike, *, checksums: bool = True) -> str | None:
         if not p.is_file():
             return f"{rel} is missing"
         size = p.stat().st_size
-        if size != want["size"]:
-            return f"{rel} has {size} bytes, {want['size']} were written"
-        if checksums and "sha256" in want and _sha256(p) != want["sha256"]:
-            return f"{rel} has changed since it was written (checksum)"
+        if size != sizes[rel]:
+            return f"{rel} has {size} bytes, {sizes[rel]} were written"
+    if checksums:
+        for rel, want in files.items():
+            if file_digest.ALGORITHM in want and file_digest.digest_of(ckpt / rel) != want[file_digest.ALGORITHM]:
+                return f"{rel} has changed since it was written (checksum)"
     return None
 
 
@@ -298,7 +318,10 @@ def resume_target(trainer_cfg: Any) -> Path | None:
     in ``default_local_dir`` that matches its manifest and has a readable ``trainer_state.json``,
     newer damaged ones being skipped with a warning naming the folder and what is wrong;
     resume_path = ``resume_from_path``, which must verify; disable = none), after removing the
-    temporary folders of saves that never finished."""
+    temporary folders of saves that never finished.
+
+    ``ValueError`` (before anything starts) when auto reaches a folder that cannot be verified (no
+    manifest: :func:`unverifiable_message`); resume_path loads such a folder, with a warning."""
     root = Path(trainer_cfg.default_local_dir)
     clean_stale_tmp(root)
     if trainer_cfg.resume_mode == "disable":
@@ -308,11 +331,16 @@ def resume_target(trainer_cfg: Any) -> Path | None:
         problem = problem_with(path)
         if problem:
             raise ValueError(f"trainer.resume_from_path={path} is damaged: {problem}")
+        if not has_manifest(path):
+            print(f"grpo_dist: warning: resuming from {path} without verifying it: it has no {MANIFEST_FILE} "
+                  "(trainer.resume_from_path names it, so it is taken as it is)", file=sys.stderr, flush=True)
         return path
     skipped = 0
     for _, ckpt in reversed(step_folders(root)):
         problem = problem_with(ckpt)
         if problem is None:
+            if not has_manifest(ckpt):
+                raise ValueError(unverifiable_message(ckpt, root))
             return ckpt
         skipped += 1
         print(f"grpo_dist: warning: skipping the damaged checkpoint {ckpt}: {problem}", file=sys.stderr, flush=True)
@@ -320,3 +348,12 @@ def resume_target(trainer_cfg: Any) -> Path | None:
         print(f"grpo_dist: warning: no checkpoint in {root} can be resumed from: starting from step 0",
               file=sys.stderr, flush=True)
     return None
+
+
+def unverifiable_message(ckpt: Path, root: Path) -> str:
+    """What a run says when the checkpoint it would resume from has no manifest."""
+    return (f"the checkpoint to resume from, {ckpt}, cannot be verified: it has no {MANIFEST_FILE} (a folder written by hand, "
+            f"or by a grpo_dist older than checkpoint manifests), so it is not resumed from automatically. To resume "
+            f"from it as it is: trainer.resume_mode=resume_path trainer.resume_from_path={ckpt}; to resume from the "
+            f"newest verified checkpoint instead, move it out of trainer.default_local_dir={root}; to start fresh: "
+            f"trainer.resume_mode=disable")

@@ -9,6 +9,11 @@ For any trainable model (the policy, and later a value or reward model):
 - :func:`export_hf`: a Hugging Face model directory (config, safetensors, generation config and a
   verbatim copy of the tokenizer files) that transformers and vLLM load.
 
+Every file written here is hashed as it is written (:mod:`grpo_dist.utils.file_digest`): DCP's shards
+and metadata through :class:`HashingWriter`, the per-rank files through a hashing stream; the Hugging
+Face export, which safetensors writes itself, right after it is written. Each rank leaves the record of
+its files in the folder, and the driver's manifest (grpo_dist/trainer/checkpoint.py) gathers them.
+
 Nothing is unpickled with code: the per-rank files load with ``torch.load(weights_only=True)``, DCP's
 metadata with an unpickler that allows only DCP's metadata types, and DCP's non-tensor entries with
 ``weights_only=True`` as well; anything else is refused with :class:`UnsafeCheckpointError`.
@@ -26,7 +31,8 @@ import pickle
 import random
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint._traverse import set_element
@@ -51,6 +58,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.errors import UnsafeCheckpointError
 from grpo_dist.training.fsdp import full_state_dict
+from grpo_dist.utils.file_digest import DIGESTS_PREFIX, Digests, HashingStream
 
 __all__ = [
     "save_train_state",
@@ -207,6 +215,50 @@ def safe_dcp_load(state: dict[str, Any], checkpoint_dir: str | os.PathLike) -> N
 
 
 # --------------------------------------------------------------------------------------------------
+# writing with checksums
+# --------------------------------------------------------------------------------------------------
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system whose files opened for writing are hashed as written."""
+
+    def __init__(self, digests: Digests) -> None:
+        super().__init__()
+        self.digests = digests
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[Any, None, None]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with HashingStream(open(path, mode), path, self.digests) as stream:
+            yield stream
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        self.digests.rename(path, new_path)  # DCP writes .metadata.tmp, then renames it
+
+
+class HashingWriter(dcp.FileSystemWriter):
+    """DCP's file writer (one file per rank, fsync'd) with every file it writes hashed as written:
+    its shard files on every rank, and the ``.metadata`` file on the coordinator; ``digests`` receives
+    their sizes and SHA-256s."""
+
+    def __init__(self, path: str | os.PathLike, digests: Digests) -> None:
+        super().__init__(path)
+        self.fs = _HashingFileSystem(digests)
+        self.path = self.fs.init_path(path)
+
+
+def _dcp_save(state: dict[str, Any], directory: Path, digests: Digests) -> None:
+    dcp.save(state, storage_writer=HashingWriter(directory, digests))
+
+
+def _torch_save(obj: Any, path: Path, digests: Digests) -> None:
+    with HashingStream(open(path, "wb"), path, digests) as f:
+        torch.save(obj, f)
+
+
+# --------------------------------------------------------------------------------------------------
 # sharded model + optimizer
 # --------------------------------------------------------------------------------------------------
 ALL_PARTS = ("model", "optimizer", "extra")
@@ -216,9 +268,12 @@ the RNG states)."""
 
 
 def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 parts: tuple[str, ...] = ("model", "optimizer")) -> None:
-    """Collective: write the ``parts`` (model and/or optimizer) shards with DCP under ``directory/dcp``."""
+                 parts: tuple[str, ...] = ("model", "optimizer"), digests: Digests | None = None) -> None:
+    """Collective: write the ``parts`` (model and/or optimizer) shards with DCP under ``directory/dcp``,
+    hashed as written into ``digests`` (stored in ``directory`` when none is given)."""
     directory = Path(directory)
+    mine = digests is None
+    digests = Digests() if digests is None else digests
     directory.mkdir(parents=True, exist_ok=True)
     if "optimizer" in parts:
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -228,12 +283,14 @@ def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torc
     if not state:
         return
     try:
-        dcp.save(state, checkpoint_id=str(directory / "dcp"))
+        _dcp_save(state, directory / "dcp", digests)
     except CheckpointException as e:
         # DCP gathers every rank's failure into a CheckpointException, a BaseException that would end
         # the worker process instead of reaching the driver as an error: raise the first rank's own
         # exception (an OSError for a full disk or an unwritable folder) instead.
         raise _first_failure(e) from None
+    if mine:
+        digests.store(directory)
 
 
 def _first_failure(e: CheckpointException) -> Exception:
@@ -290,7 +347,9 @@ def save_model_sharded(directory: str | os.PathLike, model: nn.Module) -> None:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(directory / "dcp"))
+    digests = Digests()
+    _dcp_save({"model": get_model_state_dict(model)}, directory / "dcp", digests)
+    digests.store(directory)
     if dist.is_initialized():
         dist.barrier()
 
@@ -329,14 +388,16 @@ def save_train_state(
     if clash:
         raise ValueError(f"save_train_state: extra may not use the reserved names {clash}")
     directory = Path(directory)
-    save_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")))
+    digests = Digests()
+    save_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")), digests)
     directory.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = dict(extra)
     if "extra" in contents:
         record[_RNG_KEY] = rng_state()
         if scheduler is not None:
             record[_SCHEDULER_KEY] = scheduler.state_dict()
-    torch.save(record, _extra_path(directory, _rank()))
+    _torch_save(record, _extra_path(directory, _rank()), digests)
+    digests.store(directory)
     if dist.is_initialized():
         dist.barrier()
 
@@ -457,5 +518,11 @@ def export_hf(
             GenerationConfig.from_pretrained(generation_config_path).save_pretrained(directory)
         if tokenizer_path is not None:
             copy_tokenizer_files(tokenizer_path, directory)
+        # safetensors writes its files itself (from Rust, to a path), so they cannot be hashed as a
+        # stream: they are hashed now, while their pages are still in the page cache
+        digests = Digests()
+        for p in sorted(q for q in directory.rglob("*") if q.is_file() and not q.name.startswith(DIGESTS_PREFIX)):
+            digests.add_written(p)
+        digests.store(directory)
     if dist.is_initialized():
         dist.barrier()

@@ -113,3 +113,61 @@ def test_retention_counts_only_checkpoints_that_verify(tmp_path):
     # kept: the new one and the newest older one that verifies (2); the damaged 3 and the surplus 1 go
     assert [p.name for _, p in checkpoint.step_folders(tmp_path)] == ["global_step_2", "global_step_4"]
     assert checkpoint.verify(tmp_path / "global_step_2") is None
+
+
+# ---- every file hashed as written, verified in full at load -------------------------------------------
+def test_a_same_size_change_to_a_file_over_256_mib_is_caught(tmp_path, capsys):
+    """A model shard of a real model is hundreds of MiB: changing a byte of it (same size) makes the
+    checkpoint damaged, and resume falls back to the previous one."""
+    save(tmp_path, 2)
+    tmp = checkpoint.tmp_dir(tmp_path, 4)
+    (tmp / "actor").mkdir()
+    shard = tmp / "actor" / "shard.bin"
+    with open(shard, "wb") as f:
+        f.truncate(300 * 2**20)  # 300 MiB (sparse: quick to make)
+    newest = checkpoint.publish(tmp_path, tmp, 4, {"global_step": 4}, None)
+    assert checkpoint.verify(newest) is None
+    with open(newest / "actor" / "shard.bin", "r+b") as f:
+        f.seek(123 * 2**20)
+        f.write(b"\x01")
+    assert (newest / "actor" / "shard.bin").stat().st_size == 300 * 2**20
+    assert checkpoint.resume_target(trainer(tmp_path)) == tmp_path / "global_step_2"
+    assert (f"skipping the damaged checkpoint {newest}: actor/shard.bin has changed since it was written (checksum)"
+            in capsys.readouterr().err)
+
+
+def legacy(root, step):
+    """A checkpoint folder as written before manifests existed (or by hand): complete, but unverifiable."""
+    ckpt = save(root, step)
+    (ckpt / checkpoint.MANIFEST_FILE).unlink()
+    return ckpt
+
+
+def test_a_folder_without_manifest_is_not_resumed_from_silently(tmp_path, capsys):
+    save(tmp_path, 2)
+    unverifiable = legacy(tmp_path, 4)
+    with pytest.raises(ValueError) as e:
+        checkpoint.resume_target(trainer(tmp_path))
+    msg = str(e.value)
+    assert f"{unverifiable}, cannot be verified: it has no manifest.json" in msg
+    # the ways on: resume from it explicitly, move it away, or start fresh
+    assert f"trainer.resume_mode=resume_path trainer.resume_from_path={unverifiable}" in msg
+    assert f"move it out of trainer.default_local_dir={tmp_path}" in msg and "trainer.resume_mode=disable" in msg
+    assert unverifiable.exists() and capsys.readouterr().err == ""
+
+    # named explicitly, it is taken as it is, with one warning
+    got = checkpoint.choose_resume(trainer(tmp_path, "resume_path", str(unverifiable)))
+    assert got.path == unverifiable and got.step == 4
+    err = capsys.readouterr().err
+    assert f"warning: resuming from {unverifiable} without verifying it: it has no manifest.json" in err
+
+    # moved away, the newest verified checkpoint is resumed from
+    unverifiable.rename(tmp_path.parent / "moved_away")
+    assert checkpoint.resume_target(trainer(tmp_path)) == tmp_path / "global_step_2"
+
+
+def test_a_folder_without_manifest_below_a_verified_one_is_not_in_the_way(tmp_path, capsys):
+    legacy(tmp_path, 2)
+    save(tmp_path, 4)
+    assert checkpoint.resume_target(trainer(tmp_path)) == tmp_path / "global_step_4"
+    assert capsys.readouterr().err == ""

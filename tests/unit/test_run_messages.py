@@ -325,6 +325,24 @@ def test_damaged_checkpoint_is_reported_before_ray_starts(tiny_model_dir, revers
     assert f"resuming from {out / 'global_step_1'} (step 1)" in early.out
 
 
+def test_checkpoint_without_manifest_stops_the_run_before_ray_starts(tiny_model_dir, reverse_data, tmp_path,
+                                                                     monkeypatch, capsys):
+    """A folder that cannot be verified (written by hand or by a version without manifests) is neither
+    resumed from nor skipped silently: one message naming it and the ways on, exit 2, nothing started."""
+    out = tmp_path / "o"
+    for step in (1, 2):
+        tmp = checkpoint.tmp_dir(out, step)
+        (tmp / "actor").mkdir()
+        (tmp / "actor" / "shard.bin").write_bytes(b"w" * 64)
+        checkpoint.publish(out, tmp, step, {"global_step": step}, None)
+    (out / "global_step_2" / checkpoint.MANIFEST_FILE).unlink()
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: pytest.fail("Ray was started"))
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    one_message(capsys.readouterr().err, 2, code, f"{out / 'global_step_2'}, cannot be verified: it has no manifest.json",
+                f"trainer.resume_mode=resume_path trainer.resume_from_path={out / 'global_step_2'}",
+                f"move it out of trainer.default_local_dir={out}")
+
+
 def test_damaged_resume_path_is_refused_before_ray_starts(tiny_model_dir, reverse_data, tmp_path, monkeypatch,
                                                           capsys):
     out = tmp_path / "o"
