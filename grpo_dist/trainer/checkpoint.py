@@ -45,6 +45,7 @@ from typing import Any, Callable
 from grpo_dist.distributed.worker_group import WorkerError
 from grpo_dist.trainer.summary import CheckpointSaveError
 from grpo_dist.utils import file_digest
+from grpo_dist.utils.disk import free_bytes
 
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -164,17 +165,6 @@ def save(root: str | os.PathLike, step: int, state: dict[str, Any], *, write_sha
     raise CheckpointSaveError(
         f"could not save the checkpoint of step {step} under {tmp}: {what}{disk}; {kept}. Free space or fix the "
         f"permissions of {root_key}={root}; then {what_a_rerun_does(resume_settings or root)}")
-
-
-def free_bytes(path: str | os.PathLike) -> int | None:
-    """Free bytes on the file system holding ``path`` (its nearest existing parent); None when unknown."""
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    try:
-        return shutil.disk_usage(p).free
-    except OSError:
-        return None
 
 
 def _disk_failure(exc: WorkerError, root: str | os.PathLike) -> bool:
