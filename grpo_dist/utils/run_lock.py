@@ -6,19 +6,30 @@ the running one. A lock left behind by a run that no longer exists (killed with 
 node) is stale: on the same host the owner's pid is checked and a dead owner's lock is taken over
 with a note; a lock written on another host cannot be checked from here, so the message says how to
 remove it once that run is known to be gone.
+
+Taking over a stale lock is a read, a judgement and a delete: two runs started at once on the same
+directory could both judge the dead owner's lock stale, and the slower one would then delete the lock
+the faster one had just created, leaving both running. Every acquisition therefore happens under an
+``flock`` on a guard file beside the lock (``.grpo_dist.lock.guard``, never deleted): the kernel drops
+it when its holder dies, so the guard itself cannot go stale, and no two runs can be between reading the
+lock and writing it at the same time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import time
 from pathlib import Path
 
-__all__ = ["RunLock", "RunLockError", "LOCK_NAME"]
+__all__ = ["RunLock", "RunLockError", "LOCK_NAME", "GUARD_NAME"]
 
 LOCK_NAME = ".grpo_dist.lock"
+GUARD_NAME = LOCK_NAME + ".guard"
+GUARD_TIMEOUT_S = 30.0  # an acquisition holds the guard for milliseconds; this bounds a hung file system
 
 
 class RunLockError(RuntimeError):
@@ -68,7 +79,30 @@ class RunLock:
         except (OSError, ValueError):
             return {}  # unreadable or half written: treated as unknown
 
+    @contextlib.contextmanager
+    def _guard(self):
+        """Exclusive hold of the guard file for one acquisition (module docstring)."""
+        fd = os.open(self.path.with_name(GUARD_NAME), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            deadline = time.monotonic() + GUARD_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RunLockError(f"could not take the lock {self.path}: another process has held "
+                                           f"{self.path.name}.guard for over {GUARD_TIMEOUT_S:.0f}s") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
     def acquire(self) -> RunLock:
+        with self._guard():
+            return self._acquire()
+
+    def _acquire(self) -> RunLock:
         for _ in range(3):  # the owner may remove its lock between our attempts
             if self._try_create():
                 self._held = True

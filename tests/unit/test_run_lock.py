@@ -4,6 +4,7 @@ left by a dead run is taken over; the lock goes away when the run ends."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -80,3 +81,49 @@ def test_call_deadlines_follow_the_slowest_call_with_a_floor():
     d.label = "validation"
     assert d.key("generate") == "generate (validation)" and d.limit(d.key("generate")) == 1800.0
     assert CallDeadlines(0.0, 10.0).limit("generate") is None
+
+
+def test_two_runs_taking_over_one_stale_lock_at_once_do_not_both_hold_it(tmp_path, monkeypatch):
+    """Run B reads the dead owner's lock and is about to delete it when run A takes it over; without the
+    guard B then deleted A's fresh lock and both ran. Now exactly one holds the directory."""
+    import threading
+
+    from grpo_dist.utils import run_lock
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": "x"}))
+    b_read_owner, a_tried = threading.Event(), threading.Event()
+    real_owner = RunLock._owner
+
+    def slow_owner(self):
+        owner = real_owner(self)
+        if threading.current_thread().name == "B" and not b_read_owner.is_set():
+            b_read_owner.set()
+            a_tried.wait(timeout=3)  # A runs its whole acquisition here, if nothing stops it
+        return owner
+
+    monkeypatch.setattr(RunLock, "_owner", slow_owner)
+    monkeypatch.setattr(run_lock, "GUARD_TIMEOUT_S", 10.0)
+    results: dict[str, object] = {}
+
+    def take(name):
+        if name == "A":
+            b_read_owner.wait(timeout=5)
+        try:
+            results[name] = RunLock(tmp_path).acquire()
+        except RunLockError as exc:
+            results[name] = exc
+        finally:
+            if name == "A":
+                a_tried.set()
+
+    threads = [threading.Thread(target=take, args=(n,), name=n) for n in ("B", "A")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    held = [n for n, r in results.items() if isinstance(r, RunLock)]
+    assert held == ["B"], results  # B judged first and took it over; A then found B's lock, alive
+    assert "in use by another grpo_dist run" in str(results["A"])
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
