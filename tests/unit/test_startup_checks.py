@@ -8,12 +8,15 @@ from __future__ import annotations
 import errno
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from grpo_dist.distributed import worker_group
 from tests.unit.test_command_line import restore_logging  # noqa: F401  (autouse: the jobs configure logging)
 from tests.unit.test_run_messages import one_message, tiny_cfg
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -204,14 +207,18 @@ def test_a_full_quota_is_named_and_an_earlier_runs_files_stay(tiny_model_dir, re
     assert sorted(p.name for p in out.iterdir()) == [".hydra", "config.yaml", "main.log", "metrics.jsonl"]
 
 
-def test_a_folder_this_user_cannot_write_still_asks_for_another(tiny_model_dir, reverse_data, tmp_path,
-                                                                ray_must_not_start, capsys):
-    from grpo_dist.main import main
+def test_a_folder_this_user_cannot_write_still_asks_for_another(tiny_model_dir, reverse_data, tmp_path):
+    """Run as a user runs it, in a process of its own (in-process, a stream an earlier test closed was
+    written to after the message, in the full suite only)."""
+    import subprocess
+    import sys
 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    code = main(main_args(tiny_model_dir, reverse_data, blocker / "out"))
-    tail = one_message(capsys.readouterr().err, 2, code, f"cannot write to trainer.default_local_dir={blocker / 'out'}",
+    proc = subprocess.run([sys.executable, "-m", "grpo_dist.main", *main_args(tiny_model_dir, reverse_data, blocker / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+    tail = one_message(proc.stderr, 2, proc.returncode, f"cannot write to trainer.default_local_dir={blocker / 'out'}",
                        "give a directory this user can create and write")
     assert "full" not in tail
 
