@@ -456,7 +456,10 @@ def run_job(job: Job, task: Callable[[GRPOConfig, Callable[[], None]], int]) -> 
             return rc
     finally:
         for h in logging.getLogger().handlers:
-            h.flush()
+            try:
+                h.flush()
+            except (OSError, ValueError):  # a handler whose stream is already closed: nothing left to flush
+                pass
         os.chdir(old_cwd)
         if rc and not started:  # the start failed before the run owned its folder: leave nothing of it
             _close_log_files(job.output_dir)
