@@ -1016,6 +1016,13 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int] = F(None, "keep only the newest N checkpoints; null = all")
     seed: int = F(1, "seed of the critic's new value head")
     progress_bar: bool = F(True, "show a progress bar over training steps")
+    log_level: str = F(
+        "quiet",
+        "what the console shows besides grpo_dist's own lines: quiet = nothing (the workers' output and the "
+        "libraries' logs go to <default_local_dir>/logs/run.log, named at start) | warning | info | debug = the "
+        "libraries' logs from that level up, on the console (no log file); the environment variable "
+        "GRPO_DIST_LOG_LEVEL, when set, wins",
+    )
     critic_warmup: int = F(
         0,
         "train only the critic until this step: the actor updates from step critic_warmup on (steps counted from 1, "

@@ -438,6 +438,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     from grpo_dist.core.kl import canonical_kl_kind
     from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
     from grpo_dist.core.policy_loss import get_policy_loss, list_policy_losses
+    from grpo_dist.utils.run_log import log_level
 
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, rollout, optim = arr.actor, arr.rollout, arr.actor.optim
@@ -448,6 +449,10 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
     _positive("trainer.worker_call_timeout_min_s", tr.worker_call_timeout_min_s)
     _positive("trainer.preemption_grace_s", tr.preemption_grace_s, allow_zero=True)
+    try:
+        log_level(tr.log_level)  # trainer.log_level, or GRPO_DIST_LOG_LEVEL when set
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
     # --- choices -----------------------------------------------------------------------------
     if alg.adv_estimator not in list_adv_estimators():

@@ -496,7 +496,7 @@ def cluster_gpus() -> float:
 
 
 def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bool, min_cpus: int,
-             runtime_env: dict | None = None) -> bool:
+             runtime_env: dict | None = None, log_level: str = "warning", worker_log: str | None = None) -> bool:
     """Attach to ``address`` (or RAY_ADDRESS), or start a local instance. True if started here.
 
     A local instance gets at least ``min_cpus`` CPUs (on CPU a rank is a process, so every rank
@@ -510,19 +510,29 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     ``working_dir``) is handed to ``ray.init``; its ``env_vars`` are added to the quiet-logging
     variables set for a local instance.
 
+    ``log_level`` (``trainer.log_level``) sets the libraries' verbosity in the workers; ``worker_log`` (quiet
+    mode) is the file every worker process sends its stdout and stderr to (:mod:`grpo_dist.utils.run_log`),
+    and Ray then forwards nothing of theirs to this process's console; without it the workers' output is
+    forwarded, as Ray does by default.
+
     ``RayStartError`` with one message when Ray cannot be started or reached.
     """
     import os
 
+    from grpo_dist.utils import run_log
+
     if ray.is_initialized():
         return False
-    # Worker processes: quiet library chatter (set TRANSFORMERS_VERBOSITY / VLLM_LOGGING_LEVEL to see it).
+    # Worker processes: the libraries' chatter at the run's log level (TRANSFORMERS_VERBOSITY /
+    # VLLM_LOGGING_LEVEL, when set, win), and in quiet mode their output into the run's log file.
     env = {"env_vars": {
         "TOKENIZERS_PARALLELISM": "false",
-        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
         "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
+        **run_log.worker_env_vars(log_level, worker_log),
     }}
+    quiet = {"worker_process_setup_hook": run_log.WORKER_HOOK} if worker_log is not None else {}
+    log_to_driver = worker_log is None
     address = address or os.environ.get("RAY_ADDRESS")
     # Ray starts worker processes at niceness 15 by default; training workers should compete for
     # the CPU on equal terms with everything else on the machine.
@@ -533,24 +543,29 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     user_env = {k: v for k, v in (runtime_env or {}).items() if v}
     if address:
-        # A submitted job brings its own runtime environment; only what the user asked for is added.
+        # A submitted job brings its own runtime environment; only what the user asked for is added, and
+        # in quiet mode the workers' output to the run's log file.
+        if quiet:
+            user_env = {**user_env, **quiet, "env_vars": {**run_log.worker_env_vars(log_level, worker_log),
+                                                          **user_env.get("env_vars", {})}}
         try:
             with _keeping_sigterm_handler():
-                ray.init(address=address, log_to_driver=True, **({"runtime_env": user_env} if user_env else {}))
+                ray.init(address=address, log_to_driver=log_to_driver,
+                         **({"runtime_env": user_env} if user_env else {}))
         except Exception as exc:
             raise RayStartError(
                 f"could not connect to the Ray cluster at {address} (ray_kwargs.ray_init.address or RAY_ADDRESS): "
                 f"{_describe(exc)}; check that the cluster is up (ray status --address {address}), that this "
                 "machine reaches it, and that its Ray version and authentication token match this one's") from None
         return True
-    env = {**user_env, "env_vars": {**env["env_vars"], **user_env.get("env_vars", {})}}
+    env = {**user_env, **quiet, "env_vars": {**env["env_vars"], **user_env.get("env_vars", {})}}
     kwargs = dict(
         address="local",  # a new instance even if another Ray runs on this machine (attach with an address)
         num_cpus=max(num_cpus or os.cpu_count() or 1, min_cpus),
         include_dashboard=include_dashboard,
         dashboard_host="127.0.0.1",
         runtime_env=env,
-        log_to_driver=True,
+        log_to_driver=log_to_driver,
         configure_logging=False,
     )
     _local_only()

@@ -72,6 +72,8 @@ class LaunchPlan:
     """``trainer.preemption_grace_s``: how long after a SIGTERM a step may still finish and save."""
     loggers: Any
     """``trainer.logger`` as given (a name or a list of names; their packages are checked at start)."""
+    log_level: str = "quiet"
+    """``trainer.log_level``, or ``GRPO_DIST_LOG_LEVEL`` when set (:mod:`grpo_dist.utils.run_log`)."""
     noop_notes: tuple[str, ...] = field(default=())
     """Keys given a value with no effect here, with the reason (printed once at start-up)."""
 
@@ -79,6 +81,7 @@ class LaunchPlan:
 def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
     d, model, t, ri = cfg.data, cfg.actor_rollout_ref.model, cfg.trainer, cfg.ray_kwargs.ray_init
     from grpo_dist.config.states import noop_notes
+    from grpo_dist.utils.run_log import log_level
 
     rf = setting(cfg, "custom_reward_function.path")
     env = ri.runtime_env
@@ -109,6 +112,7 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         resume=ResumeSettings(t.default_local_dir, t.resume_mode, t.resume_from_path),
         preemption_grace_s=t.preemption_grace_s,
         loggers=t.logger,
+        log_level=log_level(t.log_level),
         noop_notes=tuple(noop_notes(cfg)),
     )
 

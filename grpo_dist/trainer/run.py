@@ -67,31 +67,36 @@ def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
     (its lock taken), before any worker starts (the command line writes Hydra's files there)."""
     from grpo_dist.trainer.plan import launch_plan
     from grpo_dist.trainer.stop import StopSignal
+    from grpo_dist.utils.run_log import DriverLogs
 
     lp = launch_plan(cfg)
     # Installed before anything starts, so that a SIGTERM during start-up ends the run with one message.
     stop = StopSignal(lp.preemption_grace_s, str(lp.out_dir), resume_settings=lp.resume)
     stop.install()
+    # The libraries' log records leave the console (quiet) from here on, into the run's log file once it is open.
+    logs = DriverLogs(lp.log_level).start()
     try:
-        return _run(cfg, lp, stop, on_start)
+        return _run(cfg, lp, stop, on_start, logs)
     except BaseException as exc:  # what start-up raised before the workers' clean-up took over
-        said = failure_message(exc, stop, lp.resume)
+        said = failure_message(exc, stop, lp.resume, log_file=logs.path)
         if said is None:
             raise
         return _fail(*said)
     finally:
         stop.uninstall()
+        logs.close()
 
 
 def failure_message(exc: BaseException, stop=None, resume_settings=None, *,
-                    starting: bool = False) -> tuple[str, int] | None:
+                    starting: bool = False, log_file=None) -> tuple[str, int] | None:
     """The one message (and exit code) for an error that ended a run, or None for one that is a bug in
     grpo_dist or a library (its traceback is then the useful report).
 
     A signal that the run's handler turned into ``Interrupted`` is reported as such whatever came out of
     the code it interrupted (raised inside Ray's C code, it surfaces as a ``SystemError``). Exit codes:
     143 a stop on SIGTERM, 130 Ctrl-C, 2 bad input (a ``ValueError``, an output directory in use), 1 any
-    other error of a grpo_dist class (every class grpo_dist defines is one message)."""
+    other error of a grpo_dist class (every class grpo_dist defines is one message). ``log_file``: the run's
+    log file (quiet mode), where a worker's own output and traceback are."""
     from grpo_dist.distributed.worker_group import WorkerError
     from grpo_dist.trainer.stop import Interrupted, StopRequested
     from grpo_dist.utils.run_lock import RunLockError
@@ -105,8 +110,8 @@ def failure_message(exc: BaseException, stop=None, resume_settings=None, *,
         msg = stop.interrupt_message() if stop is not None else "interrupted by SIGINT (Ctrl-C) before the run began"
         return msg, 130
     if isinstance(exc, WorkerError):
-        return (worker_failure_message(exc, resume_settings, starting=starting) if resume_settings is not None
-                else str(exc)), 1
+        return (worker_failure_message(exc, resume_settings, starting=starting, log_file=log_file)
+                if resume_settings is not None else str(exc)), 1
     if isinstance(exc, (ValueError, FileNotFoundError)):
         if os.environ.get("GRPO_DIST_DEBUG"):
             return None
@@ -127,7 +132,7 @@ def _defined_here(cls: type) -> bool:
     return any(c.__module__.split(".")[0] == "grpo_dist" for c in cls.__mro__)
 
 
-def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
+def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -> int:
     from grpo_dist import tasks
     from grpo_dist.config.validate import logger_names
     from grpo_dist.data.dataset import PromptDataset
@@ -146,6 +151,7 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
         val_files = [tasks.resolve(p) for p in as_path_list(lp.val_files)]
         from transformers import AutoTokenizer
 
+        logs.take_over_library_loggers()  # transformers prints through a handler of its own
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=lp.tokenizer_trust_remote_code)
         if lp.chat_template:
             tokenizer.chat_template = lp.chat_template
@@ -183,6 +189,7 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
         save_config(cfg, out_dir)
         if on_start is not None:
             on_start()
+        log_file = logs.open_file(out_dir, f"run started, pid {os.getpid()}: {' '.join(sys.argv)}")
     except RunLockError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:
@@ -192,15 +199,18 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None) -> int:
         return _fail(write_failure("trainer.default_local_dir", out_dir, exc), 2)
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
+    if log_file is not None:
+        print(f"grpo_dist: the workers' output and the libraries' logs go to {log_file} "
+              "(trainer.log_level=info or GRPO_DIST_LOG_LEVEL=info shows them here)", flush=True)
     try:
         return _run_locked(cfg, lp, out_dir, stop, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
-                           train=train, val=val, t0=t0)
+                           train=train, val=val, t0=t0, logs=logs)
     finally:
         lock.release()
 
 
 def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokenizer, tok_path, train, val,
-                t0: float) -> int:
+                t0: float, logs) -> int:
     from grpo_dist.distributed.worker_group import (
         RayStartError,
         WorkerError,
@@ -221,8 +231,10 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         stop.last_checkpoint = str(resume.path)
         print(f"grpo_dist: resuming from {resume.path} (step {resume.step})", flush=True)
 
+    logs.take_over_library_loggers()  # Ray's logger prints through a handler of its own
+    log_file = None if logs.path is None else str(logs.path)
     try:
-        started_ray = init_ray(**lp.ray_init)
+        started_ray = init_ray(**lp.ray_init, log_level=lp.log_level, worker_log=log_file)
     except BaseException as exc:
         if stop.interrupted is None:
             if isinstance(exc, RayStartError):
@@ -244,11 +256,11 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         try:
             trainer.start_workers()
         except WorkerError as exc:
-            failure.set(*(failure_message(exc, stop, lp.resume, starting=True) or (str(exc), 1)))
+            failure.set(*(failure_message(exc, stop, lp.resume, starting=True, log_file=log_file) or (str(exc), 1)))
         if not failure:
             summary = trainer.fit(resume)
     except BaseException as exc:  # noqa: B036 (Ctrl-C and the stop signal too: said once all is shut down)
-        said = failure_message(exc, stop, lp.resume)
+        said = failure_message(exc, stop, lp.resume, log_file=log_file)
         if said is None:
             raise
         failure.set(*said)
@@ -279,12 +291,13 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
     return 0
 
 
-def worker_failure_message(exc, resume_settings, *, starting: bool = False) -> str:
+def worker_failure_message(exc, resume_settings, *, starting: bool = False, log_file=None) -> str:
     """What a user reads when a worker failed: the failure, then what helps. A rerun gets past a lost or
     frozen worker, and the message says what it will do (resume from step N, or start from the
     beginning: ``resume_settings`` is the run's :class:`~grpo_dist.trainer.plan.ResumeSettings`, or its
     checkpoint folder); a fault in code or data (a reward function's bad value, a refused checkpoint, an
-    error raised in a worker) would be met again, so the message says what to fix."""
+    error raised in a worker) would be met again, so the message says what to fix. ``log_file`` (quiet mode):
+    the run's log file, which holds what the worker wrote, its traceback included; else Ray's logs do."""
     from grpo_dist.rewards.manager import RewardError
     from grpo_dist.trainer.checkpoint import what_a_rerun_does
     from grpo_dist.training.errors import UnsafeCheckpointError
@@ -292,8 +305,10 @@ def worker_failure_message(exc, resume_settings, *, starting: bool = False) -> s
     text = without_ray_boilerplate(str(exc))
     head = f"could not start the workers: {text}" if starting else text
     resume = what_a_rerun_does(resume_settings)
+    worker_log = f"{log_file}" if log_file is not None else "Ray's logs under /tmp/ray/session_latest/logs"
     if exc.kind == "lost":
-        return f"{head}\n  the worker's process or its node died (killed for memory, a crash, a lost node); {resume}"
+        return (f"{head}\n  the worker's process or its node died (killed for memory, a crash, a lost node); {resume}"
+                + (f" (what the worker wrote last is in {log_file})" if log_file is not None else ""))
     if exc.kind == "frozen":
         return (f"{head}\n  {resume}; if the call is only slow (a large model, a busy machine), raise the key the "
                 "deadline above names (trainer.worker_call_timeout_s for a first call, "
@@ -311,8 +326,7 @@ def worker_failure_message(exc, resume_settings, *, starting: bool = False) -> s
         hint = f"fix what the operating system reports (space, permissions, a missing file), then {resume}"
     else:
         hint = ("an error raised by code in the worker, which a rerun of the same command would meet again: fix what it "
-                "names (GRPO_DIST_DEBUG=1 shows the driver's traceback; the worker's own is in Ray's logs under "
-                "/tmp/ray/session_latest/logs)")
+                f"names (GRPO_DIST_DEBUG=1 shows the driver's traceback; the worker's own is in {worker_log})")
     return f"{head}\n  {hint}"
 
 
