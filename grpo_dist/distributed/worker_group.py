@@ -42,12 +42,15 @@ class WorkerError(RuntimeError):
             not answer within its deadline), or ``"raised"`` (code in the worker raised, or the
             worker could not start: ``cause`` is the exception when it reached the driver).
         cause: the innermost exception raised in the worker (``"raised"`` only), else None.
+        detail: Ray's whole report of the failed call (for an exception raised in the worker, its
+            traceback there), for the run's log file; None when Ray reported nothing.
     """
 
-    def __init__(self, message: str, *, kind: str = "raised", cause: BaseException | None = None) -> None:
+    def __init__(self, message: str, *, kind: str = "raised", cause: BaseException | None = None,
+                 detail: str | None = None) -> None:
         super().__init__(message)
         assert kind in ("lost", "frozen", "raised"), kind
-        self.kind, self.cause = kind, cause
+        self.kind, self.cause, self.detail = kind, cause, detail
 
     @property
     def rerun_helps(self) -> bool:
@@ -396,10 +399,11 @@ class WorkerGroup:
             status, seen = probe(self.workers[i])
             if status == "alive":
                 return WorkerError(f"{self._who(i)} is frozen: its process is alive but did not answer {what} "
-                                   f"(Ray reports it unavailable) ({seen}){self._shared_note()}", kind="frozen")
+                                   f"(Ray reports it unavailable) ({seen}){self._shared_note()}", kind="frozen",
+                                   detail=str(exc))
             if status == "unknown":
                 return WorkerError(f"{self._who(i)} did not answer {what}: Ray reports it unavailable ({seen})"
-                                   f"{self._shared_note()}", kind="frozen")
+                                   f"{self._shared_note()}", kind="frozen", detail=str(exc))
         if kind == "raised":
             # A rank whose peer died fails too (its collective breaks), often first: the
             # dead peer is the failure to name, and a rerun helps.
@@ -410,7 +414,8 @@ class WorkerGroup:
                 kind, cause, note = "lost", None, BROKEN_LINK_NOTE
         if kind == "lost":
             note += self._shared_note()
-        return WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}{note}", kind=kind, cause=cause)
+        return WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}{note}", kind=kind, cause=cause,
+                           detail=f"{self._who(i)}, {what}: {exc}")
 
     def _not_answering(self, stuck: list[int], what: str, timeout_s: float | None) -> WorkerError:
         """The error for ranks (indices ``stuck``) that did not answer ``what`` within its deadline:

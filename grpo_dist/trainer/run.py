@@ -256,10 +256,12 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         try:
             trainer.start_workers()
         except WorkerError as exc:
+            _keep_report(logs, exc)
             failure.set(*(failure_message(exc, stop, lp.resume, starting=True, log_file=log_file) or (str(exc), 1)))
         if not failure:
             summary = trainer.fit(resume)
     except BaseException as exc:  # noqa: B036 (Ctrl-C and the stop signal too: said once all is shut down)
+        _keep_report(logs, exc)
         said = failure_message(exc, stop, lp.resume, log_file=log_file)
         if said is None:
             raise
@@ -289,6 +291,15 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
     except Exception as exc:  # a report must never fail a finished run
         print(f"grpo_dist: could not draw the report: {exc}", file=sys.stderr)
     return 0
+
+
+def _keep_report(logs, exc: BaseException) -> None:
+    """A failed worker's whole report from Ray (the traceback in the worker, for an exception raised there)
+    into the run's log file, which the one-message failure names."""
+    from grpo_dist.distributed.worker_group import WorkerError
+
+    if isinstance(exc, WorkerError) and exc.detail:
+        logs.keep(f"the run stops: {exc}", exc.detail)
 
 
 def worker_failure_message(exc, resume_settings, *, starting: bool = False, log_file=None) -> str:

@@ -209,6 +209,15 @@ class DriverLogs:
         self._file, self.path = handler, path
         return path
 
+    def keep(self, title: str, text: str) -> None:
+        """Append ``text`` (a failed worker's report from Ray, its traceback in the worker included) to the
+        run's log file under ``title``; nothing when no file is open."""
+        if self.path is None or self._file is None:
+            return
+        self._file.flush()
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {title}\n{text.rstrip()}\n")
+
     def close(self) -> None:
         root = logging.getLogger()
         for h in self._filtered:

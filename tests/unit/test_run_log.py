@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import types
 import sys
 import warnings
 from pathlib import Path
@@ -229,3 +230,53 @@ def test_a_run_names_its_log_file_once_and_hands_it_to_ray(tiny_model_dir, rever
     captured = capsys.readouterr()
     assert "logs go to" not in captured.out and not (tmp_path / "o2" / "logs").exists()
     assert got[1]["worker_log"] is None and got[1]["log_level"] == "info"
+
+
+def test_a_failed_call_keeps_rays_report_with_the_workers_traceback():
+    """Ray does not print an exception raised in a worker method in the worker's output: its traceback travels
+    to the driver inside the error, and the run writes it into the log file the message names."""
+    class Actor:
+        @staticmethod
+        def options(**opts):
+            return types.SimpleNamespace(remote=lambda **kw: object())
+
+    group = worker_group.WorkerGroup("reward", Actor, None, None, init_kwargs={}, num_cpus=1)
+    remote = ray.exceptions.RayTaskError(
+        "compute", 'Traceback (most recent call last):\n  File "rewards.py", line 7, in score\nKeyError: \'x\'',
+        KeyError("x"), proctitle="ray::RewardWorker", pid=41, ip="127.0.0.1").as_instanceof_cause()
+    err = group._failed(0, remote, "compute", {}, None)
+    assert err.kind == "raised" and "reward worker, compute" in err.detail
+    assert 'File "rewards.py", line 7, in score' in err.detail and "pid=41" in err.detail
+
+
+def test_a_failed_worker_leaves_its_report_in_the_file_the_message_names(tiny_model_dir, reverse_data, tmp_path,
+                                                                          monkeypatch, capsys):
+    from grpo_dist.trainer import driver
+
+    monkeypatch.delenv(run_log.ENV_LEVEL, raising=False)
+
+    class Trainer:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def start_workers(self):
+            pass
+
+        def fit(self, resume):
+            raise WorkerError("rollout worker rank 0 failed during generate: ValueError: bad sampling params",
+                              detail='ray::RolloutWorker.generate() (pid=77)\n  File "engine.py", line 9, in generate\n'
+                                     "ValueError: bad sampling params")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
+    monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0)
+    monkeypatch.setattr(driver, "GRPOTrainer", Trainer)
+    out = tmp_path / "o"
+    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    log = out / "logs" / "run.log"
+    one_message(capsys.readouterr().err, 1, code, "bad sampling params", f"the worker's own is in {log}")
+    text = log.read_text()
+    assert "the run stops: rollout worker rank 0 failed during generate" in text
+    assert 'File "engine.py", line 9, in generate' in text
