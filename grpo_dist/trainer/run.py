@@ -318,8 +318,8 @@ def worker_failure_message(exc, resume_settings, *, starting: bool = False, log_
     resume = what_a_rerun_does(resume_settings)
     worker_log = f"{log_file}" if log_file is not None else "Ray's logs under /tmp/ray/session_latest/logs"
     if exc.kind == "lost":
-        return (f"{head}\n  the worker's process or its node died (killed for memory, a crash, a lost node); {resume}"
-                + (f" (what the worker wrote last is in {log_file})" if log_file is not None else ""))
+        last = f"; what it wrote last is in {log_file}" if log_file is not None else ""
+        return f"{head}\n  the worker's process or its node died (killed for memory, a crash, a lost node{last}); {resume}"
     if exc.kind == "frozen":
         return (f"{head}\n  {resume}; if the call is only slow (a large model, a busy machine), raise the key the "
                 "deadline above names (trainer.worker_call_timeout_s for a first call, "

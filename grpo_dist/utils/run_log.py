@@ -9,9 +9,10 @@ the mode:
   and C-level writes to their stdout/stderr such as torch's NUMA or vLLM's tcmalloc notices), and the
   driver's library log records (Ray's notices at start, transformers, matplotlib, ...). A rerun or a
   resume into the same folder appends to the file, after a header line naming the run's start.
-- ``warning`` | ``info`` | ``debug``: the console shows the library logs at that level and above, as
-  before quiet mode existed (``warning`` is exactly that behaviour); the workers' output is forwarded by
-  Ray to the console, and no log file is written.
+- ``warning`` | ``info`` | ``debug``: the console shows the libraries' log records from that level up,
+  and Ray forwards the workers' output to it (prefixed with the worker's name and pid), with the
+  libraries' verbosity in the workers set to that level (``warning``: vLLM's warnings, transformers'
+  errors, as grpo_dist ran before quiet mode); no log file is written.
 
 The worker processes send their file descriptors 1 and 2 to the file in :func:`worker_output_to_run_log`,
 which Ray runs in every worker process before it imports anything of the run (``runtime_env``'s

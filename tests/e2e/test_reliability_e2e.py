@@ -178,6 +178,9 @@ def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, rev
     tail = assert_one_message(proc, "reward", "raises_unless_exact", "ZeroDivisionError", "grpo_dist/reverse",
                               f"{HERE / 'reward_faulty.py'}:", "(in raises_unless_exact)", code=1)
     assert "rerun the same command" not in tail and "reward_model.on_error=zero" in tail, tail
+    # the run's log file keeps Ray's whole report of the failed call, the traceback in the worker included
+    log = (tmp_path / "o" / "logs" / "run.log").read_text()
+    assert "==== " in log and "the run stops: reward worker" in log and "Traceback (most recent call last)" in log, log[-3000:]
 
 
 def test_reward_function_returning_text_names_the_sample_and_what_to_fix(tiny_model_dir, reverse_data, tmp_path):
@@ -313,6 +316,7 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
     assert named and ("actor worker" in msg or "also held the actor" in msg), err[-6000:]
     assert "Traceback" not in err and "rerun the same command" in err, err[-6000:]
     assert err.rstrip().endswith("that verifies"), err[-3000:]  # the message is the last thing printed
+    assert f"what it wrote last is in {out / 'logs' / 'run.log'}" in err, err[-3000:]  # the workers' output
 
 
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}

@@ -199,7 +199,7 @@ def test_a_failed_worker_points_at_the_runs_log_file(tmp_path):
                                     tmp_path, log_file=log)
     assert f"the worker's own is in {log}" in raised and "/tmp/ray" not in raised
     lost = worker_failure_message(WorkerError("actor worker rank 1 failed", kind="lost"), tmp_path, log_file=log)
-    assert f"what the worker wrote last is in {log}" in lost
+    assert f"(killed for memory, a crash, a lost node; what it wrote last is in {log}); this run has no checkpoint" in lost
     # with the workers' output on the console (a log level), Ray's logs are still where the traceback is
     assert "/tmp/ray/session_latest/logs" in worker_failure_message(WorkerError("boom"), tmp_path)
 
