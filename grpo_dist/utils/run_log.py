@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -216,6 +217,7 @@ class DriverLogs:
         if self.path is None or self._file is None:
             return
         self._file.flush()
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Ray colours the worker's name for a terminal
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {title}\n{text.rstrip()}\n")
 

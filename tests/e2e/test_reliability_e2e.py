@@ -180,7 +180,10 @@ def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, rev
     assert "rerun the same command" not in tail and "reward_model.on_error=zero" in tail, tail
     # the run's log file keeps Ray's whole report of the failed call, the traceback in the worker included
     log = (tmp_path / "o" / "logs" / "run.log").read_text()
-    assert "==== " in log and "the run stops: reward worker" in log and "Traceback (most recent call last)" in log, log[-3000:]
+    assert "the run stops: reward worker failed" in log, log[-3000:]
+    report = log[log.index("the run stops: reward worker failed"):]
+    assert "ray::RewardWorker.compute() (pid=" in report and 'grpo_dist/workers/reward.py", line ' in report, report
+    assert "RewardError: reward function raises_unless_exact" in report, report
 
 
 def test_reward_function_returning_text_names_the_sample_and_what_to_fix(tiny_model_dir, reverse_data, tmp_path):

@@ -280,3 +280,13 @@ def test_a_failed_worker_leaves_its_report_in_the_file_the_message_names(tiny_mo
     text = log.read_text()
     assert "the run stops: rollout worker rank 0 failed during generate" in text
     assert 'File "engine.py", line 9, in generate' in text
+
+
+def test_the_kept_report_loses_rays_terminal_colours(tmp_path):
+    logs = DriverLogs("quiet").start()
+    try:
+        logs.open_file(tmp_path, "run")
+        logs.keep("the run stops: reward worker failed", "\x1b[36mray::RewardWorker.compute()\x1b[39m (pid=5)")
+    finally:
+        logs.close()
+    assert log_path(tmp_path).read_text().splitlines()[-1] == "ray::RewardWorker.compute() (pid=5)"
