@@ -10,7 +10,6 @@ Nothing in this module imports torch at import time: the orchestrator (run_bench
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -345,19 +344,13 @@ def is_bf16(w: dict) -> bool:
 
 
 def load_prompt_dataset(w: dict):
-    """grpo_dist's own PromptDataset over the workload's train file (same tokenisation as the trainer);
-    read once per process (profile_update.py reads it for the step plan, the bare loop and each variant)."""
-    return _prompt_dataset(w["model_dir"], w["train_file"], w["max_prompt_length"])
-
-
-@functools.lru_cache(maxsize=4)
-def _prompt_dataset(model_dir: str, train_file: str, max_prompt_length: int):
+    """grpo_dist's own PromptDataset over the workload's train file (same tokenisation as the trainer)."""
     from transformers import AutoTokenizer
 
     from grpo_dist.data.dataset import PromptDataset
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    ds = PromptDataset.from_files([train_file], tok, prompt_key="prompt", max_prompt_length=max_prompt_length,
+    tok = AutoTokenizer.from_pretrained(w["model_dir"])
+    ds = PromptDataset.from_files([w["train_file"]], tok, prompt_key="prompt", max_prompt_length=w["max_prompt_length"],
                                   filter_overlong_prompts=False, truncation="error")
     return tok, ds
 
