@@ -15,7 +15,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grpo_dist.config.schema import ConfigError, GRPOConfig
@@ -47,6 +47,80 @@ def _register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=GRPOConfig)
+
+
+# Parsed YAML config files (the config and its header), by a digest of the file's text: parsing
+# conf/grpo_trainer.yaml was about half of a compose, and a process composes many times (a --multirun
+# sweep, --check, the tests). Each load reads the file; a file whose text changed is parsed again.
+_parsed_files: dict[bytes, tuple[DictConfig | ListConfig, dict[str, str]]] = {}
+
+
+def _speed_up_hydras_sources() -> None:
+    """Put ``_fast_sources()`` in Hydra's registry of config sources (again, should something have
+    restored the registry since)."""
+    from hydra._internal.sources_registry import SourcesRegistry
+
+    SourcesRegistry.instance().types.update(_fast_sources())
+
+
+@functools.lru_cache(maxsize=1)
+def _fast_sources() -> dict[str, type]:
+    """Two of Hydra's config sources as subclasses that do the same work faster (under Hydra's class
+    names, so that Hydra's plugin registration keeps them; a Hydra whose sources are not these classes
+    keeps its own):
+
+    - ``file://`` folders (conf/, --config-path, --config-dir) keep each parsed YAML file in
+      ``_parsed_files``; each load gets its own deep copy, as Hydra changes what it loads (Hydra's
+      source reads the header from the first 512 characters and parses the file with ``OmegaConf.load``,
+      as here);
+    - the structured-config source (the schema in Hydra's ConfigStore) is not deep-copied with the
+      rest of the config repository at every compose: it only reads the process-wide store, whose
+      loads are deep copies already, so a copy that shares the store behaves the same.
+    """
+    import copy
+    import hashlib
+    import io
+    import os
+
+    from hydra._internal.sources_registry import SourcesRegistry
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.config_source import ConfigLoadError, ConfigResult
+
+    Plugins.instance()  # Hydra registers its own sources (classes of its plugin scan, not of a plain import)
+    registry = SourcesRegistry.instance()
+    hydras = "hydra._internal.core_plugins."
+    file_source, structured_source = registry.types.get("file"), registry.types.get("structured")
+    fast: dict[str, type] = {}
+
+    if file_source is not None and file_source.__module__ == hydras + "file_config_source":
+
+        class FileConfigSource(file_source):  # type: ignore[misc,valid-type]
+            def load_config(self, config_path: str) -> ConfigResult:
+                full_path = os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path)))
+                try:
+                    with open(full_path, encoding="utf-8") as f:
+                        text = f.read()
+                except FileNotFoundError:
+                    raise ConfigLoadError(f"Config not found : {full_path}") from None
+                key = hashlib.blake2b(text.encode("utf-8")).digest()
+                if key not in _parsed_files:  # as Hydra's own source reads a file
+                    _parsed_files[key] = (OmegaConf.load(io.StringIO(text)), self._get_header_dict(text[:512]))
+                cfg, header = _parsed_files[key]
+                return ConfigResult(config=copy.deepcopy(cfg), path=f"{self.scheme()}://{self.path}",
+                                    provider=self.provider, header=dict(header))
+
+        fast["file"] = FileConfigSource
+
+    if structured_source is not None and structured_source.__module__ == hydras + "structured_config_source":
+
+        class StructuredConfigSource(structured_source):  # type: ignore[misc,valid-type]
+            def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+                twin = copy.copy(self)
+                memo[id(self)] = twin
+                return twin
+
+        fast["structured"] = StructuredConfigSource
+    return fast
 
 
 @functools.lru_cache(maxsize=1)
@@ -214,6 +288,7 @@ def compose(
     overrides = [_schema_plus(o) for o in overrides or []]
     _check_added_keys(overrides)
     _register_schema()
+    _speed_up_hydras_sources()
     extra_dirs = list(extra_dirs or [])
     conf_dir = _conf_dir(config_dir, extra_dirs)
     try:
@@ -239,6 +314,7 @@ def show_info(info: str, overrides: list[str], *, config_dir: str | Path | None 
 
     overrides = [_schema_plus(o) for o in overrides]
     _register_schema()
+    _speed_up_hydras_sources()
     extra_dirs = list(extra_dirs or [])
     conf_dir = _conf_dir(config_dir, extra_dirs)
     import logging

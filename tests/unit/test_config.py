@@ -289,3 +289,35 @@ def test_a_key_given_twice_is_reported_with_the_value_that_failed(given, capsys)
     assert "= '4'" not in err and "Value 'abc'" in err
     # the later of two valid values wins, as with Hydra
     assert load("data.train_batch_size=4", "data.train_batch_size=32", check_paths=False).data.train_batch_size == 32
+
+
+def test_a_config_file_is_parsed_once_until_its_text_changes(tmp_path, monkeypatch):
+    """Composing again (a sweep's jobs, --check, the tests) does not parse the YAML again; a file whose
+    text changed (even at the same size, within the same clock tick) is read anew, and what one compose's
+    overrides changed does not leak into the next."""
+    from omegaconf import OmegaConf
+
+    marker = "# parse-count-marker\n"
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    yaml_file = conf / "grpo_trainer.yaml"
+    yaml_file.write_text(marker + (ROOT / "conf" / "grpo_trainer.yaml").read_text())
+    parses = []
+    real_load = OmegaConf.load
+
+    def counting_load(file_):
+        if hasattr(file_, "read"):
+            text = file_.read()
+            file_.seek(0)
+        else:
+            text = Path(file_).read_text()
+        parses.append(marker in text)
+        return real_load(file_)
+
+    monkeypatch.setattr(OmegaConf, "load", counting_load)
+    assert compose(["trainer.total_epochs=7"], config_dir=conf).trainer.total_epochs == 7
+    assert compose([], config_dir=conf).trainer.total_epochs == 30
+    assert parses.count(True) == 1
+    yaml_file.write_text(yaml_file.read_text().replace("total_epochs: 30", "total_epochs: 31"))
+    assert compose([], config_dir=conf).trainer.total_epochs == 31
+    assert parses.count(True) == 2

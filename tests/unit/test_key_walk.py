@@ -7,6 +7,7 @@ checked here is that "honoured" is never a claim without code behind it.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import pytest
@@ -70,8 +71,9 @@ def build_everything(cfg, device: str) -> None:
 
 def builds():
     for name, overrides in MATRIX.items():
+        cfg = load(overrides)  # composed once; each device's build gets its own copy
         for device in ("cpu", "cuda"):
-            yield load(overrides), lambda cfg, device=device: build_everything(cfg, device)
+            yield copy.deepcopy(cfg), lambda cfg, device=device: build_everything(cfg, device)
 
 
 def test_every_honoured_key_is_read_when_a_run_is_built():
