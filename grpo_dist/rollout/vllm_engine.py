@@ -177,6 +177,9 @@ class VLLMEngine:
 
         from vllm import LLM
 
+        from grpo_dist.utils import startup
+
+        startup.mark("vllm imported")
         _quiet_expected_reload_warning()
         if tensor_parallel_size == 1 and not on_gpu:
             share_one_rank_process_groups()
