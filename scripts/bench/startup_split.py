@@ -13,6 +13,7 @@ the whole cache (``/proc/sys/vm/drop_caches``) needs a privilege containers usua
     python scripts/bench/startup_split.py                    # both jobs, warm, 3 runs each
     python scripts/bench/startup_split.py --cold --runs 1    # both jobs, cold
     python scripts/bench/startup_split.py --jobs default --runs 5 --out /tmp/split
+    python scripts/bench/startup_split.py --render /tmp/split/results.json   # print it again
 """
 
 from __future__ import annotations
@@ -113,7 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs of each job (each cell: the median)")
     ap.add_argument("--cold", action="store_true", help="evict the run's files from the page cache before each run")
     ap.add_argument("--out", default=None, help="folder for the runs (default: a temporary one)")
+    ap.add_argument("--render", nargs="+", metavar="RESULTS_JSON",
+                    help="print the tables of earlier calls' results.json files (their runs pooled), running nothing")
     args = ap.parse_args(argv)
+    if args.render:
+        pooled: dict[str, list[dict]] = {}
+        for path in args.render:
+            for job, runs in json.loads(Path(path).read_text()).items():
+                pooled.setdefault(job, []).extend(runs)
+        for job, runs in pooled.items():
+            print(f"\n### {job} ({len(runs)} run(s); median)\n")
+            print(median_table(runs))
+        return 0
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:

@@ -86,3 +86,25 @@ def test_written_file_reads_back_as_the_table(tmp_path, clean_moments):
     assert "| rollout rank 0 | engine built | 2.50 |" in text
     assert "| first step | gen | 0.75 |  |" in text
     assert f"time to first step: {startup.time_to_first_step(data):.2f} s" in text
+
+
+def test_the_script_pools_runs_into_medians(tmp_path, capsys):
+    """scripts/bench/startup_split.py --render: each cell is the median over the runs of every file."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
+    import startup_split
+
+    def run(shift: float, wall: float) -> dict:
+        marks = [[n, t + shift] for n, t in DRIVER["marks"]]
+        return {"wall": wall, "data": {"driver": {**DRIVER, "marks": marks}, "processes": {}}, "step": {"step": 2.0}}
+
+    (tmp_path / "a.json").write_text(json.dumps({"default": [run(0.0, 20.0), run(3.0, 26.0)]}))
+    (tmp_path / "b.json").write_text(json.dumps({"default": [run(1.0, 21.0)]}))
+    assert startup_split.main(["--render", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "### default (3 run(s); median)" in out
+    assert "| driver | imports | 3.00 | 3.00 |" in out  # runs of 2, 3 and 5 s
+    assert "| driver | workers started | 6.00 | 12.00 |" in out
+    assert "time to first step: median 12.00 s (11.00, 14.00, 12.00); one-step job wall: median 21.00 s" in out
