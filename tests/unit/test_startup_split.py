@@ -108,3 +108,16 @@ def test_the_script_pools_runs_into_medians(tmp_path, capsys):
     assert "| driver | imports | 3.00 | 3.00 |" in out  # runs of 2, 3 and 5 s
     assert "| driver | workers started | 6.00 | 12.00 |" in out
     assert "time to first step: median 12.00 s (11.00, 14.00, 12.00); one-step job wall: median 21.00 s" in out
+
+
+def test_a_process_start_is_read_to_the_clock_tick():
+    """A child started now is found to have started now (within the kernel's 10 ms tick and the child's own
+    start-up), not up to a second off as with whole-second boot times."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.time()
+    out = subprocess.run([sys.executable, "-c", "from grpo_dist.utils import startup; print(startup.process_start())"],
+                         capture_output=True, text=True, check=True).stdout
+    assert t0 - 0.05 <= float(out) <= time.time()
