@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    from grpo_dist.utils import startup
+
+    startup.mark("imports")  # the command line's modules (and what they import) are loaded
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parse_args(argv)
@@ -107,6 +110,7 @@ def _main(argv: list[str] | None) -> int:
         jobs = compose_jobs(args)
         if jobs is None:
             return 0
+        startup.mark("configuration")
     except (UsageError, ValueError) as exc:  # ConfigError is a ValueError
         print(f"grpo_dist: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -576,7 +576,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     _local_only()
     try:
         try:
-            with _keeping_sigterm_handler():
+            with _keeping_sigterm_handler(), _no_dashboard_process(include_dashboard):
                 ray.init(**kwargs)
         except Exception as exc:
             # Ray waits a fixed 30 s for its raylet to register; on a machine busy with other work
@@ -586,7 +586,7 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
                 raise
             ray.shutdown()
             time.sleep(5.0)
-            with _keeping_sigterm_handler():
+            with _keeping_sigterm_handler(), _no_dashboard_process(include_dashboard):
                 ray.init(**kwargs)
     except Exception as exc:
         try:
@@ -645,6 +645,29 @@ def _keeping_sigterm_handler():
         yield
     finally:
         ray_utils.set_sigterm_handler = original
+
+
+@contextlib.contextmanager
+def _no_dashboard_process(include_dashboard: bool):
+    """Without the dashboard, a local instance starts no dashboard process at all.
+
+    ``include_dashboard=False`` still makes ``ray.init`` start the dashboard's head process with its
+    usage-statistics module only, and wait until that process has published its address: on the 2-core
+    machine ~1 s of the driver's wait, and 1.2 CPU-seconds beside the workers' start-up
+    (docs/benchmarks.md, "Start-up"). Nothing of a run uses it; Ray's own path for a dashboard that did
+    not start (no address, no process) is taken instead. With the dashboard asked for, Ray's start is
+    left as it is."""
+    from ray._private import services
+
+    original = getattr(services, "start_api_server", None)
+    if include_dashboard or original is None:
+        yield
+        return
+    services.start_api_server = lambda *args, **kwargs: (None, None)
+    try:
+        yield
+    finally:
+        services.start_api_server = original
 
 
 def shutdown_ray() -> None:

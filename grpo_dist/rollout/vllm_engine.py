@@ -23,8 +23,9 @@ Measured facts about vLLM 0.32 (CPU build) that shape this module:
 - Side effects on the hosting process (in-process engine): the CPU worker replaces
   ``torch.set_num_threads`` with a no-op for the whole process (set the thread count *before*
   starting the engine), and the engine core ``gc.freeze()``s the heap (undone by ``close``).
-- The first request that asks for log-probs compiles a small ``torch.compile`` (inductor) kernel
-  for token ranks: ~10-15 s on 2 cores with a cold inductor cache, ~1-2 s warm.
+- The first request that asks for log-probs would compile a small ``torch.compile`` (inductor) kernel
+  for token ranks (~10-15 s on 2 cores with a cold inductor cache, ~1-2 s warm); on the CPU the
+  engine counts them eagerly instead (:func:`count_token_ranks_eagerly`).
 """
 
 from __future__ import annotations
@@ -177,9 +178,14 @@ class VLLMEngine:
 
         from vllm import LLM
 
+        from grpo_dist.utils import startup
+
+        startup.mark("vllm imported")
         _quiet_expected_reload_warning()
         if tensor_parallel_size == 1 and not on_gpu:
             share_one_rank_process_groups()
+        if not on_gpu:
+            count_token_ranks_eagerly()
 
         self._llm = LLM(
             model=str(model_path),
@@ -397,6 +403,26 @@ def share_one_rank_process_groups() -> None:
     shared_new_group._grpo_dist_one_rank = True  # type: ignore[attr-defined]
     dist.new_group = shared_new_group
     dist.destroy_process_group = shared_destroy
+
+
+def count_token_ranks_eagerly() -> None:
+    """Make vLLM's sampler count each sampled token's rank with plain torch instead of its
+    ``torch.compile``d ``batched_count_greater_than``.
+
+    The rank is ``(logprobs >= sampled logprob).sum(-1)``, an integer count, the same either way, and
+    grpo_dist does not even read it (only the sampled token's log-prob). On the CPU the compiled
+    version costs the first generation that asks for log-probs an inductor compile (importing inductor,
+    then C++ compilation: ~1-2 s with a warm inductor cache, 10-15 s cold, on 2 cores) for a count over
+    a few thousand logits, which takes microseconds eagerly. Idempotent; a vLLM without the function
+    keeps its own."""
+    try:
+        from vllm.v1.sample import sampler
+    except ImportError:
+        return
+    fn = getattr(sampler, "batched_count_greater_than", None)
+    eager = getattr(fn, "_torchdynamo_orig_callable", None)
+    if callable(eager):
+        sampler.batched_count_greater_than = eager
 
 
 _SHM_DIR = Path("/dev/shm")

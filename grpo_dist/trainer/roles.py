@@ -33,6 +33,7 @@ from grpo_dist.distributed.worker_group import (
 from grpo_dist.rollout.tp import engine_of as tp_engine_of
 from grpo_dist.rollout.tp import init_args as tp_init_args
 from grpo_dist.trainer import build
+from grpo_dist.utils import startup
 
 #: glibc malloc settings of CPU worker processes: keep freed memory in the process instead of handing
 #: it back to the kernel and faulting it in again on the next step (the update allocates and frees
@@ -148,6 +149,12 @@ def _reward_worker():
     return RewardWorker
 
 
+def _class_name(cls: type) -> str:
+    """``"module:QualName"`` of a model role's shell: its process imports it in the constructor, where
+    the start-up split can see it (:func:`grpo_dist.workers.models.shell_class`)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
 # ---- their arguments ---------------------------------------------------------------------------
 def _timeout(ctx: RoleContext) -> dict:
     """The process group's collective timeout (verl's ``actor_rollout_ref.nccl_timeout``, every FSDP role)."""
@@ -250,6 +257,8 @@ class Workers:
         self.ctx = ctx
         self.roles = active_roles(ctx.cfg, roles)
         self.groups: dict[str, WorkerGroup] = {}
+        self.process_groups: list[WorkerGroup] = []
+        """One group per kind of worker process (the shared model process, not its per-role views)."""
         self.pgs: list = []
         t = ctx.cfg.trainer
         self.resources = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
@@ -306,9 +315,11 @@ class Workers:
 
             shared = WorkerGroup(
                 process, RemoteModelWorker, plan, self.pgs,
-                init_kwargs=lambda r, members=members: {"parts": {m.name: (m.worker(), m.init_kwargs(ctx, r))
+                init_kwargs=lambda r, members=members: {"parts": {m.name: (_class_name(m.worker()),
+                                                                           m.init_kwargs(ctx, r))
                                                                   for m in members}},
                 num_cpus=share, num_gpus=0.0 if cpu else share, env=env)
+            self.process_groups.append(shared)
             for m in members:
                 self.groups[m.name] = shared.view(m.name, roles=[m.name for m in members], deadlines=self._deadlines())
         for role in self.roles:
@@ -322,6 +333,7 @@ class Workers:
                 self.groups[role.name] = WorkerGroup(role.name, role.worker(), None, None,
                                                      init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0,
                                                      deadlines=self._deadlines())
+            self.process_groups.append(self.groups[role.name])
         backend = "gloo" if cpu else "nccl"
         loading = []
         for role in self.roles:
@@ -343,11 +355,14 @@ class Workers:
                 self.model_notes[group.role] = notes[0] + build.whole_sequence_note(ctx.cfg, group.role)
         # every constructor has run (an engine that failed to start says so here, naming its role)
         self.nodes = {name: group.call("node_id") for name, group in self.groups.items()}
+        for group in self.process_groups:  # where each process's start-up went (the run's startup.json)
+            for rank, moments in zip(group.ranks, group.call("startup_moments")):
+                startup.add_process(group.role if group.single else f"{group.role} rank {rank}", moments)
 
     def close(self) -> None:
         for group in self.groups.values():
             group.kill()
-        self.groups = {}
+        self.groups, self.process_groups = {}, []
         remove_placement_groups(self.pgs)
         self.pgs = []
 

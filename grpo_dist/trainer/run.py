@@ -67,8 +67,10 @@ def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
     (its lock taken), before any worker starts (the command line writes Hydra's files there)."""
     from grpo_dist.trainer.plan import launch_plan
     from grpo_dist.trainer.stop import StopSignal
+    from grpo_dist.utils import startup
     from grpo_dist.utils.run_log import DriverLogs
 
+    startup.run_begins()
     lp = launch_plan(cfg)
     # Installed before anything starts, so that a SIGTERM during start-up ends the run with one message.
     stop = StopSignal(lp.preemption_grace_s, str(lp.out_dir), resume_settings=lp.resume)
@@ -139,6 +141,7 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
     from grpo_dist.data.readers import DataError, as_path_list
     from grpo_dist.trainer import build
     from grpo_dist.trainer.tracking import missing_backends
+    from grpo_dist.utils import startup
     from grpo_dist.utils.run_lock import RunLock, RunLockError
 
     t0 = time.perf_counter()
@@ -149,12 +152,14 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
         tok_path = tasks.resolve(lp.tokenizer) if lp.tokenizer else model_path
         train_files = [tasks.resolve(p) for p in as_path_list(lp.train_files)]
         val_files = [tasks.resolve(p) for p in as_path_list(lp.val_files)]
+        startup.mark("model and data files")  # an embedded task's model is built here on first use
         from transformers import AutoTokenizer
 
         logs.take_over_library_loggers()  # transformers prints through a handler of its own
         tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=lp.tokenizer_trust_remote_code)
         if lp.chat_template:
             tokenizer.chat_template = lp.chat_template
+        startup.mark("tokenizer loaded")
         build.check_model_fits(cfg, model_path, tokenizer)
         note = build.check_cpu_resources(cfg, model_path)
         if note:
@@ -178,6 +183,7 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
             warning = try_custom_reward(*lp.custom_reward, train[0], **lp.reward_trial)
             if warning:
                 print(f"grpo_dist: warning: {warning}", file=sys.stderr, flush=True)
+        startup.mark("checks and data")
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
 
@@ -202,6 +208,7 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
     if log_file is not None:
         print(f"grpo_dist: the workers' output and the libraries' logs go to {log_file} "
               "(trainer.log_level=info or GRPO_DIST_LOG_LEVEL=info shows them here)", flush=True)
+    startup.mark("output folder")
     try:
         return _run_locked(cfg, lp, out_dir, stop, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
                            train=train, val=val, t0=t0, logs=logs)
@@ -221,6 +228,9 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
     )
     from grpo_dist.trainer import build, checkpoint
     from grpo_dist.trainer.driver import GRPOTrainer
+    from grpo_dist.utils import startup
+
+    startup.mark("driver's modules")  # Ray's client and the loop's (torch, tensordict)
 
     # The checkpoint to resume from is chosen (and verified) before any worker starts.
     try:
@@ -247,6 +257,7 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
             pass
         raise stop.interrupted from None
     stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
+    startup.mark("ray started")
     trainer = None
     failure = LastWord()  # said once the workers and Ray are gone: their late log lines come before it
     try:
@@ -255,6 +266,8 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
                               train_data=train, val_data=val, device=device, out_dir=str(out_dir), stop=stop)
         try:
             trainer.start_workers()
+            startup.mark("workers started")
+            _write_startup(out_dir)
         except WorkerError as exc:
             _keep_report(logs, exc)
             failure.set(*(failure_message(exc, stop, lp.resume, starting=True, log_file=log_file) or (str(exc), 1)))
@@ -300,6 +313,16 @@ def _keep_report(logs, exc: BaseException) -> None:
 
     if isinstance(exc, WorkerError) and exc.detail:
         logs.keep(f"the run stops: {exc}", exc.detail)
+
+
+def _write_startup(out_dir: Path) -> None:
+    """``startup.json``: where the start-up went (:mod:`grpo_dist.utils.startup`); never fails a run."""
+    from grpo_dist.utils import startup
+
+    try:
+        startup.write(out_dir / "startup.json")
+    except OSError as exc:
+        print(f"grpo_dist: could not write {out_dir / 'startup.json'}: {exc}", file=sys.stderr)
 
 
 def worker_failure_message(exc, resume_settings, *, starting: bool = False, log_file=None) -> str:

@@ -14,6 +14,7 @@ import ray
 import torch
 
 from grpo_dist.distributed.process_group import free_port
+from grpo_dist.utils import startup
 from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
 
 
@@ -33,13 +34,17 @@ class ActorWorker:
 
     def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any,
                    timeout_s: float = 600.0) -> str | None:
+        startup.mark("actor: init_model called")
         from grpo_dist.distributed.process_group import init_process_group
         from grpo_dist.training.actor import FSDPActor
 
+        startup.mark("actor: training modules imported")
         init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
                            master_addr=master_addr, master_port=master_port, timeout_s=timeout_s)
+        startup.mark("actor: process group")
         dev = "cuda" if self.device == "cuda" else "cpu"
         self.actor = FSDPActor(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
+        startup.mark("actor: model built")
         return self.actor.memory_note  # what the auto memory choices chose (printed by the driver)
 
     @timed

@@ -21,19 +21,35 @@ on every rank, so the collectives of the different models cannot interleave diff
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import ray
 
+from grpo_dist.utils import startup
+
+
+def shell_class(cls: type | str) -> type:
+    """A shell class, or the class a ``"module:QualName"`` string names (imported here: the process's
+    start-up split then shows the shells' imports, torch's among them, as a phase of their own)."""
+    if not isinstance(cls, str):
+        return cls
+    module, _, name = cls.partition(":")
+    return getattr(importlib.import_module(module), name)
+
 
 class ModelWorker:
-    """The rank's model roles, each built from ``parts[role] = (shell class, constructor kwargs)`` in
-    the given order."""
+    """The rank's model roles, each built from ``parts[role] = (shell class or "module:QualName",
+    constructor kwargs)`` in the given order."""
 
-    def __init__(self, parts: dict[str, tuple[type, dict[str, Any]]]) -> None:
+    def __init__(self, parts: dict[str, tuple[type | str, dict[str, Any]]]) -> None:
+        startup.mark("constructor")
         if not parts:
             raise ValueError("a model worker needs at least one role")
-        self.parts: dict[str, Any] = {role: cls(**kwargs) for role, (cls, kwargs) in parts.items()}
+        classes = {role: shell_class(cls) for role, (cls, _) in parts.items()}
+        startup.mark("shell modules imported")
+        self.parts: dict[str, Any] = {role: classes[role](**kwargs) for role, (_, kwargs) in parts.items()}
+        startup.mark("shells built")
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)`` of ``role``'s shell."""
@@ -41,6 +57,10 @@ class ModelWorker:
         if part is None:
             raise KeyError(f"this model worker holds no {role!r} role; it holds {sorted(self.parts)}")
         return getattr(part, method)(*args, **kwargs)
+
+    def startup_moments(self) -> dict[str, Any]:
+        """This process's start-up moments (:func:`grpo_dist.utils.startup.moments`)."""
+        return startup.moments()
 
 
 RemoteModelWorker = ray.remote(ModelWorker)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from grpo_dist.distributed.process_group import free_port
+from grpo_dist.utils import startup
 from grpo_dist.workers.common import current_node_id, node_ip, setup_process, timed
 
 
@@ -33,7 +34,9 @@ class ReferenceWorker:
         init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
                            master_addr=master_addr, master_port=master_port, timeout_s=timeout_s)
         dev = "cuda" if self.device == "cuda" else "cpu"
+        startup.mark("reference: modules and process group")
         self.ref = FSDPReference(model_path, rank=self.rank, world_size=self.world_size, device=dev, **kwargs)
+        startup.mark("reference: model built")
 
     @timed
     def compute_ref_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import ray
 
+from grpo_dist.utils import startup
 from grpo_dist.workers.common import current_node_id
 
 
@@ -36,6 +37,7 @@ def exit_at_once_on_sigterm(before: Callable[[], None]) -> bool:
 class RewardWorker:
     def __init__(self, *, tokenizer_path: str, trust_remote_code: bool, custom_path: str | None, custom_name: str,
                  num_workers: int, timeout_s: float, on_error: str) -> None:
+        startup.mark("constructor")
         from transformers import AutoTokenizer
 
         from grpo_dist.rewards.custom import CustomRewardFn
@@ -43,11 +45,13 @@ class RewardWorker:
         from grpo_dist.rewards.rewarder import BatchRewarder
         import grpo_dist.tasks  # noqa: F401  registers the embedded tasks' scorers
 
+        startup.mark("modules imported")
         target = CustomRewardFn(custom_path, custom_name) if custom_path else None
         self.scorer = RewardScorer(target, num_workers=num_workers, timeout_s=timeout_s, on_error=on_error)
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
         self.rewarder = BatchRewarder(tokenizer, self.scorer)
         exit_at_once_on_sigterm(self.scorer.kill_now)  # the scoring processes go with it, and no traceback
+        startup.mark("tokenizer and scorer")
 
     def compute(self, responses: Any, response_mask: Any, data_sources: list[str], ground_truths: list[Any],
                 extra_infos: list[Any], token_level: bool, step_rewards: bool, optional_steps: bool = False):
@@ -60,3 +64,7 @@ class RewardWorker:
 
     def node_id(self) -> str:
         return current_node_id()
+
+    def startup_moments(self) -> dict[str, Any]:
+        """This process's start-up moments (:func:`grpo_dist.utils.startup.moments`)."""
+        return startup.moments()

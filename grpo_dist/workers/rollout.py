@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from grpo_dist.utils import startup
 from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
 
 
@@ -23,10 +24,13 @@ from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb
 class RolloutWorker:
     def __init__(self, *, rank: int, device: str, num_threads: int, engine: str, engine_kwargs: dict[str, Any],
                  tp: int = 1) -> None:
+        startup.mark("constructor")
         setup_process(device, num_threads)
+        startup.mark("torch imported")
         self.rank = rank
         self._engine_args = (engine, engine_kwargs)
         self.engine = None if tp > 1 else self._make_engine()
+        startup.mark("engine built")
         self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
 
     def _make_engine(self, **more: Any):
@@ -106,3 +110,7 @@ class RolloutWorker:
 
     def node_id(self) -> str:
         return current_node_id()
+
+    def startup_moments(self) -> dict[str, Any]:
+        """This process's start-up moments (:func:`grpo_dist.utils.startup.moments`)."""
+        return startup.moments()

@@ -99,6 +99,17 @@ def test_one_rank_cpu_engine_shares_the_world_process_group(vllm_engine):
     assert all(g.cpu_group is dist.group.WORLD and g.device_group is dist.group.WORLD for g in groups)
 
 
+def test_cpu_engine_counts_token_ranks_without_torch_compile(vllm_engine):
+    """The sampler's rank count (which grpo_dist never reads) runs eagerly on the CPU: the first
+    generation with log-probs compiles no inductor kernel (1-2 s warm, 10-15 s with a cold cache)."""
+    from vllm.v1.sample import sampler
+
+    fn = sampler.batched_count_greater_than
+    assert not hasattr(fn, "_torchdynamo_orig_callable")
+    x, v = torch.tensor([[0.1, 0.5, 0.3], [0.2, 0.2, 0.9]]), torch.tensor([[0.3], [0.2]])
+    assert fn(x, v).tolist() == [2, 3]
+
+
 def test_vllm_generate_is_prompt_major_stops_on_eos_and_returns_sampling_logprobs(
     vllm_engine, hf_engine
 ):

@@ -90,6 +90,33 @@ def test_metrics_time_the_workers_the_weight_sync_and_the_rows(full_run):
     assert time.time() - 3600 < stamps[0] and stamps[-1] <= time.time()
 
 
+def test_startup_json_splits_the_start_up_of_every_process(full_run):
+    """The run folder's startup.json: the driver's phases and each worker process's (2 ranks: a model
+    process and a rollout process each, and the reward worker), all after the driver's start and before
+    the first step; the table reads it (docs/benchmarks.md, "Start-up")."""
+    from grpo_dist.utils import startup
+
+    out, proc = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data, step = startup.read(out)
+    driver = [name for name, _, _ in startup.phases(data["driver"])]
+    assert driver == ["imports", "configuration", "model and data files", "tokenizer loaded", "checks and data",
+                      "output folder", "driver's modules", "ray started", "workers started"]
+    assert sorted(data["processes"]) == ["models rank 0", "models rank 1", "reward", "rollout rank 0",
+                                         "rollout rank 1"]
+    ttfs = startup.time_to_first_step(data)
+    first_row = read_metrics(out)[1]["time/unix"]
+    assert 0 < ttfs < first_row - data["driver"]["start"]
+    for name, recorded in data["processes"].items():
+        phases = startup.phases(recorded)
+        assert phases and all(s >= 0 for _, s, _ in phases), (name, phases)
+        assert data["driver"]["start"] <= recorded["start"] and phases[-1][2] <= data["driver"]["start"] + ttfs
+    assert [n for n, _, _ in startup.phases(data["processes"]["rollout rank 0"])][-2:] == ["vllm imported",
+                                                                                          "engine built"]
+    assert "actor: model built" in [n for n, _, _ in startup.phases(data["processes"]["models rank 1"])]
+    assert step["step"] > 0 and f"| first step | step (all phases) | {step['step']:.2f} |" in startup.table(data, step)
+
+
 def generations(out) -> dict[int, list[dict]]:
     rows = [json.loads(line) for line in (out / "val_generations.jsonl").read_text().splitlines()]
     by_step: dict[int, list[dict]] = {}

@@ -222,6 +222,28 @@ def test_a_local_ray_that_fails_to_start_is_one_message(monkeypatch, no_ray_side
     assert services.get_node_ip_address() in ("127.0.0.1", "::1")
 
 
+@pytest.mark.parametrize("dashboard", [False, True])
+def test_a_local_ray_without_dashboard_starts_no_dashboard_process(monkeypatch, no_ray_side_effects, dashboard):
+    """include_dashboard=false: Ray's start finds "no dashboard" (no process, no address) instead of starting
+    its head process and waiting for it; Ray is left as it was afterwards, and with the dashboard asked
+    for it starts as Ray starts it."""
+    from ray._private import services
+
+    original, seen = services.start_api_server, {}
+
+    def fake_init(**kwargs):
+        seen["include_dashboard"] = kwargs["include_dashboard"]
+        started = services.start_api_server
+        seen["dashboard"] = started if dashboard else started(kwargs["include_dashboard"], False, "127.0.0.1", "gcs", "id")
+
+    monkeypatch.setattr(ray, "init", fake_init)
+    monkeypatch.setattr("grpo_dist.distributed.ray_watchdog.start", lambda: None)
+    assert worker_group.init_ray(address=None, num_cpus=None, include_dashboard=dashboard, min_cpus=1) is True
+    assert seen["include_dashboard"] is dashboard
+    assert seen["dashboard"] == (original if dashboard else (None, None))
+    assert services.start_api_server is original
+
+
 def test_an_unreachable_cluster_is_one_message_and_keeps_the_cluster_binding(monkeypatch, no_ray_side_effects):
     def failing_init(**kwargs):
         raise ConnectionError("Could not find any running Ray instance")
