@@ -62,7 +62,8 @@ def test_a_bad_level_is_one_message_naming_where_it_was_given(env, override, nam
 def test_quiet_keeps_own_lines_on_the_console_and_sends_library_records_to_the_file(tmp_path, capsys):
     root = logging.getLogger()
     console = logging.StreamHandler(sys.stdout)  # as Hydra's job_logging sets it up: INFO on stdout
-    root.addHandler(console)
+    # the run's console handler alone (a handler an earlier test left on the root may hold a closed stream)
+    earlier, root.handlers = root.handlers, [console]
     root.setLevel(logging.INFO)
     ray_like = logging.getLogger("raylike")  # a library printing through a handler of its own, as Ray's logger does
     own_handler = logging.StreamHandler(sys.stderr)
@@ -82,6 +83,7 @@ def test_quiet_keeps_own_lines_on_the_console_and_sends_library_records_to_the_f
     finally:
         logs.close()
         root.removeHandler(console)
+        left, root.handlers = root.handlers, earlier
     assert path == tmp_path / "logs" / "run.log" == log_path(tmp_path)
     assert out == "dropped 3 of 40 prompts\n" and err == ""
     text = path.read_text()
@@ -91,7 +93,7 @@ def test_quiet_keeps_own_lines_on_the_console_and_sends_library_records_to_the_f
         assert line in text, line
     # closed: the library logger prints as before, the console handler passes everything again
     assert ray_like.handlers == [own_handler] and ray_like.propagate is False
-    assert console.filters == [] and str(path) not in [getattr(h, "baseFilename", None) for h in root.handlers]
+    assert console.filters == [] and left == []
 
 
 def test_a_rerun_appends_to_the_file_after_a_header(tmp_path):
