@@ -140,27 +140,10 @@ def test_wrong_reward_function_name_is_named_before_workers_start(tiny_model_dir
         f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=no_such_function"]
     t0 = time.time()
     proc = run_main(args)
+    # (a function that fails when tried once before the run: tests/unit/test_startup_checks.py, in process)
     assert_one_message(proc, "no_such_function", "always_raises", code=2)  # the functions the file has
     assert "rerun" not in proc.stderr, "a rerun cannot fix a wrong name"
     assert time.time() - t0 < 60 and not (tmp_path / "o" / "placement.json").exists(), "no worker was started"
-
-
-def test_broken_reward_function_is_named_before_workers_start(tiny_model_dir, reverse_data, tmp_path):
-    """A function that fails on every sample is tried once on the first training row and named, with its
-    file and line, before Ray starts; with on_error=zero it is a warning (the run goes on:
-    test_reward_faults_scored_zero_and_counted)."""
-    faulty = HERE / "reward_faulty.py"
-    line = next(i for i, t in enumerate(faulty.read_text().splitlines(), 1) if 'raise ZeroDivisionError("this' in t)
-    for name, needles in [("always_raises", ["raised ZeroDivisionError: this reward function is broken",
-                                             f"at {faulty}:{line} (in always_raises)"]),
-                          ("returns_string", ["returned a str ('1.0'), not a number"])]:
-        t0 = time.time()
-        out = tmp_path / name
-        proc = run_main(base_args(tiny_model_dir, reverse_data, out, 1) + LIGHT + [
-            f"custom_reward_function.path={faulty}", f"custom_reward_function.name={name}"])
-        assert_one_message(proc, f"reward function {name} from {faulty} failed when tried once before the run",
-                           *needles, "custom_reward_function.path", code=2)
-        assert time.time() - t0 < 60 and not (out / "placement.json").exists(), "no worker was started"
 
 
 def test_unwritable_output_directory_is_named(tiny_model_dir, reverse_data, tmp_path):

@@ -109,6 +109,30 @@ def test_a_reward_that_returns_text_stops_the_start(tiny_model_dir, reverse_data
     one_message(capsys.readouterr().err, 2, code, "returns_text", "returned a str ('1.0'), not a number")
 
 
+def test_broken_reward_function_is_named_before_workers_start(tiny_model_dir, reverse_data, tmp_path,
+                                                              ray_must_not_start, capsys):
+    """A function that fails on every sample (the reliability tests' file, loaded by path as users do)
+    is tried once on the first training row and named, with its file and line, before Ray starts;
+    with on_error=zero it is a warning (the run goes on: tests/e2e/test_reliability_e2e.py's
+    test_reward_faults_scored_zero_and_counted). The command line's exit code and message for a
+    reward function found wrong at start-up: test_wrong_reward_function_name_is_named_before_workers_start."""
+    faulty = REPO / "tests" / "e2e" / "reward_faulty.py"
+    line = next(i for i, t in enumerate(faulty.read_text().splitlines(), 1) if 'raise ZeroDivisionError("this' in t)
+    for name, needles in [("always_raises", ["raised ZeroDivisionError: this reward function is broken",
+                                             f"at {faulty}:{line} (in always_raises)"]),
+                          ("returns_string", ["returned a str ('1.0'), not a number"])]:
+        t0 = time.time()
+        out = tmp_path / name
+        code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, out, faulty, name))
+        tail = one_message(capsys.readouterr().err, 2, code,
+                           f"reward function {name} from {faulty} failed when tried once before the run", *needles,
+                           "custom_reward_function.path")
+        # the message ends the output
+        after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
+        assert not after, f"printed after the message: {after}"
+        assert time.time() - t0 < 60 and not (out / "placement.json").exists(), "no worker was started"
+
+
 def test_a_reward_slower_than_its_limit_is_stopped_and_named(tiny_model_dir, reverse_data, tmp_path, rewards_file,
                                                              ray_must_not_start, capsys):
     t0 = time.monotonic()
