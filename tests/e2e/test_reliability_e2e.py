@@ -76,17 +76,15 @@ def test_malformed_prompt_names_file_row_and_column(tiny_model_dir, reverse_data
     assert len(load_rows(str(bad), skip_bad_rows=True)) == 7
 
 
-def test_missing_column_and_empty_file(tiny_model_dir, reverse_data, tmp_path):
+def test_missing_column_names_the_file_and_the_column(tiny_model_dir, reverse_data, tmp_path):
+    """(An empty file's message, on the same path to the command line's exit code: in process,
+    tests/unit/test_startup_checks.py's test_an_empty_training_file_is_one_message.)"""
     rows = [good_row(i) for i in range(4)]
     for r in rows:
         del r["data_source"]
     f = write_parquet(tmp_path / "nocol.parquet", rows)
     proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o1", 1) + [f"data.train_files={f}"])
     assert_one_message(proc, "nocol.parquet", "data_source", code=2)
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o2", 1) + [f"data.train_files={empty}"])
-    assert_one_message(proc, "empty.jsonl", code=2)
 
 
 def test_overlong_prompt_with_truncation_error(tiny_model_dir, reverse_data, tmp_path):

@@ -41,6 +41,17 @@ def test_unreadable_parquet_names_the_key_and_the_file(key, tiny_model_dir, reve
     assert other not in tail
 
 
+def test_an_empty_training_file_is_one_message(tiny_model_dir, reverse_data, tmp_path, ray_must_not_start, capsys):
+    """(The command line's exit code and message for a data file found wrong at start-up:
+    tests/e2e/test_reliability_e2e.py's test_missing_column_names_the_file_and_the_column.)"""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"data.train_files={empty}"))
+    tail = one_message(capsys.readouterr().err, 2, code, "empty.jsonl")
+    after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
+    assert not after, f"printed after the message: {after}"
+
+
 def run_cfg(cfg) -> int:
     from grpo_dist.trainer.run import run
 
