@@ -153,6 +153,9 @@ def test_unwritable_output_directory_is_named(tiny_model_dir, reverse_data, tmp_
 
 # --------------------------------------------------------------- faults during training
 def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, reverse_data, tmp_path):
+    """(A function that returns text instead of a number: the same path from the reward worker to the
+    driver's message, in process: tests/unit/test_run_messages.py's
+    test_a_reward_function_returning_text_names_the_sample_and_what_to_fix.)"""
     args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [
         f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=raises_unless_exact"]
     proc = run_main(args)
@@ -165,18 +168,6 @@ def test_reward_function_that_raises_stops_naming_the_sample(tiny_model_dir, rev
     report = log[log.index("the run stops: reward worker failed"):]
     assert "ray::RewardWorker.compute() (pid=" in report and 'grpo_dist/workers/reward.py", line ' in report, report
     assert "RewardError: reward function raises_unless_exact" in report, report
-
-
-def test_reward_function_returning_text_names_the_sample_and_what_to_fix(tiny_model_dir, reverse_data, tmp_path):
-    """A user-code fault: the message names the function, the sample and the value, and says what to fix
-    instead of suggesting a rerun (which would meet the same value again)."""
-    args = base_args(tiny_model_dir, reverse_data, tmp_path / "o", 2) + LIGHT + [
-        f"custom_reward_function.path={HERE / 'reward_faulty.py'}", "custom_reward_function.name=text_unless_exact"]
-    proc = run_main(args)
-    tail = assert_one_message(proc, "reward function text_unless_exact", "of the batch (data_source='grpo_dist/reverse')",
-                              "returned a str", "not a number", "row index", "response '",
-                              "custom_reward_function.path", code=1)
-    assert "rerun the same command" not in tail, tail
 
 
 def test_reward_faults_scored_zero_and_counted(tiny_model_dir, reverse_data, tmp_path):

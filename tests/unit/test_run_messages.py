@@ -478,3 +478,29 @@ def test_the_default_deadlines_name_a_frozen_worker_within_two_minutes(monkeypat
     with pytest.raises(WorkerError):
         g.call("update_policy")
     assert 1800.0 <= clock[0] - start < 1801.0 and cfg.trainer.worker_call_timeout_s == 1800.0
+
+
+def test_a_reward_function_returning_text_names_the_sample_and_what_to_fix(monkeypatch, tmp_path):
+    """A user-code fault met during training (the reliability tests' text_unless_exact, loaded by path as
+    users do): the reward worker's error, through Ray to the driver's message, names the function, the
+    sample and the value, and says what to fix instead of suggesting a rerun (which would meet the same
+    value again). The same path through a real run, with the exit code and the message printed last:
+    tests/e2e/test_reliability_e2e.py's test_reward_function_that_raises_stops_naming_the_sample."""
+    from pathlib import Path
+
+    from grpo_dist.rewards.manager import CustomRewardFn, RewardScorer
+
+    faulty = Path(__file__).resolve().parents[1] / "e2e" / "reward_faulty.py"
+    fn = CustomRewardFn(str(faulty), "text_unless_exact")
+    with RewardScorer(fn, num_workers=1, timeout_s=10, on_error="raise") as scorer:
+        assert scorer.score_batch(["grpo_dist/reverse"], ["321"], ["321"], [{"index": 0}])[0] == [1.0]
+        with pytest.raises(RewardError) as ei:
+            scorer.score_batch(["grpo_dist/reverse"] * 2, ["321", "12"], ["321"] * 2, [{"index": 4}, {"index": 5}])
+    g = group_with(monkeypatch, {}, role="reward")
+    err = g._failed(0, task_error(ei.value), "compute", {}, None)
+    tail = worker_failure_message(err, tmp_path)
+    for needle in ("reward function text_unless_exact", "of the batch (data_source='grpo_dist/reverse')",
+                   "returned a str", "not a number", "row index", "response '", "custom_reward_function.path",
+                   "sample 1 of the batch", "returned a str ('0.0'), not a number (row index 5, response '12')"):
+        assert needle in tail, f"{needle!r} not in {tail!r}"
+    assert "rerun the same command" not in tail, tail
