@@ -1,5 +1,6 @@
 """Shared fixtures for the unit tests: a tiny character-level tokenizer built in memory (no network)."""
 
+import os
 import string
 
 import pytest
@@ -11,6 +12,14 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # scripts/test.sh runs this tier on several processes (pytest-xdist): each gets its share of the
+    # cores for torch's intra-op threads, not all of them (two processes with two threads each on two
+    # cores spin-wait for each other)
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 def build_char_tokenizer(chat_template: str | None = CHATML_TEMPLATE) -> PreTrainedTokenizerFast:

@@ -425,3 +425,82 @@ def test_ctrl_c_names_what_a_rerun_does(tiny_model_dir, reverse_data, tmp_path, 
     code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
     one_message(capsys.readouterr().err, 130, code, "interrupted by SIGINT (Ctrl-C) during step 2; no checkpoint was "
                 f"taken; rerun the same command to resume from step 1 ({out / 'global_step_1'})")
+
+
+def test_the_default_deadlines_name_a_frozen_worker_within_two_minutes(monkeypatch):
+    """The deadlines a run builds from its configuration's defaults: a worker that stops answering a
+    fast call (the embedded task's take a fraction of a second; the first, a few seconds of warm-up) is
+    named as frozen a minute after the call started, so within two minutes with the rest of the step
+    (the e2e test sets shorter deadlines through the same keys). Time is simulated: the group's wait
+    for a result advances a clock."""
+    from types import SimpleNamespace
+
+    from grpo_dist.trainer.roles import Workers
+    from tests.configs import cfg_of
+
+    cfg = cfg_of()
+    workers = Workers(SimpleNamespace(cfg=cfg, device="cpu"))
+    clock = [1000.0]
+    answers = {"s": 0.0}  # how long the next call takes; None: the worker is frozen
+
+    class Method:
+        def remote(self, *args, **kwargs):
+            return object()
+
+    class Handle:
+        def __getattr__(self, name):
+            return Method()
+
+    def wait(refs, num_returns, timeout):
+        if answers["s"] is None or answers["s"] > timeout:
+            clock[0] += max(timeout, 0.01)  # as time does, past the deadline
+            return [], refs
+        clock[0] += answers["s"]
+        return refs[:1], refs[1:]
+
+    monkeypatch.setattr(worker_group, "ray", SimpleNamespace(wait=wait, get=lambda ref: None))
+    monkeypatch.setattr(worker_group, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    g = group_with(monkeypatch, {}, role="rollout")
+    monkeypatch.setattr(worker_group, "probe", lambda handle: ("alive", "stopped by a signal: state T; pid 9"))
+    g.workers, g.deadlines = [Handle()], workers._deadlines()
+    for s in (3.0, 0.4, 0.3):  # step 1 (warm-up), steps 2 and 3
+        answers["s"] = s
+        g.call("generate")
+    answers["s"] = None
+    start = clock[0]
+    with pytest.raises(WorkerError) as ei:
+        g.call("generate")
+    assert ei.value.kind == "frozen" and 60.0 <= clock[0] - start < 61.0  # a minute after the call
+    assert "within 60s" in str(ei.value) and "trainer.worker_call_timeout_min_s=60" in str(ei.value)
+    # the first call of a method may load a model: it gets the long deadline
+    answers["s"] = None
+    start = clock[0]
+    with pytest.raises(WorkerError):
+        g.call("update_policy")
+    assert 1800.0 <= clock[0] - start < 1801.0 and cfg.trainer.worker_call_timeout_s == 1800.0
+
+
+def test_a_reward_function_returning_text_names_the_sample_and_what_to_fix(monkeypatch, tmp_path):
+    """A user-code fault met during training (the reliability tests' text_unless_exact, loaded by path as
+    users do): the reward worker's error, through Ray to the driver's message, names the function, the
+    sample and the value, and says what to fix instead of suggesting a rerun (which would meet the same
+    value again). The same path through a real run, with the exit code and the message printed last:
+    tests/e2e/test_reliability_e2e.py's test_reward_function_that_raises_stops_naming_the_sample."""
+    from pathlib import Path
+
+    from grpo_dist.rewards.manager import CustomRewardFn, RewardScorer
+
+    faulty = Path(__file__).resolve().parents[1] / "e2e" / "reward_faulty.py"
+    fn = CustomRewardFn(str(faulty), "text_unless_exact")
+    with RewardScorer(fn, num_workers=1, timeout_s=10, on_error="raise") as scorer:
+        assert scorer.score_batch(["grpo_dist/reverse"], ["321"], ["321"], [{"index": 0}])[0] == [1.0]
+        with pytest.raises(RewardError) as ei:
+            scorer.score_batch(["grpo_dist/reverse"] * 2, ["321", "12"], ["321"] * 2, [{"index": 4}, {"index": 5}])
+    g = group_with(monkeypatch, {}, role="reward")
+    err = g._failed(0, task_error(ei.value), "compute", {}, None)
+    tail = worker_failure_message(err, tmp_path)
+    for needle in ("reward function text_unless_exact", "of the batch (data_source='grpo_dist/reverse')",
+                   "returned a str", "not a number", "row index", "response '", "custom_reward_function.path",
+                   "sample 1 of the batch", "returned a str ('0.0'), not a number (row index 5, response '12')"):
+        assert needle in tail, f"{needle!r} not in {tail!r}"
+    assert "rerun the same command" not in tail, tail

@@ -41,6 +41,17 @@ def test_unreadable_parquet_names_the_key_and_the_file(key, tiny_model_dir, reve
     assert other not in tail
 
 
+def test_an_empty_training_file_is_one_message(tiny_model_dir, reverse_data, tmp_path, ray_must_not_start, capsys):
+    """(The command line's exit code and message for a data file found wrong at start-up:
+    tests/e2e/test_reliability_e2e.py's test_missing_column_names_the_file_and_the_column.)"""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"data.train_files={empty}"))
+    tail = one_message(capsys.readouterr().err, 2, code, "empty.jsonl")
+    after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
+    assert not after, f"printed after the message: {after}"
+
+
 def run_cfg(cfg) -> int:
     from grpo_dist.trainer.run import run
 
@@ -107,6 +118,30 @@ def test_a_reward_that_returns_text_stops_the_start(tiny_model_dir, reverse_data
                                                     ray_must_not_start, capsys):
     code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, tmp_path / "o", rewards_file, "returns_text"))
     one_message(capsys.readouterr().err, 2, code, "returns_text", "returned a str ('1.0'), not a number")
+
+
+def test_broken_reward_function_is_named_before_workers_start(tiny_model_dir, reverse_data, tmp_path,
+                                                              ray_must_not_start, capsys):
+    """A function that fails on every sample (the reliability tests' file, loaded by path as users do)
+    is tried once on the first training row and named, with its file and line, before Ray starts;
+    with on_error=zero it is a warning (the run goes on: tests/e2e/test_reliability_e2e.py's
+    test_reward_faults_scored_zero_and_counted). The command line's exit code and message for a
+    reward function found wrong at start-up: test_wrong_reward_function_name_is_named_before_workers_start."""
+    faulty = REPO / "tests" / "e2e" / "reward_faulty.py"
+    line = next(i for i, t in enumerate(faulty.read_text().splitlines(), 1) if 'raise ZeroDivisionError("this' in t)
+    for name, needles in [("always_raises", ["raised ZeroDivisionError: this reward function is broken",
+                                             f"at {faulty}:{line} (in always_raises)"]),
+                          ("returns_string", ["returned a str ('1.0'), not a number"])]:
+        t0 = time.time()
+        out = tmp_path / name
+        code = run_cfg(reward_cfg(tiny_model_dir, reverse_data, out, faulty, name))
+        tail = one_message(capsys.readouterr().err, 2, code,
+                           f"reward function {name} from {faulty} failed when tried once before the run", *needles,
+                           "custom_reward_function.path")
+        # the message ends the output
+        after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
+        assert not after, f"printed after the message: {after}"
+        assert time.time() - t0 < 60 and not (out / "placement.json").exists(), "no worker was started"
 
 
 def test_a_reward_slower_than_its_limit_is_stopped_and_named(tiny_model_dir, reverse_data, tmp_path, rewards_file,
