@@ -33,7 +33,7 @@ def embedded_model() -> Path:
     """The embedded base model (warmed up on the reverse task), shared by the modules that train it: the
     machine's cached copy (``builtin:tiny-reverse``, the one the iterative-RL test's reward model is
     built from), built there once if missing. The build is deterministic (a fresh build is byte-identical
-    to the cached one) and takes minutes of CPU, so it is not repeated per session."""
+    to the cached one) and trains for about a minute, so it is not repeated per session."""
     from grpo_dist import tasks
     from grpo_dist.tasks.reverse import ensure_model
 
