@@ -29,12 +29,15 @@ def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def embedded_model(tmp_path_factory) -> Path:
-    """The embedded base model (warmed up on the reverse task), built once per session into a fresh
-    cache and shared by the modules that train it."""
+def embedded_model() -> Path:
+    """The embedded base model (warmed up on the reverse task), shared by the modules that train it: the
+    machine's cached copy (``builtin:tiny-reverse``, the one the iterative-RL test's reward model is
+    built from), built there once if missing. The build is deterministic (a fresh build is byte-identical
+    to the cached one) and trains for about a minute, so it is not repeated per session."""
+    from grpo_dist import tasks
     from grpo_dist.tasks.reverse import ensure_model
 
-    return ensure_model(tmp_path_factory.mktemp("grpo_dist_cache"))
+    return ensure_model(tasks.cache_root())
 
 
 def epoch_data(data: dict, where: Path) -> dict:

@@ -3,9 +3,10 @@ only by a learned reward model (a starting one, trained briefly on the base poli
 is retrained every 2 steps on the policy's new samples with replay, and the reference is reset to the
 policy after each retraining.
 
-Two runs share the assertions: 8 steps at once (checkpoints at steps 3 and 6), and a second run that
-resumes from step 3 (in the middle of an iteration: its samples so far are in the checkpoint) and
-goes through three reward-model updates to step 8.
+Two runs share the assertions: 8 steps at once (checkpoints at steps 5 and 8), and a second run that
+resumes from step 5 (in the middle of an iteration: its samples so far are in the checkpoint) and
+goes through two reward-model updates (steps 6 and 8, the second drawing replay from a buffer that was
+restored and then grown after the resume) to step 8.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ from tests.e2e.helpers import read_metrics, run_main
 pytestmark = pytest.mark.slow
 VAL = "val-core/grpo_dist/reverse/acc/mean@1"
 STEPS, EVERY = 8, 2
+RESUME_AT = 5  # mid-iteration: the checkpoint holds the step's pending samples
 RESETS = (2, 4, 6, 8)
 
 
 @pytest.fixture(scope="session")
-def starting_reward_model():
+def starting_reward_model(embedded_model):
     """The embedded task's base policy and its starting reward model (built once per machine, cached)."""
-    from grpo_dist import tasks
     from grpo_dist.tasks import reverse
 
-    return tasks.resolve("builtin:tiny-reverse"), reverse.ensure_reward_model(tasks.cache_root())
+    return embedded_model, reverse.ensure_reward_model(embedded_model.parent)
 
 
 def iterative_args(policy, rm, data, out) -> list[str]:
@@ -58,7 +59,7 @@ def iterative_args(policy, rm, data, out) -> list[str]:
         "trainer.n_gpus_per_node=2",
         "trainer.device=cpu",
         f"trainer.total_training_steps={STEPS}",
-        "trainer.save_freq=3",
+        f"trainer.save_freq={RESUME_AT}",
         f"trainer.test_freq={STEPS}",
         "trainer.logger=[console,file]",
         "trainer.progress_bar=false",
@@ -76,7 +77,7 @@ def runs(starting_reward_model, reverse_data, tmp_path_factory):
     t1 = time.perf_counter()
     assert p_full.returncode == 0, p_full.stdout[-2000:] + p_full.stderr[-4000:]
     p_part = run_main(iterative_args(policy, rm, reverse_data, part)
-                      + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={full / 'global_step_3'}"])
+                      + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={full / f'global_step_{RESUME_AT}'}"])
     t2 = time.perf_counter()
     assert p_part.returncode == 0, p_part.stdout[-2000:] + p_part.stderr[-4000:]
     print(f"iterative RL e2e: full run {t1 - t0:.0f} s, resumed run {t2 - t1:.0f} s")
@@ -125,11 +126,12 @@ def test_the_kl_to_the_reference_is_zero_right_after_a_reset(runs):
 
 def test_resume_across_reward_model_updates_is_exact(runs):
     a, b = runs["m"], runs["resumed"]
-    assert "resumed from" in runs["part_proc"].stdout and "global_step_3" in runs["part_proc"].stdout
-    assert sorted(b) == list(range(4, STEPS + 1))
+    assert "resumed from" in runs["part_proc"].stdout and f"global_step_{RESUME_AT}" in runs["part_proc"].stdout
+    assert sorted(b) == list(range(RESUME_AT + 1, STEPS + 1))
+    assert [s for s in b if "reward_model/accuracy" in b[s]] == [6, 8]  # two updates after the resume
     keys = ["critic/score/mean", "reward_model/score/mean", "actor/pg_loss", "actor/reward_kl_penalty",
             "response_length/mean", "critic/advantages/mean", "actor/ref_reset"]
-    for step in range(4, STEPS + 1):
+    for step in range(RESUME_AT + 1, STEPS + 1):
         for k in keys + [k for k in a[step] if k.startswith("reward_model/")]:
             assert math.isclose(a[step][k], b[step][k], rel_tol=1e-4, abs_tol=1e-6), (step, k, a[step][k], b[step][k])
     assert a[STEPS][VAL] == b[STEPS][VAL]
@@ -140,7 +142,7 @@ def test_resume_across_reward_model_updates_is_exact(runs):
 
 
 def test_the_checkpoint_holds_the_reward_model_the_replay_buffer_and_the_reset_reference(runs):
-    ckpt = runs["full"] / "global_step_3"
+    ckpt = runs["full"] / f"global_step_{RESUME_AT}"
     for part in ("reward_model", "reference", "iterative_rl/replay.safetensors", "iterative_rl/pending.safetensors",
                  "iterative_rl/state.json"):
         assert (ckpt / part).exists(), part

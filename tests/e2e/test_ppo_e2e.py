@@ -4,7 +4,7 @@ dies, an exact resume, and verl's own PPO example scripts.
 
 Four runs, each started once and shared by the tests that assert on it:
 
-- ``ppo_run``: 8 steps of ``algorithm.adv_estimator=gae`` on the embedded task and base model (one
+- ``ppo_run``: 4 steps of ``algorithm.adv_estimator=gae`` on the embedded task and base model (one
   rank), KL in the reward with the adaptive controller, 2 critic-only warm-up steps; checkpoints
   every 2 steps.
 - ``killed_and_resumed``: the same command, whose model worker (the process holding actor, reference
@@ -33,7 +33,7 @@ from tests.verl_ppo_scripts import SCRIPTS, script_args
 
 pytestmark = pytest.mark.slow
 VAL = "val-core/grpo_dist/reverse/acc/mean@1"
-STEPS, RESPONSES, HORIZON, TARGET_KL = 8, 32 * 8, 1000, 0.05
+STEPS, RESPONSES, HORIZON, TARGET_KL = 4, 32 * 8, 1000, 0.05
 CRITIC_METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
                   "critic/vf_explained_var", "critic/values/mean", "critic/values/max", "critic/values/min",
                   "critic/returns/mean", "critic/returns/max", "critic/returns/min", "timing_s/values",
@@ -89,7 +89,8 @@ def test_ppo_learns_on_the_embedded_task(ppo_run):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     m = read_metrics(out)
     assert sorted(m) == list(range(STEPS + 1))
-    # measured on the 2-core machine: 0.125 -> 0.344 (step 4) -> 0.418 (step 8)
+    # measured on the 2-core machine: 0.125 -> 0.344 at step 4 (0.418 at step 8 of a longer run; the runs are
+    # deterministic: a 4-step run's metrics equal the first 4 steps of an 8-step run's, bit for bit)
     assert m[STEPS][VAL] > m[0][VAL] + 0.15, (m[0][VAL], m[STEPS][VAL])
     for step in range(1, STEPS + 1):
         missing = [k for k in CRITIC_METRICS if k not in m[step]]
@@ -106,7 +107,7 @@ def test_the_critic_learns_to_explain_the_returns(ppo_run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ev = [read_metrics(out)[s]["critic/vf_explained_var"] for s in range(1, STEPS + 1)]
     assert ev[0] < 0, ev
-    assert sum(ev[-3:]) / 3 > ev[0] + 0.15, ev  # measured: -0.28 -> 0.10 (mean of the last 3 steps)
+    assert sum(ev[-3:]) / 3 > ev[0] + 0.15, ev  # measured: -0.283 -> -0.004 (mean of steps 2-4; 0.10 of 6-8)
     assert max(ev[1:]) > ev[0]
 
 
