@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -60,7 +60,7 @@ class RoleContext:
     num_threads: int
     kv_cache_gib: float | None = None
     """The CPU KV cache of each vLLM engine, chosen once for the run (``rollout.kv_cache_gib``)."""
-    reward_decoder: dict | None = None
+    reward_decoder: dict | None = field(default=None, repr=False)
     """How the reward worker decodes responses without transformers
     (:func:`grpo_dist.rewards.decoding.decoder_spec` of the driver's tokenizer); None: it loads the
     tokenizer with transformers."""
