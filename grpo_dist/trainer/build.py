@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -450,6 +451,18 @@ def val_sampling(cfg: GRPOConfig) -> SamplingSettings:
         n=v.n, temperature=0.0 if greedy else v.temperature, top_p=v.top_p, top_k=v.top_k,
         max_tokens=r.response_length, do_sample=not greedy, seed=None, logprobs=False,
     )
+
+
+def reward_decoder(cfg: GRPOConfig, tokenizer: Any) -> dict | None:
+    """How the reward worker decodes responses without importing transformers: the driver's tokenizer
+    rebuilt from its ``tokenizers`` backend (:func:`grpo_dist.rewards.decoding.decoder_spec`); None
+    (the worker loads the tokenizer with transformers) when the tokenizer may run its own code or
+    decodes in a way of its own."""
+    from grpo_dist.rewards.decoding import decoder_spec
+
+    if cfg.actor_rollout_ref.model.trust_remote_code or cfg.data.trust_remote_code:
+        return None
+    return decoder_spec(tokenizer)
 
 
 def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float | None = None) -> dict:

@@ -85,7 +85,7 @@ class GRPOTrainer:
         world, dev = self.shape.world_size, self.device
         threads = build.worker_threads(self.cfg, dev, world, cluster_cpus)
         self.workers = Workers(RoleContext(self.cfg, dev, self.model_path, self.tokenizer_path, self.total_steps,
-                                           world, threads))
+                                           world, threads, reward_decoder=build.reward_decoder(self.cfg, self.tokenizer)))
         self.workers.start()
         w = self.workers
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]

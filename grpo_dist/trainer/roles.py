@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -60,6 +60,10 @@ class RoleContext:
     num_threads: int
     kv_cache_gib: float | None = None
     """The CPU KV cache of each vLLM engine, chosen once for the run (``rollout.kv_cache_gib``)."""
+    reward_decoder: dict | None = field(default=None, repr=False)
+    """How the reward worker decodes responses without transformers
+    (:func:`grpo_dist.rewards.decoding.decoder_spec` of the driver's tokenizer); None: it loads the
+    tokenizer with transformers."""
 
 
 def _always(cfg: GRPOConfig) -> bool:
@@ -202,7 +206,7 @@ def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
     cfg = ctx.cfg
     rm = cfg.reward_model
     return dict(tokenizer_path=ctx.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                custom_path=setting(cfg, "custom_reward_function.path"),
+                decoder=ctx.reward_decoder, custom_path=setting(cfg, "custom_reward_function.path"),
                 custom_name=setting(cfg, "custom_reward_function.name") or "compute_score",
                 num_workers=setting(cfg, "reward_model.num_workers"), timeout_s=rm.timeout_s, on_error=rm.on_error)
 
