@@ -27,6 +27,7 @@ from grpo_dist.distributed.worker_group import (
     CallDeadlines,
     ResourcePlan,
     WorkerGroup,
+    cluster_cpus,
     create_placement_groups,
     remove_placement_groups,
 )
@@ -249,6 +250,16 @@ def rank_processes(roles: list[Role]) -> list[tuple[str | None, list[Role]]]:
     return out
 
 
+def create_workers(cfg: GRPOConfig, device: str, model_path: str, tokenizer_path: str) -> Workers:
+    """The run's workers, created (:meth:`Workers.create`): their processes import what they need while
+    the driver reads the data; :meth:`Workers.start` then loads their models."""
+    world = build.step_shape(cfg).world_size
+    threads = build.worker_threads(cfg, device, world, cluster_cpus)
+    workers = Workers(RoleContext(cfg, device, model_path, tokenizer_path, 0, world, threads))
+    workers.create()
+    return workers
+
+
 class Workers:
     """The worker groups of a run, started from the role table; placement, shutdown and
     checkpoints iterate the same rows."""
@@ -289,8 +300,19 @@ class Workers:
     def get(self, name: str) -> WorkerGroup | None:
         return self.groups.get(name)
 
-    def start(self) -> None:
-        """Place and start every active role, then load the FSDP2 models of all roles at once."""
+    def start(self, total_steps: int | None = None) -> None:
+        """Place and start every active role (unless :meth:`create` did), then load the FSDP2 models of all
+        roles at once; ``total_steps`` (the run's, known once the data is read) goes to ``init_model``."""
+        if not self.process_groups:
+            self.create()
+        if total_steps is not None:
+            self.ctx = replace(self.ctx, total_steps=total_steps)
+        self._load()
+
+    def create(self) -> None:
+        """Place every active role and create its workers. Ray runs their constructors (the heavy imports:
+        torch, vLLM, transformers) in their own processes while the caller goes on; nothing here needs the
+        data or the number of steps (:meth:`start` hands it to ``init_model``)."""
         ctx, plan = self.ctx, self.resources
         r = ctx.cfg.actor_rollout_ref.rollout
         if ctx.device == "cpu" and r.name == "vllm":  # one KV-cache size for every engine, said at start-up
@@ -334,7 +356,10 @@ class Workers:
                                                      init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0,
                                                      deadlines=self._deadlines())
             self.process_groups.append(self.groups[role.name])
-        backend = "gloo" if cpu else "nccl"
+
+    def _load(self) -> None:
+        ctx = self.ctx
+        backend = "gloo" if ctx.device == "cpu" else "nccl"
         loading = []
         for role in self.roles:
             if role.setup is not None:

@@ -1,7 +1,8 @@
-"""Start-up checks a new user meets before Ray starts: which data key holds an unreadable file, a
-custom reward function tried once on a training row, a full disk told apart from a permission problem.
+"""Start-up checks a new user meets before any worker loads a model: which data key holds an unreadable
+file, a custom reward function tried once on a training row, a full disk told apart from a permission problem.
 
-The runs go through ``grpo_dist.trainer.run.run`` with the tiny model up to where Ray would start."""
+The runs go through ``grpo_dist.trainer.run.run`` with the tiny model, a stand-in for Ray and stand-in
+workers (:class:`StandInWorkers`), up to where the workers would load their models."""
 
 from __future__ import annotations
 
@@ -19,15 +20,39 @@ from tests.unit.test_run_messages import one_message, tiny_cfg
 REPO = Path(__file__).resolve().parents[2]
 
 
+class StandInWorkers:
+    """The run's workers, as the driver creates them once Ray (a stand-in too) has started: their processes
+    would import their libraries while the driver checks the model, reads the data and tries the reward
+    function. Loading their models (``start``) stops the run here, as a worker that failed to start."""
+
+    def __init__(self) -> None:
+        self.created = self.loaded = self.closed = 0
+
+    def create(self, *args, **kwargs) -> StandInWorkers:
+        self.created += 1
+        return self
+
+    def start(self, total_steps=None) -> None:
+        from grpo_dist.distributed.worker_group import WorkerError
+
+        self.loaded += 1
+        raise WorkerError("stopped here by the test")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
 @pytest.fixture
 def no_ray(monkeypatch):
-    """Ray must not start in these tests: the run stops at init_ray when its checks pass."""
-    from grpo_dist.distributed.worker_group import RayStartError
+    """Ray must not start in these tests: a stand-in starts (init_ray: not started here) and stand-in workers
+    (:class:`StandInWorkers`) are created; a run whose checks pass stops where the workers load their models."""
+    from grpo_dist.trainer import roles
 
-    def stop_here(**kwargs):
-        raise RayStartError("could not start a local Ray instance: stopped here by the test")
-
-    monkeypatch.setattr(worker_group, "init_ray", stop_here)
+    workers = StandInWorkers()
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kwargs: False)
+    monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0.0)
+    monkeypatch.setattr(roles, "create_workers", workers.create)
+    return workers
 
 
 # ---- an unreadable data file names its key ----------------------------------------------------------
@@ -47,7 +72,7 @@ def run_cfg(cfg) -> int:
     return run(cfg)
 
 
-# ---- the custom reward function, tried once before Ray starts ------------------------------------------
+# ---- the custom reward function, tried once before any worker loads a model ------------------------------------------
 REWARDS = '''import os
 import time
 
@@ -87,8 +112,11 @@ def reward_cfg(tiny_model_dir, reverse_data, out, path, name, *extra):
 
 
 @pytest.fixture
-def ray_must_not_start(monkeypatch):
-    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: pytest.fail("Ray was started"))
+def ray_must_not_start(no_ray):
+    """A fault the checks find stops the run before any worker loads a model, and the workers created meanwhile
+    (their processes were importing their libraries) are stopped."""
+    yield no_ray
+    assert no_ray.created == 1 and no_ray.loaded == 0 and no_ray.closed == 1, vars(no_ray)
 
 
 def test_a_reward_that_raises_stops_the_start_naming_its_file_and_line(tiny_model_dir, reverse_data, tmp_path,
