@@ -27,15 +27,20 @@ class StandInWorkers:
 
     def __init__(self) -> None:
         self.created = self.loaded = self.closed = 0
+        self.events: list[str] = []
+        self.total_steps = None
 
     def create(self, *args, **kwargs) -> StandInWorkers:
         self.created += 1
+        self.events.append("workers created")
         return self
 
     def start(self, total_steps=None) -> None:
         from grpo_dist.distributed.worker_group import WorkerError
 
         self.loaded += 1
+        self.events.append("models loading")
+        self.total_steps = total_steps
         raise WorkerError("stopped here by the test")
 
     def close(self) -> None:
@@ -64,6 +69,33 @@ def test_unreadable_parquet_names_the_key_and_the_file(key, tiny_model_dir, reve
     tail = one_message(capsys.readouterr().err, 2, code, f"{key}: {bad}: not a readable parquet file")
     other = "data.val_files" if key == "data.train_files" else "data.train_files"
     assert other not in tail
+
+
+def test_the_workers_import_while_the_driver_reads_the_data(tiny_model_dir, reverse_data, tmp_path, no_ray,
+                                                             monkeypatch, capsys):
+    """The workers' processes are created (and import their libraries) before the driver loads the tokenizer
+    and reads the data; the number of steps, which the data decides, reaches them when they load their models."""
+    from transformers import AutoTokenizer
+
+    from grpo_dist.data.dataset import PromptDataset
+
+    tokenizer, read = AutoTokenizer.from_pretrained, PromptDataset.from_files
+
+    def loading_tokenizer(*args, **kwargs):
+        no_ray.events.append("tokenizer")
+        return tokenizer(*args, **kwargs)
+
+    def reading(*args, **kwargs):
+        no_ray.events.append(f"data {kwargs['key']}")
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", loading_tokenizer)
+    monkeypatch.setattr(PromptDataset, "from_files", reading)
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", "trainer.total_training_steps=3"))
+    one_message(capsys.readouterr().err, 1, code, "stopped here by the test")
+    assert no_ray.events == ["workers created", "tokenizer", "data data.train_files", "data data.val_files",
+                             "models loading"]
+    assert no_ray.total_steps == 3 and no_ray.closed == 1
 
 
 def run_cfg(cfg) -> int:
