@@ -314,3 +314,20 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, monke
     assert target.read_text() == "earlier\n" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
     write_text_atomic(target, "new: 1\n")
     assert target.read_text() == "new: 1\n"
+
+
+def test_what_the_driver_loads_before_ray_starts_leaves_out_the_training_loops_libraries():
+    """Up to Ray's start the driver loads the configuration, the run's plan, the role table and Ray's client,
+    not the batch container (tensordict, which loads torch's compiler stack: seconds) nor transformers (in a
+    thread while Ray starts): both load while the workers' processes start."""
+    import subprocess
+    import sys
+
+    code = ("import sys, grpo_dist.main, grpo_dist.trainer.run, grpo_dist.trainer.plan, grpo_dist.trainer.roles, "
+            "grpo_dist.trainer.checkpoint, grpo_dist.trainer.tracking, grpo_dist.rewards.custom, "
+            "grpo_dist.distributed.worker_group; "
+            "print(sorted(m for m in ('tensordict', 'transformers', 'grpo_dist.batch') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
