@@ -228,15 +228,6 @@ def _tokenizer_and_data(cfg: GRPOConfig, lp, logs, *, model_path: str, tok_path:
     return tokenizer, train, val
 
 
-def _preload_transformers() -> None:
-    """Import transformers' auto classes (seconds; in a thread while Ray starts). A failure here is left to
-    the import in the main thread, which reports it as usual."""
-    try:
-        from transformers import AutoConfig, AutoTokenizer  # noqa: F401
-    except Exception:
-        pass
-
-
 def _write_failure(out_dir: Path, exc: OSError) -> str:
     from grpo_dist.utils.disk import write_failure
 
@@ -271,13 +262,8 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_pat
 
     logs.take_over_library_loggers()  # Ray's logger prints through a handler of its own
     log_file = None if logs.path is None else str(logs.path)
-    # Ray's start mostly waits for its processes; meanwhile a thread loads transformers, which the workers'
-    # settings (the model's config) and the tokenizer need next.
-    preload = threading.Thread(target=_preload_transformers, name="grpo_dist-preload", daemon=True)
-    preload.start()
     try:
         started_ray = init_ray(**lp.ray_init, log_level=lp.log_level, worker_log=log_file)
-        preload.join()
     except BaseException as exc:
         if stop.interrupted is None:
             if isinstance(exc, RayStartError):
@@ -290,7 +276,6 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_pat
             pass
         raise stop.interrupted from None
     stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
-    logs.take_over_library_loggers()  # transformers prints through a handler of its own
     startup.mark("ray started")
     trainer = workers = None
     failure = LastWord()  # said once the workers and Ray are gone: their late log lines come before it

@@ -318,8 +318,8 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, monke
 
 def test_what_the_driver_loads_before_ray_starts_leaves_out_the_training_loops_libraries():
     """Up to Ray's start the driver loads the configuration, the run's plan, the role table and Ray's client,
-    not the batch container (tensordict, which loads torch's compiler stack: seconds) nor transformers (in a
-    thread while Ray starts): both load while the workers' processes start."""
+    not the batch container (tensordict, which loads torch's compiler stack: seconds) nor transformers (the
+    workers' settings need it once Ray has started): the loop's libraries load while the workers' processes start."""
     import subprocess
     import sys
 
