@@ -390,12 +390,15 @@ def write_hydra_files(job: Job) -> None:
 
 def start_files(job: Job) -> StartFiles:
     """What the start of ``job`` may create: its output directory and ``trainer.default_local_dir``
-    (with the parents they need), the job log, ``config.yaml``, the lock's guard file and the ``.hydra/``
+    (with the parents they need), the job log, ``config.yaml``, the lock's guard file, the run's log file
+    (``logs/run.log``, which the workers write into while the driver reads the data) and the ``.hydra/``
     files."""
     from grpo_dist.utils.run_lock import GUARD_NAME
 
     out, run_dir = Path(job.output_dir), Path(job.cfg.trainer.default_local_dir)
-    dirs, files = [out, run_dir], [out / f"{job.full.hydra.job.name}.log", run_dir / "config.yaml", run_dir / GUARD_NAME]
+    dirs = [out, run_dir, run_dir / "logs"]
+    files = [out / f"{job.full.hydra.job.name}.log", run_dir / "config.yaml", run_dir / GUARD_NAME,
+             run_dir / "logs" / "run.log"]
     if job.full.hydra.output_subdir is not None:
         sub = out / str(job.full.hydra.output_subdir)
         dirs.append(sub)

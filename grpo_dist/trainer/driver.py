@@ -30,7 +30,6 @@ from grpo_dist.core.advantages import get_adv_estimator
 from grpo_dist.core.kl import make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
-from grpo_dist.distributed.worker_group import cluster_cpus
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
@@ -40,7 +39,7 @@ from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Time
                                        throughput_metrics, token_count)
 from grpo_dist.trainer.plan import driver_plan
 from grpo_dist.trainer.reward_stage import RewardStage
-from grpo_dist.trainer.roles import RoleContext, Workers
+from grpo_dist.trainer.roles import Workers, create_workers
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
@@ -81,12 +80,11 @@ class GRPOTrainer:
         self.on_policy, self.old_logp_forward = p.on_policy, p.old_logp_forward
 
     # ================================================================ set-up / tear-down
-    def start_workers(self) -> None:
+    def start_workers(self, workers: Workers | None = None) -> None:
+        """Start the run's workers, or finish starting those ``workers`` (:func:`~grpo_dist.trainer.roles.create_workers`)."""
         world, dev = self.shape.world_size, self.device
-        threads = build.worker_threads(self.cfg, dev, world, cluster_cpus)
-        self.workers = Workers(RoleContext(self.cfg, dev, self.model_path, self.tokenizer_path, self.total_steps,
-                                           world, threads, reward_decoder=build.reward_decoder(self.cfg, self.tokenizer)))
-        self.workers.start()
+        self.workers = workers or create_workers(self.cfg, dev, self.model_path, self.tokenizer_path)
+        self.workers.start(self.total_steps, build.reward_decoder(self.cfg, self.tokenizer))
         w = self.workers
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")

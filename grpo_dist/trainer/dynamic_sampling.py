@@ -21,17 +21,19 @@ these prompts"), so it is tested with stand-ins (tests/unit/test_dynamic_samplin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from grpo_dist.batch import Batch
 from grpo_dist.core.group_filter import groups_with_spread
+
+if TYPE_CHECKING:  # the batch container (tensordict) is loaded with the training loop, not with the run's plan
+    from grpo_dist.batch import Batch
 
 __all__ = ["FILTER_METRICS", "ON_EXHAUSTED", "DynamicSamplingError", "DynamicSampling", "SingleBatch", "metric_values",
            "merge_stats"]
 
-Generate = Callable[[list, int], tuple[Batch, dict[str, float]]]
+Generate = Callable[[list, int], "tuple[Batch, dict[str, float]]"]
 """``generate(items, k)``: generation batch ``k`` (0, 1, ...) of the step for the prompts ``items``,
 scored, rows grouped by ``uid``; and its reward statistics."""
 
@@ -165,6 +167,8 @@ class DynamicSampling:
                 exhausted = True
                 break
             items = next_items()
+        from grpo_dist.batch import Batch
+
         if not exhausted:
             out = _first_groups(Batch.concat(kept), self.train_batch_size)
         else:

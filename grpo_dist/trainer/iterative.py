@@ -37,11 +37,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.core.reward_model import replay_count, verifier_agreement
 from grpo_dist.rewards.replay import ReplayBuffer, SampleRows, concat_rows, take
@@ -49,6 +48,9 @@ from grpo_dist.trainer.metrics import Timer
 from grpo_dist.trainer.updates import sharded_update
 from grpo_dist.training.settings import FORWARD_KEYS, RM_UPDATE_KEYS
 from grpo_dist.workers.common import unwrap_timed
+
+if TYPE_CHECKING:  # the batch container (tensordict) is loaded with the training loop, not with the run's plan
+    from grpo_dist.batch import Batch
 
 __all__ = ["IterativeSettings", "IterativeRL", "STATE_DIR"]
 
@@ -197,6 +199,8 @@ class IterativeRL:
         per_rank = -(-self.settings.mini_batch_size // W)
         padded = self._padded(mix, per_rank * W)
         num_mini_batches = len(padded["rm_targets"]) // (per_rank * W)
+        from grpo_dist.batch import Batch
+
         metrics, _, _ = sharded_update(self.rm, "update_reward_model", Batch.from_dict(padded), RM_UPDATE_KEYS,
                                        num_mini_batches=num_mini_batches, world_size=W, balance=False, role="reward_model")
         return metrics

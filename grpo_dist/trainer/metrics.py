@@ -7,12 +7,14 @@ import math
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from grpo_dist.batch import Batch
 from grpo_dist.core.value import explained_variance
+
+if TYPE_CHECKING:  # the batch container (tensordict) is loaded with the training loop, not with the run's plan
+    from grpo_dist.batch import Batch
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:

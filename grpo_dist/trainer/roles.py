@@ -27,6 +27,7 @@ from grpo_dist.distributed.worker_group import (
     CallDeadlines,
     ResourcePlan,
     WorkerGroup,
+    cluster_cpus,
     create_placement_groups,
     remove_placement_groups,
 )
@@ -206,9 +207,15 @@ def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
     cfg = ctx.cfg
     rm = cfg.reward_model
     return dict(tokenizer_path=ctx.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                decoder=ctx.reward_decoder, custom_path=setting(cfg, "custom_reward_function.path"),
+                custom_path=setting(cfg, "custom_reward_function.path"),
                 custom_name=setting(cfg, "custom_reward_function.name") or "compute_score",
                 num_workers=setting(cfg, "reward_model.num_workers"), timeout_s=rm.timeout_s, on_error=rm.on_error)
+
+
+def _reward_setup(ctx: RoleContext, group: WorkerGroup) -> list:
+    """The reward worker's tokenizer: the driver's, as a ``tokenizers`` decoder where it can be
+    (``ctx.reward_decoder``), known only once the driver loaded it (after the worker was created)."""
+    return group.submit("load_tokenizer", ctx.reward_decoder)
 
 
 MODELS = "models"
@@ -224,7 +231,7 @@ ROLES: tuple[Role, ...] = (
     Role("reward_model", _reward_model_worker, _rank_kwargs, enabled=build.needs_reward_model, model=_reward_model_model,
          checkpoint=build.reward_model_trained, process=MODELS),
     Role("rollout", _rollout_worker, _rollout_kwargs, setup=_rollout_setup),
-    Role("reward", _reward_worker, _reward_kwargs, per_rank=False),
+    Role("reward", _reward_worker, _reward_kwargs, per_rank=False, setup=_reward_setup),
 )
 """Every role, in start-up order (a role's workers are created before the next role's)."""
 
@@ -251,6 +258,16 @@ def rank_processes(roles: list[Role]) -> list[tuple[str | None, list[Role]]]:
             shared[r.process] = [r]
             out.append((r.process, shared[r.process]))
     return out
+
+
+def create_workers(cfg: GRPOConfig, device: str, model_path: str, tokenizer_path: str) -> Workers:
+    """The run's workers, created (:meth:`Workers.create`): their processes import what they need while
+    the driver reads the data; :meth:`Workers.start` then loads their models."""
+    world = build.step_shape(cfg).world_size
+    threads = build.worker_threads(cfg, device, world, cluster_cpus)
+    workers = Workers(RoleContext(cfg, device, model_path, tokenizer_path, 0, world, threads))
+    workers.create()
+    return workers
 
 
 class Workers:
@@ -293,8 +310,22 @@ class Workers:
     def get(self, name: str) -> WorkerGroup | None:
         return self.groups.get(name)
 
-    def start(self) -> None:
-        """Place and start every active role, then load the FSDP2 models of all roles at once."""
+    def start(self, total_steps: int | None = None, reward_decoder: dict | None = None) -> None:
+        """Place and start every active role (unless :meth:`create` did), then load the FSDP2 models of all
+        roles at once; ``total_steps`` (the run's, known once the data is read) goes to ``init_model``,
+        ``reward_decoder`` (from the driver's tokenizer) to the reward worker."""
+        if not self.process_groups:
+            self.create()
+        if total_steps is not None:
+            self.ctx = replace(self.ctx, total_steps=total_steps)
+        if reward_decoder is not None:
+            self.ctx = replace(self.ctx, reward_decoder=reward_decoder)
+        self._load()
+
+    def create(self) -> None:
+        """Place every active role and create its workers. Ray runs their constructors (the heavy imports:
+        torch, vLLM, transformers) in their own processes while the caller goes on; nothing here needs the
+        data or the number of steps (:meth:`start` hands it to ``init_model``)."""
         ctx, plan = self.ctx, self.resources
         r = ctx.cfg.actor_rollout_ref.rollout
         if ctx.device == "cpu" and r.name == "vllm":  # one KV-cache size for every engine, said at start-up
@@ -338,7 +369,10 @@ class Workers:
                                                      init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0,
                                                      deadlines=self._deadlines())
             self.process_groups.append(self.groups[role.name])
-        backend = "gloo" if cpu else "nccl"
+
+    def _load(self) -> None:
+        ctx = self.ctx
+        backend = "gloo" if ctx.device == "cpu" else "nccl"
         loading = []
         for role in self.roles:
             if role.setup is not None:

@@ -6,9 +6,13 @@ the same command" only where a rerun can get past the fault (a lost or frozen wo
 full disk once freed); for a fault in code or data (a reward function's bad value, a refused
 checkpoint), what to fix.
 
-Order of start-up: the SIGTERM handler first; then the checks that need no process (data, model
-config, resources, the reward function); the output folder's lock; the resume target, verified on
-the driver (a damaged checkpoint is reported in seconds); then Ray and the workers.
+Order of start-up: the SIGTERM handler first; then the checks that need neither the data nor a process
+(the files exist, the ranks fit the machine, the custom reward function imports); the output folder's
+lock; the resume target, verified on the driver (a damaged checkpoint is reported in seconds); then Ray
+and the workers' processes, which import their libraries (the longest part of start-up) while the
+driver loads the tokenizer, checks the model against it, reads the data and tries the custom reward
+function once; a fault found there stops the workers and Ray and is one message, as before. Then the
+workers load their models.
 """
 
 from __future__ import annotations
@@ -137,7 +141,6 @@ def _defined_here(cls: type) -> bool:
 def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -> int:
     from grpo_dist import tasks
     from grpo_dist.config.validate import logger_names
-    from grpo_dist.data.dataset import PromptDataset
     from grpo_dist.data.readers import DataError, as_path_list
     from grpo_dist.trainer import build
     from grpo_dist.trainer.tracking import missing_backends
@@ -147,20 +150,13 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
     t0 = time.perf_counter()
     for note in lp.noop_notes:
         print(f"grpo_dist: note: {note}", flush=True)
+    # The checks that need no tokenizer, no data and no process: before anything starts.
     try:
         model_path = tasks.resolve(lp.model)
         tok_path = tasks.resolve(lp.tokenizer) if lp.tokenizer else model_path
-        train_files = [tasks.resolve(p) for p in as_path_list(lp.train_files)]
-        val_files = [tasks.resolve(p) for p in as_path_list(lp.val_files)]
+        files = ([tasks.resolve(p) for p in as_path_list(lp.train_files)],
+                 [tasks.resolve(p) for p in as_path_list(lp.val_files)])
         startup.mark("model and data files")  # an embedded task's model is built here on first use
-        from transformers import AutoTokenizer
-
-        logs.take_over_library_loggers()  # transformers prints through a handler of its own
-        tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=lp.tokenizer_trust_remote_code)
-        if lp.chat_template:
-            tokenizer.chat_template = lp.chat_template
-        startup.mark("tokenizer loaded")
-        build.check_model_fits(cfg, model_path, tokenizer)
         note = build.check_cpu_resources(cfg, model_path)
         if note:
             print(f"grpo_dist: warning: {note}", file=sys.stderr, flush=True)
@@ -171,19 +167,7 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
             from grpo_dist.rewards.custom import load_custom_reward_fn
 
             load_custom_reward_fn(*lp.custom_reward)
-        sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
-        train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample,
-                                         key="data.train_files")
-        val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample,
-                                        key="data.val_files")
-               if val_files else None)
-        if lp.custom_reward:  # its type and value errors in seconds, not after the workers start
-            from grpo_dist.trainer.reward_trial import try_custom_reward
-
-            warning = try_custom_reward(*lp.custom_reward, train[0], **lp.reward_trial)
-            if warning:
-                print(f"grpo_dist: warning: {warning}", file=sys.stderr, flush=True)
-        startup.mark("checks and data")
+        startup.mark("checks")
     except (DataError, ValueError, FileNotFoundError) as exc:
         return _fail(str(exc), 2)
 
@@ -192,17 +176,12 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire()
-        save_config(cfg, out_dir)
-        if on_start is not None:
-            on_start()
         log_file = logs.open_file(out_dir, f"run started, pid {os.getpid()}: {' '.join(sys.argv)}")
     except RunLockError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:
-        from grpo_dist.utils.disk import write_failure
-
         lock.release()
-        return _fail(write_failure("trainer.default_local_dir", out_dir, exc), 2)
+        return _fail(_write_failure(out_dir, exc), 2)
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
     if log_file is not None:
@@ -210,14 +189,54 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
               "(trainer.log_level=info or GRPO_DIST_LOG_LEVEL=info shows them here)", flush=True)
     startup.mark("output folder")
     try:
-        return _run_locked(cfg, lp, out_dir, stop, model_path=model_path, tokenizer=tokenizer, tok_path=tok_path,
-                           train=train, val=val, t0=t0, logs=logs)
+        return _run_locked(cfg, lp, out_dir, stop, model_path=model_path, tok_path=tok_path, files=files, t0=t0,
+                           logs=logs, on_start=on_start)
     finally:
         lock.release()
 
 
-def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokenizer, tok_path, train, val,
-                t0: float, logs) -> int:
+def _tokenizer_and_data(cfg: GRPOConfig, lp, logs, *, model_path: str, tok_path: str, files) -> tuple:
+    """The tokenizer, the checks that need it, the training and validation data, and the custom reward
+    function's trial on the first training row: ``(tokenizer, train, val)``. Done while the workers'
+    processes import their libraries; a ``DataError`` or ``ValueError`` is the user's to fix."""
+    from transformers import AutoTokenizer
+
+    from grpo_dist.data.dataset import PromptDataset
+    from grpo_dist.trainer import build
+    from grpo_dist.utils import startup
+
+    logs.take_over_library_loggers()  # transformers prints through a handler of its own
+    tokenizer = AutoTokenizer.from_pretrained(tok_path, trust_remote_code=lp.tokenizer_trust_remote_code)
+    if lp.chat_template:
+        tokenizer.chat_template = lp.chat_template
+    startup.mark("tokenizer loaded")
+    build.check_model_fits(cfg, model_path, tokenizer)
+    sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
+    train_files, val_files = files
+    train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample,
+                                     key="data.train_files")
+    val = (PromptDataset.from_files(val_files, tokenizer, **lp.dataset, max_samples=lp.val_max_samples, **sample,
+                                    key="data.val_files")
+           if val_files else None)
+    if lp.custom_reward:  # its type and value errors before any model is loaded
+        from grpo_dist.trainer.reward_trial import try_custom_reward
+
+        warning = try_custom_reward(*lp.custom_reward, train[0], **lp.reward_trial)
+        if warning:
+            print(f"grpo_dist: warning: {warning}", file=sys.stderr, flush=True)
+    startup.mark("checks and data")
+    return tokenizer, train, val
+
+
+def _write_failure(out_dir: Path, exc: OSError) -> str:
+    from grpo_dist.utils.disk import write_failure
+
+    return write_failure("trainer.default_local_dir", out_dir, exc)
+
+
+def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_path, files, t0: float, logs,
+                on_start: Callable[[], None] | None) -> int:
+    from grpo_dist.data.readers import DataError
     from grpo_dist.distributed.worker_group import (
         RayStartError,
         WorkerError,
@@ -227,10 +246,10 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         write_timeline,
     )
     from grpo_dist.trainer import build, checkpoint
-    from grpo_dist.trainer.driver import GRPOTrainer
+    from grpo_dist.trainer.roles import create_workers
     from grpo_dist.utils import startup
 
-    startup.mark("driver's modules")  # Ray's client and the loop's (torch, tensordict)
+    startup.mark("ray's client")
 
     # The checkpoint to resume from is chosen (and verified) before any worker starts.
     try:
@@ -258,19 +277,47 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         raise stop.interrupted from None
     stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
     startup.mark("ray started")
-    trainer = None
+    trainer = workers = None
     failure = LastWord()  # said once the workers and Ray are gone: their late log lines come before it
     try:
         device = build.choose_device(lp.device, cluster_gpus())
-        trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
-                              train_data=train, val_data=val, device=device, out_dir=str(out_dir), stop=stop)
+        # The workers' processes start now and import their libraries (seconds: torch, vLLM) while this
+        # process loads the tokenizer and reads the data; a fault found there stops them, one message.
         try:
-            trainer.start_workers()
-            startup.mark("workers started")
-            _write_startup(out_dir)
+            workers = create_workers(cfg, device, model_path, tok_path)
+            startup.mark("workers created")
         except WorkerError as exc:
             _keep_report(logs, exc)
             failure.set(*(failure_message(exc, stop, lp.resume, starting=True, log_file=log_file) or (str(exc), 1)))
+        if not failure:
+            try:
+                tokenizer, train, val = _tokenizer_and_data(cfg, lp, logs, model_path=model_path, tok_path=tok_path,
+                                                            files=files)
+            except (DataError, ValueError, FileNotFoundError) as exc:
+                if os.environ.get("GRPO_DIST_DEBUG"):
+                    raise
+                failure.set(str(exc), 2)
+        if not failure:  # the run's files, once its data passed (a start refused for its data leaves none)
+            try:
+                save_config(cfg, out_dir)
+                if on_start is not None:
+                    on_start()
+            except OSError as exc:
+                failure.set(_write_failure(out_dir, exc), 2)
+        if not failure:
+            from grpo_dist.trainer.driver import GRPOTrainer
+
+            startup.mark("driver's modules")  # the loop's (torch, tensordict)
+            trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
+                                  train_data=train, val_data=val, device=device, out_dir=str(out_dir), stop=stop)
+            try:
+                trainer.start_workers(workers)
+                startup.mark("workers started")
+                _write_startup(out_dir)
+            except WorkerError as exc:
+                _keep_report(logs, exc)
+                failure.set(*(failure_message(exc, stop, lp.resume, starting=True, log_file=log_file)
+                              or (str(exc), 1)))
         if not failure:
             summary = trainer.fit(resume)
     except BaseException as exc:  # noqa: B036 (Ctrl-C and the stop signal too: said once all is shut down)
@@ -284,6 +331,8 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tokeniz
         try:
             if trainer is not None:
                 trainer.close()
+            elif workers is not None:
+                workers.close()
             if lp.timeline_file:
                 try:
                     write_timeline(lp.timeline_file)

@@ -12,14 +12,17 @@ update sums all ranks' pieces of a mini-batch with global normalisers, so this c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from grpo_dist.batch import Batch
 from grpo_dist.distributed.worker_group import WorkerGroup
 from grpo_dist.training.micro_batches import epoch_orders, update_layout
 from grpo_dist.training.settings import FORWARD_KEYS
 from grpo_dist.workers.common import unwrap_timed
+
+if TYPE_CHECKING:  # the batch container (tensordict) is loaded with the training loop, not with the run's plan
+    from grpo_dist.batch import Batch
 
 __all__ = ["sharded_forward", "sharded_forward_cat", "sharded_update"]
 

@@ -36,28 +36,36 @@ def exit_at_once_on_sigterm(before: Callable[[], None]) -> bool:
 @ray.remote
 class RewardWorker:
     def __init__(self, *, tokenizer_path: str, trust_remote_code: bool, custom_path: str | None, custom_name: str,
-                 num_workers: int, timeout_s: float, on_error: str, decoder: dict[str, Any] | None = None) -> None:
-        """``decoder``: :func:`grpo_dist.rewards.decoding.decoder_spec` of the run's tokenizer, to decode
-        without importing transformers; None loads the tokenizer at ``tokenizer_path`` with transformers."""
+                 num_workers: int, timeout_s: float, on_error: str) -> None:
+        """Imports the scoring code and starts the scoring processes; the tokenizer comes with
+        :meth:`load_tokenizer`, once the driver has loaded its own (the constructor runs while the
+        driver still reads the data)."""
         startup.mark("constructor")
         from grpo_dist.rewards.custom import CustomRewardFn
         from grpo_dist.rewards.manager import RewardScorer
-        from grpo_dist.rewards.rewarder import BatchRewarder
         import grpo_dist.tasks  # noqa: F401  registers the embedded tasks' scorers
 
-        if decoder is None:
-            from transformers import AutoTokenizer
         startup.mark("modules imported")
+        self.tokenizer_path, self.trust_remote_code = tokenizer_path, trust_remote_code
         target = CustomRewardFn(custom_path, custom_name) if custom_path else None
         self.scorer = RewardScorer(target, num_workers=num_workers, timeout_s=timeout_s, on_error=on_error)
+        self.rewarder = None
+        exit_at_once_on_sigterm(self.scorer.kill_now)  # the scoring processes go with it, and no traceback
+
+    def load_tokenizer(self, decoder: dict[str, Any] | None) -> None:
+        """``decoder``: :func:`grpo_dist.rewards.decoding.decoder_spec` of the run's tokenizer, to decode
+        without importing transformers; None loads the tokenizer at ``tokenizer_path`` with transformers."""
+        from grpo_dist.rewards.rewarder import BatchRewarder
+
         if decoder is not None:
             from grpo_dist.rewards.decoding import FastDecoder
 
             tokenizer = FastDecoder(decoder)
         else:
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, trust_remote_code=self.trust_remote_code)
         self.rewarder = BatchRewarder(tokenizer, self.scorer)
-        exit_at_once_on_sigterm(self.scorer.kill_now)  # the scoring processes go with it, and no traceback
         startup.mark("tokenizer and scorer")
 
     def compute(self, responses: Any, response_mask: Any, data_sources: list[str], ground_truths: list[Any],

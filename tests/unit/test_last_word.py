@@ -104,7 +104,7 @@ def test_every_error_class_is_one_message_through_the_run_and_the_command_line(c
         def __init__(self, *args, **kwargs):
             pass
 
-        def start_workers(self):
+        def start_workers(self, workers=None):
             pass
 
         def fit(self, resume):
@@ -116,6 +116,7 @@ def test_every_error_class_is_one_message_through_the_run_and_the_command_line(c
     monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
     monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0)
     monkeypatch.setattr(driver, "GRPOTrainer", Trainer)
+    monkeypatch.setattr("grpo_dist.trainer.roles.create_workers", lambda *args: None)  # no Ray here
     out = tmp_path / "o"
     code = main_mod.main(tiny_overrides(tiny_model_dir, reverse_data, out))
     err = capsys.readouterr().err

@@ -117,7 +117,8 @@ import torch
 from grpo_dist.workers.reward import RewardWorker
 cls = RewardWorker.__ray_metadata__.modified_class
 w = cls(tokenizer_path="/nonexistent", trust_remote_code=False, custom_path={str(fn)!r}, custom_name="compute_score",
-        num_workers=0, timeout_s=None, on_error="raise", decoder=json.loads(open({str(spec_file)!r}).read()))
+        num_workers=0, timeout_s=None, on_error="raise")
+w.load_tokenizer(json.loads(open({str(spec_file)!r}).read()))
 r = w.compute(torch.tensor({rows!r}), torch.tensor({mask!r}), ["s"] * 3, {texts!r}, [None] * 3, True, False)
 w.close()
 print(json.dumps({{"scores": r.scores_B.tolist(), "transformers": sorted(m for m in sys.modules if m.startswith("transformers"))}}))
@@ -138,6 +139,13 @@ def test_the_reward_worker_gets_the_decoder_unless_the_tokenizer_runs_its_own_co
     cfg = to_typed(compose([remote] if remote else []))
     spec = build.reward_decoder(cfg, tiny_tokenizer)
     assert (spec is None) == bool(remote)
-    kwargs = next(r for r in ROLES if r.name == "reward").init_kwargs(
-        RoleContext(cfg, "cpu", "/m", "/t", 10, 1, 1, reward_decoder=spec), 0)
-    assert kwargs["decoder"] == spec
+    calls = []
+
+    class Group:  # the reward worker's group, as the role's set-up sees it
+        def submit(self, method, *args):
+            calls.append((method, args))
+            return ["ref"]
+
+    role = next(r for r in ROLES if r.name == "reward")
+    assert role.setup(RoleContext(cfg, "cpu", "/m", "/t", 10, 1, 1, reward_decoder=spec), Group()) == ["ref"]
+    assert calls == [("load_tokenizer", (spec,))]

@@ -261,7 +261,7 @@ def test_a_failed_worker_leaves_its_report_in_the_file_the_message_names(tiny_mo
         def __init__(self, *args, **kwargs):
             pass
 
-        def start_workers(self):
+        def start_workers(self, workers=None):
             pass
 
         def fit(self, resume):
@@ -275,6 +275,9 @@ def test_a_failed_worker_leaves_its_report_in_the_file_the_message_names(tiny_mo
     monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
     monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0)
     monkeypatch.setattr(driver, "GRPOTrainer", Trainer)
+    from grpo_dist.trainer import roles
+
+    monkeypatch.setattr(roles, "create_workers", lambda *args: None)  # no Ray here: the stand-in trainer has none
     out = tmp_path / "o"
     code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
     log = out / "logs" / "run.log"

@@ -408,7 +408,7 @@ def test_ctrl_c_names_what_a_rerun_does(tiny_model_dir, reverse_data, tmp_path, 
         def __init__(self, *args, stop, **kwargs):
             self.stop = stop
 
-        def start_workers(self):
+        def start_workers(self, workers=None):
             pass
 
         def fit(self, resume):
@@ -422,6 +422,7 @@ def test_ctrl_c_names_what_a_rerun_does(tiny_model_dir, reverse_data, tmp_path, 
     monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
     monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0)
     monkeypatch.setattr(driver, "GRPOTrainer", Trainer)
+    monkeypatch.setattr("grpo_dist.trainer.roles.create_workers", lambda *args: None)  # no Ray here
     code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
     one_message(capsys.readouterr().err, 130, code, "interrupted by SIGINT (Ctrl-C) during step 2; no checkpoint was "
                 f"taken; rerun the same command to resume from step 1 ({out / 'global_step_1'})")

@@ -1,7 +1,8 @@
-"""Start-up checks a new user meets before Ray starts: which data key holds an unreadable file, a
-custom reward function tried once on a training row, a full disk told apart from a permission problem.
+"""Start-up checks a new user meets before any worker loads a model: which data key holds an unreadable
+file, a custom reward function tried once on a training row, a full disk told apart from a permission problem.
 
-The runs go through ``grpo_dist.trainer.run.run`` with the tiny model up to where Ray would start."""
+The runs go through ``grpo_dist.trainer.run.run`` with the tiny model, a stand-in for Ray and stand-in
+workers (:class:`StandInWorkers`), up to where the workers would load their models."""
 
 from __future__ import annotations
 
@@ -19,15 +20,44 @@ from tests.unit.test_run_messages import one_message, tiny_cfg
 REPO = Path(__file__).resolve().parents[2]
 
 
+class StandInWorkers:
+    """The run's workers, as the driver creates them once Ray (a stand-in too) has started: their processes
+    would import their libraries while the driver checks the model, reads the data and tries the reward
+    function. Loading their models (``start``) stops the run here, as a worker that failed to start."""
+
+    def __init__(self) -> None:
+        self.created = self.loaded = self.closed = 0
+        self.events: list[str] = []
+        self.total_steps = None
+
+    def create(self, *args, **kwargs) -> StandInWorkers:
+        self.created += 1
+        self.events.append("workers created")
+        return self
+
+    def start(self, total_steps=None, reward_decoder=None) -> None:
+        from grpo_dist.distributed.worker_group import WorkerError
+
+        self.loaded += 1
+        self.events.append("models loading")
+        self.total_steps, self.reward_decoder = total_steps, reward_decoder
+        raise WorkerError("stopped here by the test")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
 @pytest.fixture
 def no_ray(monkeypatch):
-    """Ray must not start in these tests: the run stops at init_ray when its checks pass."""
-    from grpo_dist.distributed.worker_group import RayStartError
+    """Ray must not start in these tests: a stand-in starts (init_ray: not started here) and stand-in workers
+    (:class:`StandInWorkers`) are created; a run whose checks pass stops where the workers load their models."""
+    from grpo_dist.trainer import roles
 
-    def stop_here(**kwargs):
-        raise RayStartError("could not start a local Ray instance: stopped here by the test")
-
-    monkeypatch.setattr(worker_group, "init_ray", stop_here)
+    workers = StandInWorkers()
+    monkeypatch.setattr(worker_group, "init_ray", lambda **kwargs: False)
+    monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0.0)
+    monkeypatch.setattr(roles, "create_workers", workers.create)
+    return workers
 
 
 # ---- an unreadable data file names its key ----------------------------------------------------------
@@ -52,13 +82,41 @@ def test_an_empty_training_file_is_one_message(tiny_model_dir, reverse_data, tmp
     assert not after, f"printed after the message: {after}"
 
 
+def test_the_workers_import_while_the_driver_reads_the_data(tiny_model_dir, reverse_data, tmp_path, no_ray,
+                                                             monkeypatch, capsys):
+    """The workers' processes are created (and import their libraries) before the driver loads the tokenizer
+    and reads the data; the number of steps, which the data decides, reaches them when they load their models."""
+    from transformers import AutoTokenizer
+
+    from grpo_dist.data.dataset import PromptDataset
+
+    tokenizer, read = AutoTokenizer.from_pretrained, PromptDataset.from_files
+
+    def loading_tokenizer(*args, **kwargs):
+        no_ray.events.append("tokenizer")
+        return tokenizer(*args, **kwargs)
+
+    def reading(*args, **kwargs):
+        no_ray.events.append(f"data {kwargs['key']}")
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", loading_tokenizer)
+    monkeypatch.setattr(PromptDataset, "from_files", reading)
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", "trainer.total_training_steps=3"))
+    one_message(capsys.readouterr().err, 1, code, "stopped here by the test")
+    assert no_ray.events == ["workers created", "tokenizer", "data data.train_files", "data data.val_files",
+                             "models loading"]
+    assert no_ray.total_steps == 3 and no_ray.closed == 1
+    assert no_ray.reward_decoder["tokenizer_json"]  # the reward worker's decoder, from the tokenizer the driver loaded
+
+
 def run_cfg(cfg) -> int:
     from grpo_dist.trainer.run import run
 
     return run(cfg)
 
 
-# ---- the custom reward function, tried once before Ray starts ------------------------------------------
+# ---- the custom reward function, tried once before any worker loads a model ------------------------------------------
 REWARDS = '''import os
 import time
 
@@ -98,8 +156,12 @@ def reward_cfg(tiny_model_dir, reverse_data, out, path, name, *extra):
 
 
 @pytest.fixture
-def ray_must_not_start(monkeypatch):
-    monkeypatch.setattr(worker_group, "init_ray", lambda **kw: pytest.fail("Ray was started"))
+def ray_must_not_start(no_ray):
+    """A fault the checks find stops the run before any worker loads a model, and the workers created meanwhile
+    (their processes were importing their libraries) are stopped."""
+    yield no_ray
+    # once per run the test starts (a test may start several), each set of workers stopped
+    assert no_ray.created >= 1 and no_ray.loaded == 0 and no_ray.closed == no_ray.created, vars(no_ray)
 
 
 def test_a_reward_that_raises_stops_the_start_naming_its_file_and_line(tiny_model_dir, reverse_data, tmp_path,
@@ -123,7 +185,7 @@ def test_a_reward_that_returns_text_stops_the_start(tiny_model_dir, reverse_data
 def test_broken_reward_function_is_named_before_workers_start(tiny_model_dir, reverse_data, tmp_path,
                                                               ray_must_not_start, capsys):
     """A function that fails on every sample (the reliability tests' file, loaded by path as users do)
-    is tried once on the first training row and named, with its file and line, before Ray starts;
+    is tried once on the first training row and named, with its file and line, before any worker loads a model;
     with on_error=zero it is a warning (the run goes on: tests/e2e/test_reliability_e2e.py's
     test_reward_faults_scored_zero_and_counted). The command line's exit code and message for a
     reward function found wrong at start-up: test_wrong_reward_function_name_is_named_before_workers_start."""
@@ -289,3 +351,20 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, monke
     assert target.read_text() == "earlier\n" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
     write_text_atomic(target, "new: 1\n")
     assert target.read_text() == "new: 1\n"
+
+
+def test_what_the_driver_loads_before_ray_starts_leaves_out_the_training_loops_libraries():
+    """Up to Ray's start the driver loads the configuration, the run's plan, the role table and Ray's client,
+    not the batch container (tensordict, which loads torch's compiler stack: seconds) nor transformers (the
+    workers' settings need it once Ray has started): the loop's libraries load while the workers' processes start."""
+    import subprocess
+    import sys
+
+    code = ("import sys, grpo_dist.main, grpo_dist.trainer.run, grpo_dist.trainer.plan, grpo_dist.trainer.roles, "
+            "grpo_dist.trainer.checkpoint, grpo_dist.trainer.tracking, grpo_dist.rewards.custom, "
+            "grpo_dist.distributed.worker_group; "
+            "print(sorted(m for m in ('tensordict', 'transformers', 'grpo_dist.batch') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
