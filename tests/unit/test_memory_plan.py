@@ -258,3 +258,29 @@ def test_kv_cache_of_the_default_run(tmp_path):
     assert gib == 0.25 and "256 sequences x 88 tokens" in why  # 32 prompts x 8 responses, 64 + 24 tokens
     assert build.kv_cache_gib(load("actor_rollout_ref.rollout.kv_cache_gib=1.5"), model) == (1.5, "set")
     assert build.engine_kwargs(cfg, model, "cpu", 0.5)["kv_cache_gib"] == 0.5
+
+
+@pytest.mark.parametrize("drop", [None, "head_dim", "tie_word_embeddings", "num_key_value_heads"])
+def test_the_model_shape_read_from_config_json_is_transformers_config(tiny_model_dir, tmp_path, drop):
+    """The rollout's KV cache is sized before the workers start from ``config.json`` read as JSON (no
+    transformers import on start-up's critical path); the shape is the one transformers' config gives,
+    also where the file leaves a field to the config class's default (then read through transformers)."""
+    import json
+    import shutil
+
+    from transformers import AutoConfig
+
+    from grpo_dist.trainer import build
+    from grpo_dist.training.memory import ModelShape
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    raw = json.loads((model / "config.json").read_text())
+    raw.update(num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True)
+    if drop:
+        del raw[drop]
+    (model / "config.json").write_text(json.dumps(raw))
+    expected = ModelShape.from_config(AutoConfig.from_pretrained(model))
+    assert build.model_shape(str(model), False) == expected
+    if drop == "head_dim":  # Qwen2's default: hidden // heads
+        assert expected.head_dim == raw["hidden_size"] // 4
