@@ -100,8 +100,11 @@ def test_startup_json_splits_the_start_up_of_every_process(full_run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     data, step = startup.read(out)
     driver = [name for name, _, _ in startup.phases(data["driver"])]
-    assert driver == ["imports", "configuration", "model and data files", "tokenizer loaded", "checks and data",
-                      "output folder", "driver's modules", "ray started", "workers started"]
+    # the workers' processes are created (and import their libraries) before the driver loads the
+    # tokenizer and reads the data
+    assert driver == ["imports", "configuration", "model and data files", "checks", "output folder", "ray's client",
+                      "ray started", "workers created", "tokenizer loaded", "checks and data", "driver's modules",
+                      "workers started"]
     assert sorted(data["processes"]) == ["models rank 0", "models rank 1", "reward", "rollout rank 0",
                                          "rollout rank 1"]
     ttfs = startup.time_to_first_step(data)
