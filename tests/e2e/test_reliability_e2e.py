@@ -59,58 +59,19 @@ def good_row(i: int, content: str = "reverse 123") -> dict:
             "reward_model": {"style": "rule", "ground_truth": "321"}, "extra_info": {"index": i}}
 
 
-# --------------------------------------------------------------- checks before any worker starts
-def test_malformed_prompt_names_file_row_and_column(tiny_model_dir, reverse_data, tmp_path):
-    rows = [good_row(i) for i in range(8)]
-    rows[5]["prompt"] = 42
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = base_args(tiny_model_dir, reverse_data, tmp_path / "out", 1) + [f"data.train_files={bad}"]
-    t0 = time.time()
-    proc = run_main(args)
-    assert_one_message(proc, "bad.jsonl", "row 5", "prompt", code=2)
-    assert time.time() - t0 < 60
-    # the option that skips bad rows and counts them instead goes past the data check
-    from grpo_dist.data.rows import load_rows
-
-    assert len(load_rows(str(bad), skip_bad_rows=True)) == 7
-
-
+# --------------------------------------------------------------- checks before any model is loaded
 def test_missing_column_names_the_file_and_the_column(tiny_model_dir, reverse_data, tmp_path):
-    """(An empty file's message, on the same path to the command line's exit code: in process,
-    tests/unit/test_startup_checks.py's test_an_empty_training_file_is_one_message.)"""
+    """The command line's exit code and message for a data file found wrong at start-up, once Ray and the
+    workers' processes have started. The other faults of the same kind take the same path to the same
+    message, in process (tests/unit/test_startup_checks.py: an empty file, a malformed prompt, an overlong
+    prompt, a response longer than the model's context, a tokenizer larger than the model, GPUs the cluster
+    lacks; an unwritable output folder, in a process of its own)."""
     rows = [good_row(i) for i in range(4)]
     for r in rows:
         del r["data_source"]
     f = write_parquet(tmp_path / "nocol.parquet", rows)
     proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o1", 1) + [f"data.train_files={f}"])
     assert_one_message(proc, "nocol.parquet", "data_source", code=2)
-
-
-def test_overlong_prompt_with_truncation_error(tiny_model_dir, reverse_data, tmp_path):
-    rows = [good_row(i) for i in range(8)]
-    rows[3] = good_row(3, "reverse " + "7" * 200)
-    f = write_parquet(tmp_path / "long.parquet", rows)
-    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + [f"data.train_files={f}"])
-    assert_one_message(proc, "long.parquet", "row 3", "data.max_prompt_length", "data.truncation", code=2)
-
-
-def test_response_length_beyond_model_context(tiny_model_dir, reverse_data, tmp_path):
-    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + ["data.max_response_length=1000"])
-    assert_one_message(proc, "max_response_length", "max_position_embeddings", code=2)
-
-
-def test_tokenizer_that_does_not_fit_the_model(tiny_model_dir, reverse_data, tmp_path):
-    from grpo_dist.utils.tiny_model import build_tiny_model
-
-    other = build_tiny_model(tmp_path / "other")  # full printable-ASCII vocabulary: larger than the model's
-    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + [f"data.tokenizer={other}"])
-    assert_one_message(proc, "tokenizer", "vocab_size", code=2)
-
-
-def test_ranks_that_do_not_fit_the_devices(tiny_model_dir, reverse_data, tmp_path):
-    proc = run_main(base_args(tiny_model_dir, reverse_data, tmp_path / "o", 1) + ["trainer.device=cuda"])
-    assert_one_message(proc, "trainer.device", "no GPUs", code=2)
 
 
 def test_output_directory_of_a_running_run_is_refused(tiny_model_dir, reverse_data, tmp_path):
@@ -142,13 +103,6 @@ def test_wrong_reward_function_name_is_named_before_workers_start(tiny_model_dir
     assert_one_message(proc, "no_such_function", "always_raises", code=2)  # the functions the file has
     assert "rerun" not in proc.stderr, "a rerun cannot fix a wrong name"
     assert time.time() - t0 < 60 and not (tmp_path / "o" / "placement.json").exists(), "no worker was started"
-
-
-def test_unwritable_output_directory_is_named(tiny_model_dir, reverse_data, tmp_path):
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory")
-    proc = run_main(base_args(tiny_model_dir, reverse_data, blocker / "out", 1) + LIGHT)
-    assert_one_message(proc, "cannot write to trainer.default_local_dir", str(blocker / "out"), code=2)
 
 
 # --------------------------------------------------------------- faults during training

@@ -82,6 +82,66 @@ def test_an_empty_training_file_is_one_message(tiny_model_dir, reverse_data, tmp
     assert not after, f"printed after the message: {after}"
 
 
+# ---- data and model faults a start meets: one message each, exit code 2, no model loaded ----------------------------
+# (The command line's form of these, exit code and all, once: tests/e2e/test_reliability_e2e.py's
+# test_missing_column_names_the_file_and_the_column.)
+def good_row(i: int, content: str = "reverse 123") -> dict:
+    return {"data_source": "grpo_dist/reverse", "prompt": [{"role": "user", "content": content}],
+            "reward_model": {"style": "rule", "ground_truth": "321"}, "extra_info": {"index": i}}
+
+
+def test_a_malformed_prompt_names_the_file_the_row_and_the_column(tiny_model_dir, reverse_data, tmp_path,
+                                                                   ray_must_not_start, capsys):
+    import json
+
+    from grpo_dist.data.rows import load_rows
+
+    rows = [good_row(i) for i in range(8)]
+    rows[5]["prompt"] = 42
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"data.train_files={bad}"))
+    one_message(capsys.readouterr().err, 2, code, "bad.jsonl", "row 5", "prompt")
+    # the option that skips bad rows and counts them instead goes past the data check
+    assert len(load_rows(str(bad), skip_bad_rows=True)) == 7
+
+
+def test_an_overlong_prompt_with_truncation_error_names_the_row_and_the_keys(tiny_model_dir, reverse_data, tmp_path,
+                                                                             ray_must_not_start, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [good_row(i) for i in range(8)]
+    rows[3] = good_row(3, "reverse " + "7" * 200)
+    long = tmp_path / "long.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), long)
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"data.train_files={long}"))
+    one_message(capsys.readouterr().err, 2, code, "long.parquet", "row 3", "data.max_prompt_length", "data.truncation")
+
+
+def test_a_response_longer_than_the_models_context_is_refused(tiny_model_dir, reverse_data, tmp_path, no_ray,
+                                                              capsys):
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", "data.max_response_length=1000"))
+    one_message(capsys.readouterr().err, 2, code, "max_response_length", "max_position_embeddings")
+    assert no_ray.loaded == 0 and no_ray.closed == no_ray.created
+
+
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tiny_model_dir, reverse_data, tmp_path,
+                                                            ray_must_not_start, capsys):
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "other")  # full printable-ASCII vocabulary: larger than the model's
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"data.tokenizer={other}"))
+    one_message(capsys.readouterr().err, 2, code, "tokenizer", "vocab_size")
+
+
+def test_ranks_asking_for_gpus_the_cluster_lacks_are_refused(tiny_model_dir, reverse_data, tmp_path, no_ray, capsys):
+    """(The cluster's GPUs are counted once Ray has started: the stand-in reports none, as on this machine.)"""
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", "trainer.device=cuda"))
+    one_message(capsys.readouterr().err, 2, code, "trainer.device", "no GPUs")
+    assert no_ray.loaded == 0 and no_ray.closed == no_ray.created
+
+
 def test_the_workers_import_while_the_driver_reads_the_data(tiny_model_dir, reverse_data, tmp_path, no_ray,
                                                              monkeypatch, capsys):
     """The workers' processes are created (and import their libraries) before the driver loads the tokenizer
@@ -318,6 +378,8 @@ def test_a_folder_this_user_cannot_write_still_asks_for_another(tiny_model_dir, 
     tail = one_message(proc.stderr, 2, proc.returncode, f"cannot write to trainer.default_local_dir={blocker / 'out'}",
                        "give a directory this user can create and write")
     assert "full" not in tail
+    after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
+    assert not after, f"printed after the message: {after}"
 
 
 def test_a_start_refused_for_its_data_leaves_no_output_folder(tiny_model_dir, reverse_data, tmp_path,
