@@ -19,6 +19,7 @@ import pytest
 
 from grpo_dist.trainer import checkpoint
 from tests.e2e.helpers import ROOT, base_args, read_metrics, run_main
+from tests.unit.test_startup_checks import good_row
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).resolve().parent
@@ -52,11 +53,6 @@ def assert_one_message(proc: subprocess.CompletedProcess, *needles: str, code: i
 def write_parquet(path: Path, rows: list[dict]) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
-
-
-def good_row(i: int, content: str = "reverse 123") -> dict:
-    return {"data_source": "grpo_dist/reverse", "prompt": [{"role": "user", "content": content}],
-            "reward_model": {"style": "rule", "ground_truth": "321"}, "extra_info": {"index": i}}
 
 
 # --------------------------------------------------------------- checks before any model is loaded

@@ -71,6 +71,12 @@ def test_unreadable_parquet_names_the_key_and_the_file(key, tiny_model_dir, reve
     assert other not in tail
 
 
+def nothing_after(tail: str) -> None:
+    """The message is the last thing printed: no line (a worker's, a library's) after it."""
+    after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
+    assert not after, f"printed after the message: {after}"
+
+
 def test_an_empty_training_file_is_one_message(tiny_model_dir, reverse_data, tmp_path, ray_must_not_start, capsys):
     """(The command line's exit code and message for a data file found wrong at start-up:
     tests/e2e/test_reliability_e2e.py's test_missing_column_names_the_file_and_the_column.)"""
@@ -78,8 +84,7 @@ def test_an_empty_training_file_is_one_message(tiny_model_dir, reverse_data, tmp
     empty.write_text("")
     code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"data.train_files={empty}"))
     tail = one_message(capsys.readouterr().err, 2, code, "empty.jsonl")
-    after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
-    assert not after, f"printed after the message: {after}"
+    nothing_after(tail)
 
 
 # ---- data and model faults a start meets: one message each, exit code 2, no model loaded ----------------------------
@@ -378,8 +383,7 @@ def test_a_folder_this_user_cannot_write_still_asks_for_another(tiny_model_dir, 
     tail = one_message(proc.stderr, 2, proc.returncode, f"cannot write to trainer.default_local_dir={blocker / 'out'}",
                        "give a directory this user can create and write")
     assert "full" not in tail
-    after = [t for t in tail.splitlines()[1:] if t.strip() and not t.startswith("  ")]
-    assert not after, f"printed after the message: {after}"
+    nothing_after(tail)
 
 
 def test_a_start_refused_for_its_data_leaves_no_output_folder(tiny_model_dir, reverse_data, tmp_path,
