@@ -500,6 +500,34 @@ def cluster_gpus() -> float:
     return float(ray.cluster_resources().get("GPU", 0.0))
 
 
+#: How long a driver tries to reach the address of a running cluster before it gives up with one message.
+#: Ray itself retries an address nobody answers at for many minutes (measured: over 13 min with Ray 2.60).
+ATTACH_PROBE_S = 30.0
+
+
+def _unreachable(address: str, timeout_s: float) -> str | None:
+    """Why nothing answers at ``address`` (``host:port`` or ``ray://host:port``) within ``timeout_s``, trying
+    a TCP connection every second (a head node may still be starting); None when something answers, or when
+    the address is not of that form (``auto``, ``local``: Ray resolves those itself and fails fast)."""
+    import socket
+
+    hostport = address.split("://", 1)[1] if address.startswith("ray://") else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=max(min(left, 5.0), 0.1)):
+                return None
+        except OSError as exc:
+            last = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if time.monotonic() + 1.0 >= deadline:
+            return f"nothing answered at {host}:{port} within {timeout_s:.0f} s ({last})"
+        time.sleep(1.0)
+
+
 def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bool, min_cpus: int,
              runtime_env: dict | None = None, log_level: str = "warning", worker_log: str | None = None) -> bool:
     """Attach to ``address`` (or RAY_ADDRESS), or start a local instance. True if started here.
@@ -520,7 +548,8 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
     and Ray then forwards nothing of theirs to this process's console; without it the workers' output is
     forwarded, as Ray does by default.
 
-    ``RayStartError`` with one message when Ray cannot be started or reached.
+    ``RayStartError`` with one message when Ray cannot be started or reached (an address nothing answers at
+    within :data:`ATTACH_PROBE_S` is given up before Ray is asked, which would retry it for many minutes).
     """
     import os
 
@@ -553,6 +582,12 @@ def init_ray(*, address: str | None, num_cpus: int | None, include_dashboard: bo
         if quiet:
             user_env = {**user_env, **quiet, "env_vars": {**run_log.worker_env_vars(log_level, worker_log),
                                                           **user_env.get("env_vars", {})}}
+        unreachable = _unreachable(address, ATTACH_PROBE_S)
+        if unreachable:
+            raise RayStartError(
+                f"could not connect to the Ray cluster at {address} (ray_kwargs.ray_init.address or RAY_ADDRESS): "
+                f"{unreachable}; check that the cluster is up (ray status --address {address}) and that this "
+                "machine reaches it")
         try:
             with _keeping_sigterm_handler():
                 ray.init(address=address, log_to_driver=log_to_driver,

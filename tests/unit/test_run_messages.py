@@ -249,10 +249,48 @@ def test_an_unreachable_cluster_is_one_message_and_keeps_the_cluster_binding(mon
         raise ConnectionError("Could not find any running Ray instance")
 
     monkeypatch.setattr(ray, "init", failing_init)
+    monkeypatch.setattr(worker_group, "_unreachable", lambda address, timeout_s: None)  # Ray's own refusal
     with pytest.raises(RayStartError, match=r"could not connect to the Ray cluster at 10\.0\.0\.1:6379 "
                                             r"\(ray_kwargs\.ray_init\.address or RAY_ADDRESS\): ConnectionError"):
         worker_group.init_ray(address="10.0.0.1:6379", num_cpus=None, include_dashboard=False, min_cpus=1)
     assert worker_group._CLUSTER_SWITCH not in os.environ  # attaching leaves the cluster's binding alone
+
+
+def test_an_address_nothing_answers_at_is_given_up_in_bounded_time_with_one_message(monkeypatch, no_ray_side_effects):
+    # Ray retries such an address for many minutes; the driver gives up after ATTACH_PROBE_S, before ray.init.
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def must_not_init(**kwargs):
+        raise AssertionError("ray.init was called for an address nothing answers at")
+
+    monkeypatch.setattr(ray, "init", must_not_init)
+    monkeypatch.setattr(worker_group, "ATTACH_PROBE_S", 2.0)
+    t0 = time.monotonic()
+    with pytest.raises(RayStartError) as info:
+        worker_group.init_ray(address=f"127.0.0.1:{port}", num_cpus=None, include_dashboard=False, min_cpus=1)
+    assert time.monotonic() - t0 < 10.0
+    msg = str(info.value)
+    assert msg.startswith(f"could not connect to the Ray cluster at 127.0.0.1:{port} (ray_kwargs.ray_init.address "
+                          f"or RAY_ADDRESS): nothing answered at 127.0.0.1:{port} within 2 s (ConnectionRefusedError")
+    assert "\n" not in msg and f"ray status --address 127.0.0.1:{port}" in msg
+
+
+def test_the_address_probe_passes_a_listening_port_and_leaves_other_forms_to_ray():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert worker_group._unreachable(f"127.0.0.1:{port}", 1.0) is None
+        assert worker_group._unreachable(f"ray://127.0.0.1:{port}", 1.0) is None
+    for address in ("auto", "local", "not-an-address"):
+        assert worker_group._unreachable(address, 1.0) is None
 
 
 # ---- whole runs up to where Ray would start -----------------------------------------------------------
