@@ -23,6 +23,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import logger_names
@@ -128,12 +130,16 @@ class GRPOTrainer:
         timer.add("gen/worker", busy_s)
         if self.estimator.needs_baseline_rollout:
             with timer("gen_max"):
-                baseline, _ = self.generate(items, tag + "b", self.plan.baseline_sampling)
-                self.rewards.score(baseline)
-                batch["reward_baselines"] = baseline["token_level_scores"].sum(-1).repeat_interleave(self.shape.n)
+                batch["reward_baselines"] = self.greedy_rewards(items, tag + "b")
         with timer("reward"):
             batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats
+
+    def greedy_rewards(self, items: list[dict], tag: str) -> torch.Tensor:
+        """The reward of one greedy response per prompt, repeated for the prompt's ``n`` rows [B] (ReMax's baseline)."""
+        baseline, _ = self.generate(items, tag, self.plan.baseline_sampling)
+        self.rewards.score(baseline)
+        return baseline["token_level_scores"].sum(-1).repeat_interleave(self.shape.n)
 
     def next_items(self) -> list[dict]:
         return [self.train_data[i] for i in next(self.sampler)]

@@ -159,3 +159,46 @@ def test_bypass_mode_uses_the_rollout_log_probs_as_the_old_ones(tmp_path):
     rows = trainer.actor.update_rows
     torch.testing.assert_close(rows["old_log_probs"], math.log(ROLLOUT_P) * rows["response_mask"])
     assert not any(k in m for k in DIFF)
+
+
+class Rewards:
+    """Scores a batch as the reward stage does (``token_level_scores`` on the last response token): 1.0 for the
+    sampled responses of the stand-in above; for the greedy baseline batch, ``GREEDY[prompt]``."""
+
+    GREEDY = (0.25, 0.75)
+
+    def score(self, batch, timer=None):
+        mask = batch["response_mask"]
+        scores = (torch.tensor(self.GREEDY) if len(batch) == 2 else torch.tensor([1.0, 0.0, 0.0, 1.0]))
+        tls = torch.zeros_like(mask)
+        tls[torch.arange(len(batch)), mask.sum(-1).long() - 1] = scores
+        batch["token_level_scores"] = tls
+        return scores, {}
+
+
+def test_remax_takes_one_greedy_response_per_prompt_as_the_baseline_of_its_responses(tmp_path):
+    cfg = config("algorithm.adv_estimator=remax")
+    trainer = GRPOTrainer(cfg, model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
+                          val_data=None, device="cpu", out_dir=str(tmp_path))
+    trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
+    trainer.rewards, trainer.sync = Rewards(), (lambda: {})
+    sampled = scored_rollout(cfg)
+    asked = []
+
+    def generate(items, tag, sampling):
+        asked.append((tag, sampling.n, sampling.do_sample))
+        if sampling.n == 1:  # the greedy baseline: one response per prompt
+            whole, _ = sampled(items, 0, None)
+            return whole.reorder([0, 2]), 0.0
+        return sampled(items, 0, None)[0], 0.0
+
+    trainer.generate = generate
+    m = trainer.train_step([{}, {}])
+    assert asked == [("s0", 2, True), ("s0b", 1, False)]
+    rows = trainer.actor.update_rows
+    mask = rows["response_mask"]
+    # returns-to-go of the sampled responses (score on the last token) minus their prompt's greedy score
+    baseline = torch.tensor([0.25, 0.25, 0.75, 0.75]).unsqueeze(-1)
+    returns = torch.tensor([1.0, 0.0, 0.0, 1.0]).unsqueeze(-1) * mask
+    torch.testing.assert_close(rows["advantages"], (returns - baseline) * mask)
+    assert m["timing_s/gen_max"] >= 0
