@@ -6,7 +6,10 @@ replay share.
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
 """
 
+from grpo_dist.core import advantages
 from grpo_dist.core.advantages import (
+    AdvantageInputs,
+    AdvantageParams,
     AdvEstimatorFn,
     AdvEstimatorSpec,
     compute_gae_advantage,
@@ -83,24 +86,8 @@ from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, LRMultiplier, lr_lambda
 from grpo_dist.core.value import explained_variance, value_loss
 
 __all__ = [
-    # advantages
-    "AdvEstimatorFn",
-    "AdvEstimatorSpec",
-    "register_adv_estimator",
-    "get_adv_estimator",
-    "list_adv_estimators",
-    "scores_from_token_rewards",
-    "masked_whiten",
-    "compute_grpo_advantage",
-    "compute_rloo_advantage",
-    "compute_reinforce_plus_plus_advantage",
-    "compute_gae_advantage",
-    "compute_grpo_process_advantage",
-    "compute_remax_advantage",
-    "compute_reinforce_plus_plus_baseline_advantage",
-    "compute_grpo_passk_advantage",
-    "compute_opo_advantage",
-    "compute_gpg_advantage",
+    # advantages: the module's own list
+    *advantages.__all__,
     # losses
     "LOSS_AGG_MODES",
     "UNNORMALISED_LOSS_AGG_MODES",
