@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
+from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator, list_adv_estimators
 from grpo_dist.core.kl import canonical_kl_kind
 from grpo_dist.core.losses import LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss, list_policy_losses
@@ -552,14 +552,9 @@ class GRPO:
         scores_BR = torch.zeros(B, R, device=self.device)
         last_B = (mask_BR.sum(-1).long() - 1).clamp(min=0)
         scores_BR[torch.arange(B, device=self.device), last_B] = rewards_B
-        advantages_BR, _ = self.estimator.fn(
-            token_level_rewards_BT=scores_BR,
-            response_mask_BT=mask_BR,
-            index_B=rollout.group_ids.tolist(),
-            gamma=1.0,
-            lam=1.0,
-            norm_adv_by_std=self.norm_adv_by_std,
-        )
+        inputs = AdvantageInputs(token_level_rewards_BT=scores_BR, response_mask_BT=mask_BR,
+                                 index_B=rollout.group_ids.tolist())
+        advantages_BR, _ = self.estimator(inputs, AdvantageParams(norm_adv_by_std=self.norm_adv_by_std))
         data = {
             "input_ids": rollout.input_ids,
             "attention_mask": rollout.attention_mask,

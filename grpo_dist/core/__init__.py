@@ -6,7 +6,10 @@ replay share.
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
 """
 
+from grpo_dist.core import advantages, group_filter, kl, losses, policy_loss, value
 from grpo_dist.core.advantages import (
+    AdvantageInputs,
+    AdvantageParams,
     AdvEstimatorFn,
     AdvEstimatorSpec,
     compute_gae_advantage,
@@ -82,81 +85,26 @@ from grpo_dist.core.rollout_correction import (
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, LRMultiplier, lr_lambda, resolve_warmup_steps
 from grpo_dist.core.value import explained_variance, value_loss
 
+# a module with its own __all__ is exported whole; the others list what the package exports of them
 __all__ = [
-    # advantages
-    "AdvEstimatorFn",
-    "AdvEstimatorSpec",
-    "register_adv_estimator",
-    "get_adv_estimator",
-    "list_adv_estimators",
-    "scores_from_token_rewards",
-    "masked_whiten",
-    "compute_grpo_advantage",
-    "compute_rloo_advantage",
-    "compute_reinforce_plus_plus_advantage",
-    "compute_gae_advantage",
-    "compute_grpo_process_advantage",
-    "compute_remax_advantage",
-    "compute_reinforce_plus_plus_baseline_advantage",
-    "compute_grpo_passk_advantage",
-    "compute_opo_advantage",
-    "compute_gpg_advantage",
-    # losses
-    "LOSS_AGG_MODES",
-    "UNNORMALISED_LOSS_AGG_MODES",
-    "ALL_LOSS_AGG_MODES",
-    "AggSpec",
-    "agg_loss",
-    "global_counts",
-    "masked_mean",
-    "ppo_clip_policy_loss",
-    "entropy_from_logits",
-    "logprobs_from_logits",
-    # policy-loss registry
-    "PolicyLossParams",
-    "PolicyLossFn",
-    "PolicyLossSpec",
-    "RESERVED_METRIC_NAMES",
-    "register_policy_loss",
-    "get_policy_loss",
-    "list_policy_losses",
-    "vanilla_policy_loss",
-    # the critic
-    "value_loss",
-    "explained_variance",
-    "gspo_policy_loss",
-    "gpg_policy_loss",
-    "cispo_policy_loss",
-    "clip_cov_policy_loss",
-    "kl_cov_policy_loss",
-    "geo_mean_policy_loss",
-    "bypass_mode_policy_loss",
-    # rollout correction, group filtering
+    *advantages.__all__,
+    *losses.__all__,
+    *policy_loss.__all__,
+    *value.__all__,
+    *kl.__all__,
+    *group_filter.__all__,
+    # rollout correction
     "RolloutCorrectionParams",
     "RejectionCriterion",
     "importance_weights",
     "rejection_mask",
     "mismatch_metrics",
     "correct",
-    "groups_with_spread",
     # learning-rate schedules
     "LR_SCHEDULER_TYPES",
     "LRMultiplier",
     "lr_lambda",
     "resolve_warmup_steps",
-    # kl
-    "KL_KINDS",
-    "KL_ALIASES",
-    "STRAIGHT_THROUGH_KL_KINDS",
-    "STRAIGHT_THROUGH_KL_ALIASES",
-    "canonical_kl_kind",
-    "kl_penalty",
-    "kl_full",
-    "FixedKLController",
-    "AdaptiveKLController",
-    "KLController",
-    "make_kl_controller",
-    "apply_kl_penalty",
     # diagnostics
     "rollout_probs_diff",
     # reward models

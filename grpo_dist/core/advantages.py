@@ -2,20 +2,21 @@
 
 Every estimator is registered under a name (``algorithm.adv_estimator`` in the configuration) with
 :func:`register_adv_estimator` and looked up with :func:`get_adv_estimator`. All estimators share one
-keyword-only signature, so the driver calls them the same way::
+signature, ``fn(inputs: AdvantageInputs, params: AdvantageParams) -> (advantages_BT, returns_BT)``,
+and are called through their registry entry, which first checks that the inputs the estimator needs
+are there::
 
     spec = get_adv_estimator("grpo")
-    advantages_BT, returns_BT = spec.fn(
-        token_level_rewards_BT=..., response_mask_BT=..., index_B=uids,
-        gamma=1.0, lam=1.0, norm_adv_by_std=True, epsilon=1e-6,
-        values_BT=None, step_end_mask_BT=None,
-    )
+    inputs = AdvantageInputs(token_level_rewards_BT=..., response_mask_BT=..., index_B=uids)
+    advantages_BT, returns_BT = spec(inputs, AdvantageParams(norm_adv_by_std=True))
 
 Shapes: ``B`` is the number of responses (prompts x rollout.n), ``T`` the padded response length.
-``response_mask_BT`` (float or bool) is 1 on response tokens that count. ``index_B`` is a sequence
-(list, numpy array or tensor) of hashable group ids, e.g. prompt uid strings: responses with equal ids
-form one group of size G. Estimators take what they need and ignore the rest. Estimators flagged
-``needs_baseline_rollout`` (ReMax) are also passed ``reward_baselines_B`` [B].
+:class:`AdvantageInputs` holds the tensors (checked against each other once, when it is built) and
+:class:`AdvantageParams` the numbers. ``response_mask_BT`` (float or bool) is 1 on response tokens
+that count. ``index_B`` is a sequence (list, numpy array or tensor) of hashable group ids, e.g.
+prompt uid strings: responses with equal ids form one group of size G. Estimators read what they
+need and ignore the rest; the capability flags of :class:`AdvEstimatorSpec` say which optional
+inputs must be given (``index_B``, ``values_BT``, ``step_end_mask_BT``, ``reward_baselines_B``).
 
 The names and semantics follow verl's ``verl/trainer/ppo/core_algos.py``. Differences (all
 documented at the function): advantages are always zero outside the mask, the masked whitening used
@@ -29,6 +30,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 __all__ = [
+    "AdvantageInputs",
+    "AdvantageParams",
     "AdvEstimatorFn",
     "AdvEstimatorSpec",
     "register_adv_estimator",
@@ -48,23 +51,126 @@ __all__ = [
     "compute_gpg_advantage",
 ]
 
-AdvEstimatorFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+def _check_2d_rewards(token_level_rewards_BT: torch.Tensor) -> None:
+    if token_level_rewards_BT.dim() != 2:
+        raise ValueError(
+            f"token_level_rewards_BT must be 2-D [B, T], got shape {tuple(token_level_rewards_BT.shape)}"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class AdvantageInputs:
+    """The tensors an advantage estimator reads; shapes are checked once, when the object is built.
+
+    Attributes:
+        token_level_rewards_BT: [B, T] rewards per response token (an outcome score on the last
+            response token; per-step rewards at step ends for process supervision).
+        response_mask_BT: [B, T] float or bool, 1 on the response tokens that count.
+        index_B: [B] hashable group ids (list, numpy array or tensor), e.g. prompt uids; responses
+            with equal ids form one group. Needed by group-based estimators.
+        values_BT: [B, T] critic values; needed by estimators flagged ``needs_values`` (``gae``).
+        step_end_mask_BT: [B, T], 1 on the last token of each reasoning step; needed by estimators
+            flagged ``needs_step_rewards`` (``grpo_process``).
+        reward_baselines_B: [B] the reward of one greedy response to each row's prompt; needed by
+            estimators flagged ``needs_baseline_rollout`` (``remax``).
+
+    ``ValueError`` when the rewards are not 2-D or another given input does not fit their shape.
+    """
+
+    token_level_rewards_BT: torch.Tensor
+    response_mask_BT: torch.Tensor
+    index_B: Sequence[Any] | None = None
+    values_BT: torch.Tensor | None = None
+    step_end_mask_BT: torch.Tensor | None = None
+    reward_baselines_B: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        _check_2d_rewards(self.token_level_rewards_BT)
+        shape_BT = tuple(self.token_level_rewards_BT.shape)
+        for field in ("response_mask_BT", "values_BT", "step_end_mask_BT"):
+            x = getattr(self, field)
+            if x is not None and tuple(x.shape) != shape_BT:
+                raise ValueError(f"{field} shape {tuple(x.shape)} must equal token_level_rewards_BT shape {shape_BT}")
+        B = shape_BT[0]
+        if self.index_B is not None and len(self.index_B) != B:
+            raise ValueError(f"index_B has {len(self.index_B)} entries but the batch has B={B} responses")
+        if self.reward_baselines_B is not None and tuple(self.reward_baselines_B.shape) != (B,):
+            raise ValueError(f"reward_baselines_B must have shape ({B},), got {tuple(self.reward_baselines_B.shape)}")
+
+    @property
+    def mask_BT(self) -> torch.Tensor:
+        """``response_mask_BT`` in the rewards' dtype."""
+        return self.response_mask_BT.to(self.token_level_rewards_BT.dtype)
+
+    @property
+    def scores_B(self) -> torch.Tensor:
+        """Outcome score per response in float64: :func:`scores_from_token_rewards` [B]."""
+        return scores_from_token_rewards(self.token_level_rewards_BT).double()
+
+    def group_ids(self) -> tuple[torch.Tensor, int]:
+        """``index_B`` as dense ints 0..G-1 in order of first appearance: ``(gid_B, G)``, ``gid_B`` a
+        long tensor [B] on the rewards' device. ``ValueError`` for ids that are not hashable."""
+        assert self.index_B is not None, "a group-based estimator is called through its spec, which checks index_B"
+        ids = self.index_B.tolist() if hasattr(self.index_B, "tolist") else list(self.index_B)
+        dense: dict[Any, int] = {}
+        try:
+            gid = [dense.setdefault(x, len(dense)) for x in ids]
+        except TypeError as e:
+            raise ValueError(f"index_B entries must be hashable group ids (str or int): {e}") from None
+        return torch.tensor(gid, dtype=torch.long, device=self.token_level_rewards_BT.device), len(dense)
+
+
+@dataclass(frozen=True)
+class AdvantageParams:
+    """The numbers advantage estimators use (``algorithm.*``). An estimator reads the fields it needs.
+
+    Attributes:
+        gamma: discount factor in [0, 1] (``gae``, ``reinforce_plus_plus``).
+        lam: GAE's lambda in [0, 1] (``gae``).
+        norm_adv_by_std: divide by the group's std (GRPO) or not (Dr. GRPO);
+            ``algorithm.norm_adv_by_std_in_grpo``.
+        epsilon: >= 0, added to the std before dividing.
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True
+    epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+        if not self.epsilon >= 0.0:
+            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+
+
+AdvEstimatorFn = Callable[[AdvantageInputs, AdvantageParams], tuple[torch.Tensor, torch.Tensor]]
+
+# (capability flag, the AdvantageInputs field it needs, what that field holds)
+_NEEDED_INPUTS = (
+    ("group_based", "index_B", "the group id of each response, e.g. prompt uids"),
+    ("needs_values", "values_BT", "critic values, [B, T]"),
+    ("needs_step_rewards", "step_end_mask_BT", "[B, T], 1 on the last token of each reasoning step"),
+    ("needs_baseline_rollout", "reward_baselines_B", "the greedy response's reward per row, [B]"),
+)
 
 
 @dataclass(frozen=True)
 class AdvEstimatorSpec:
-    """A registered advantage estimator.
+    """A registered advantage estimator; call it as ``spec(inputs, params)``.
 
     Attributes:
         name: the registry name (``algorithm.adv_estimator``).
-        fn: the estimator; keyword-only, returns ``(advantages_BT, returns_BT)``.
+        fn: the estimator, ``fn(inputs, params) -> (advantages_BT, returns_BT)``.
         group_based: it compares responses within a group, so ``rollout.n`` must be > 1 to be useful
             and ``index_B`` must be given.
         needs_values: it needs ``values_BT`` from a critic.
         needs_step_rewards: it needs per-step rewards and ``step_end_mask_BT`` (process supervision).
         needs_baseline_rollout: it needs the reward of one greedy response per prompt, repeated for
-            the prompt's responses (``reward_baselines_B``, ReMax); only such estimators are passed
-            that keyword.
+            the prompt's responses (``reward_baselines_B``, ReMax).
     """
 
     name: str
@@ -73,6 +179,18 @@ class AdvEstimatorSpec:
     needs_values: bool = False
     needs_step_rewards: bool = False
     needs_baseline_rollout: bool = False
+
+    def __call__(self, inputs: AdvantageInputs, params: AdvantageParams = AdvantageParams()
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``fn(inputs, params)`` after checking that every input the flags ask for is given
+        (``ValueError`` naming the estimator and the input otherwise)."""
+        if not isinstance(inputs, AdvantageInputs) or not isinstance(params, AdvantageParams):
+            raise TypeError(f"advantage estimator {self.name!r} is called as spec(AdvantageInputs(...), "
+                            f"AdvantageParams(...)), got {type(inputs).__name__} and {type(params).__name__}")
+        for flag, field, what in _NEEDED_INPUTS:
+            if getattr(self, flag) and getattr(inputs, field) is None:
+                raise ValueError(f"the {self.name!r} advantage estimator needs {field} ({what}); got None")
+        return self.fn(inputs, params)
 
 
 _REGISTRY: dict[str, AdvEstimatorSpec] = {}
@@ -141,10 +259,7 @@ def scores_from_token_rewards(token_level_rewards_BT: torch.Tensor) -> torch.Ten
     Shapes: ``token_level_rewards_BT`` [B, T] -> ``r_B`` [B]. Like verl, the sum runs over all T
     positions (rewards are expected to be zero outside the response).
     """
-    if token_level_rewards_BT.dim() != 2:
-        raise ValueError(
-            f"token_level_rewards_BT must be 2-D [B, T], got shape {tuple(token_level_rewards_BT.shape)}"
-        )
+    _check_2d_rewards(token_level_rewards_BT)
     return token_level_rewards_BT.sum(dim=-1)
 
 
@@ -175,34 +290,9 @@ def _apply_mask(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     return torch.where(mask_BT != 0, x_BT * mask_BT, torch.zeros_like(x_BT))
 
 
-def _check_rewards_and_mask(token_level_rewards_BT: torch.Tensor, response_mask_BT: torch.Tensor) -> None:
-    if token_level_rewards_BT.dim() != 2:
-        raise ValueError(
-            f"token_level_rewards_BT must be 2-D [B, T], got shape {tuple(token_level_rewards_BT.shape)}"
-        )
-    if response_mask_BT.shape != token_level_rewards_BT.shape:
-        raise ValueError(
-            f"response_mask_BT shape {tuple(response_mask_BT.shape)} must equal token_level_rewards_BT "
-            f"shape {tuple(token_level_rewards_BT.shape)}"
-        )
-
-
-def _group_ids(index_B: Any, batch_size: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """Map hashable group ids to dense ints 0..G-1 in order of first appearance.
-
-    Returns ``(gid_B, G)`` with ``gid_B`` a long tensor [B] on ``device``.
-    """
-    if index_B is None:
-        raise ValueError("index_B (the group id of each response, e.g. prompt uids) is required")
-    ids = index_B.tolist() if hasattr(index_B, "tolist") else list(index_B)
-    if len(ids) != batch_size:
-        raise ValueError(f"index_B has {len(ids)} entries but the batch has B={batch_size} responses")
-    dense: dict[Any, int] = {}
-    try:
-        gid = [dense.setdefault(x, len(dense)) for x in ids]
-    except TypeError as e:
-        raise ValueError(f"index_B entries must be hashable group ids (str or int): {e}") from None
-    return torch.tensor(gid, dtype=torch.long, device=device), len(dense)
+def _outcome_advantage(adv_B: torch.Tensor, inputs: AdvantageInputs) -> torch.Tensor:
+    """``adv_B[i] * mask[i, t]`` in the rewards' dtype (exact zeros outside the mask)."""
+    return _apply_mask(adv_B.to(inputs.token_level_rewards_BT.dtype).unsqueeze(-1), inputs.mask_BT)
 
 
 def _group_mean_std(
@@ -227,24 +317,13 @@ def _group_mean_std(
 
 
 # --------------------------------------------------------------------------------------------------
-# estimators
+# estimators: fn(inputs: AdvantageInputs, params: AdvantageParams) -> (advantages_BT, returns_BT)
 # --------------------------------------------------------------------------------------------------
 
 
 @register_adv_estimator("grpo", group_based=True)
 @torch.no_grad()
-def compute_grpo_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any],
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_grpo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (DeepSeekMath), verl's ``grpo``.
 
     ``r_i = sum_t token_level_rewards[i, t]``; within the group ``g`` of response ``i``::
@@ -258,34 +337,22 @@ def compute_grpo_advantage(
 
     Shapes: token_level_rewards_BT, response_mask_BT [B, T]; index_B [B] -> two [B, T] tensors in
     the dtype of the rewards. Group statistics are computed in float64, so a group of equal rewards
-    gets exactly 0. ``gamma``, ``lam``, ``values_BT``, ``step_end_mask_BT`` are ignored.
+    gets exactly 0. Reads ``token_level_rewards_BT``, ``response_mask_BT``, ``index_B``;
+    ``params.norm_adv_by_std``, ``params.epsilon``.
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
-    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    scores_B = inputs.scores_B
+    gid_B, num_groups = inputs.group_ids()
     _, mean_G, std_G = _group_mean_std(scores_B, gid_B, num_groups)
     adv_B = scores_B - mean_G[gid_B]
-    if norm_adv_by_std:
-        adv_B = adv_B / (std_G[gid_B] + epsilon)
-    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
-    advantages_BT = _apply_mask(adv_B.to(token_level_rewards_BT.dtype).unsqueeze(-1), mask_BT)
+    if params.norm_adv_by_std:
+        adv_B = adv_B / (std_G[gid_B] + params.epsilon)
+    advantages_BT = _outcome_advantage(adv_B, inputs)
     return advantages_BT, advantages_BT
 
 
 @register_adv_estimator("rloo", group_based=True)
 @torch.no_grad()
-def compute_rloo_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any],
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_rloo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (REINFORCE leave-one-out) outcome advantage, verl's ``rloo``.
 
     With ``r_i = sum_t token_level_rewards[i, t]`` and a group of size ``G > 1``::
@@ -293,35 +360,23 @@ def compute_rloo_advantage(
         A_i = r_i - (sum_{j != i} r_j) / (G - 1) = r_i * G/(G-1) - mean_g(r) * G/(G-1)
 
     A group of one keeps ``A_i = r_i`` (verl's convention). ``advantages[i, t] = A_i * mask[i, t]``;
-    ``returns = advantages``. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Other arguments are
-    ignored.
+    ``returns = advantages``. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Reads
+    ``token_level_rewards_BT``, ``response_mask_BT``, ``index_B``; no params.
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
-    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    scores_B = inputs.scores_B
+    gid_B, num_groups = inputs.group_ids()
     count_G, mean_G, _ = _group_mean_std(scores_B, gid_B, num_groups)
     g_B = count_G[gid_B]
     scale_B = g_B / (g_B - 1.0).clamp_min(1.0)
     adv_B = torch.where(g_B > 1, scores_B * scale_B - mean_G[gid_B] * scale_B, scores_B)
-    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
-    advantages_BT = _apply_mask(adv_B.to(token_level_rewards_BT.dtype).unsqueeze(-1), mask_BT)
+    advantages_BT = _outcome_advantage(adv_B, inputs)
     return advantages_BT, advantages_BT
 
 
 @register_adv_estimator("reinforce_plus_plus", group_based=False)
 @torch.no_grad()
-def compute_reinforce_plus_plus_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any] | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_reinforce_plus_plus_advantage(inputs: AdvantageInputs,
+                                          params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ advantage (verl's ``reinforce_plus_plus``): whitened discounted returns-to-go.
 
     Iterating ``t = T-1 .. 0`` with ``running = 0``::
@@ -334,14 +389,13 @@ def compute_reinforce_plus_plus_advantage(
     over mask tokens, ``(x - mean) * rsqrt(var + 1e-8)``).
 
     Shapes: token_level_rewards_BT, response_mask_BT [B, T] -> (advantages_BT, returns_BT) [B, T].
-    ``index_B``, ``lam``, ``values_BT``, ``step_end_mask_BT`` are ignored.
+    Reads ``token_level_rewards_BT``, ``response_mask_BT``; ``params.gamma``.
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
-    returns_BT = torch.zeros_like(token_level_rewards_BT)
-    running_B = torch.zeros_like(token_level_rewards_BT[:, 0])
-    for t in reversed(range(token_level_rewards_BT.shape[1])):
-        running_B = token_level_rewards_BT[:, t] + gamma * running_B
+    rewards_BT, mask_BT = inputs.token_level_rewards_BT, inputs.mask_BT
+    returns_BT = torch.zeros_like(rewards_BT)
+    running_B = torch.zeros_like(rewards_BT[:, 0])
+    for t in reversed(range(rewards_BT.shape[1])):
+        running_B = rewards_BT[:, t] + params.gamma * running_B
         returns_BT[:, t] = running_B
         running_B = running_B * mask_BT[:, t]
     advantages_BT = _apply_mask(masked_whiten(returns_BT, mask_BT), mask_BT)
@@ -350,18 +404,7 @@ def compute_reinforce_plus_plus_advantage(
 
 @register_adv_estimator("gae", group_based=False, needs_values=True)
 @torch.no_grad()
-def compute_gae_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any] | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (PPO with a critic), verl's ``gae``.
 
     Iterating ``t = T-1 .. 0`` with ``nextvalues = lastgaelam = 0`` and ``m = mask[:, t]``::
@@ -376,25 +419,19 @@ def compute_gae_advantage(
 
     Shapes: token_level_rewards_BT, values_BT, response_mask_BT [B, T] -> (advantages_BT, returns_BT)
     [B, T]. Interpretation of verl: verl leaves whitened values at masked positions, here advantages
-    are zeroed outside the mask (no masked loss changes). ``index_B``, ``step_end_mask_BT`` are ignored.
+    are zeroed outside the mask (no masked loss changes). Reads ``token_level_rewards_BT``,
+    ``response_mask_BT``, ``values_BT``; ``params.gamma``, ``params.lam``.
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    if values_BT is None:
-        raise ValueError("the 'gae' advantage estimator needs values_BT (critic values, [B, T]); got None")
-    if values_BT.shape != token_level_rewards_BT.shape:
-        raise ValueError(
-            f"values_BT shape {tuple(values_BT.shape)} must equal token_level_rewards_BT shape "
-            f"{tuple(token_level_rewards_BT.shape)}"
-        )
-    dtype = token_level_rewards_BT.dtype
-    mask_BT = response_mask_BT.to(dtype)
-    values_BT = values_BT.to(dtype)
-    nextvalues_B = torch.zeros_like(token_level_rewards_BT[:, 0])
+    assert inputs.values_BT is not None, "called through its spec, which checks values_BT"
+    rewards_BT, mask_BT = inputs.token_level_rewards_BT, inputs.mask_BT
+    gamma, lam = params.gamma, params.lam
+    values_BT = inputs.values_BT.to(rewards_BT.dtype)
+    nextvalues_B = torch.zeros_like(rewards_BT[:, 0])
     lastgaelam_B = torch.zeros_like(nextvalues_B)
-    adv_BT = torch.zeros_like(token_level_rewards_BT)
-    for t in reversed(range(token_level_rewards_BT.shape[1])):
+    adv_BT = torch.zeros_like(rewards_BT)
+    for t in reversed(range(rewards_BT.shape[1])):
         m_B = mask_BT[:, t]
-        delta_B = token_level_rewards_BT[:, t] + gamma * nextvalues_B - values_BT[:, t]
+        delta_B = rewards_BT[:, t] + gamma * nextvalues_B - values_BT[:, t]
         gae_B = delta_B + gamma * lam * lastgaelam_B
         nextvalues_B = m_B * values_BT[:, t] + (1 - m_B) * nextvalues_B
         lastgaelam_B = m_B * gae_B + (1 - m_B) * lastgaelam_B
@@ -406,18 +443,8 @@ def compute_gae_advantage(
 
 @register_adv_estimator("grpo_process", group_based=True, needs_step_rewards=True)
 @torch.no_grad()
-def compute_grpo_process_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any],
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_grpo_process_advantage(inputs: AdvantageInputs,
+                                   params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO with process supervision (DeepSeekMath, section 4.1.3).
 
     ``step_end_mask_BT[i, t] = 1`` marks the token that ends a reasoning step of response ``i``, and
@@ -435,69 +462,41 @@ def compute_grpo_process_advantage(
     times ``mask[i, t]``; ``returns = advantages``. Tokens after the last step end get 0.
 
     Shapes: token_level_rewards_BT, response_mask_BT, step_end_mask_BT [B, T]; index_B [B] -> two
-    [B, T]. ``ValueError`` if ``step_end_mask_BT`` is missing, marks a position outside the response
-    mask, or a reward is non-zero away from a step end (e.g. a KL penalty folded into the rewards
-    with ``use_kl_in_reward``: this estimator reads rewards only at step ends).
+    [B, T]. Reads ``token_level_rewards_BT``, ``response_mask_BT``, ``step_end_mask_BT``, ``index_B``;
+    ``params.norm_adv_by_std``, ``params.epsilon``. ``ValueError`` if ``step_end_mask_BT`` marks a
+    position outside the response mask, or a reward is non-zero away from a step end (e.g. a KL
+    penalty folded into the rewards with ``use_kl_in_reward``: this estimator reads rewards only at
+    step ends).
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    if step_end_mask_BT is None:
-        raise ValueError(
-            "the 'grpo_process' advantage estimator needs step_end_mask_BT ([B, T], 1 on the last token "
-            "of each reasoning step); got None"
-        )
-    if step_end_mask_BT.shape != token_level_rewards_BT.shape:
-        raise ValueError(
-            f"step_end_mask_BT shape {tuple(step_end_mask_BT.shape)} must equal token_level_rewards_BT "
-            f"shape {tuple(token_level_rewards_BT.shape)}"
-        )
-    is_end_BT = step_end_mask_BT != 0
-    in_resp_BT = response_mask_BT != 0
+    assert inputs.step_end_mask_BT is not None, "called through its spec, which checks step_end_mask_BT"
+    rewards_BT = inputs.token_level_rewards_BT
+    is_end_BT = inputs.step_end_mask_BT != 0
+    in_resp_BT = inputs.response_mask_BT != 0
     if bool((is_end_BT & ~in_resp_BT).any()):
         raise ValueError("step_end_mask_BT marks step ends at positions where response_mask_BT is 0")
-    if bool(((token_level_rewards_BT != 0) & ~is_end_BT).any()):
+    if bool(((rewards_BT != 0) & ~is_end_BT).any()):
         raise ValueError(
             "token_level_rewards_BT has non-zero rewards at positions that are not step ends; "
             "'grpo_process' reads rewards only where step_end_mask_BT is 1 "
             "(do not combine it with algorithm.use_kl_in_reward)"
         )
-    B = token_level_rewards_BT.shape[0]
-    gid_B, num_groups = _group_ids(index_B, B, token_level_rewards_BT.device)
-    rewards_N = token_level_rewards_BT.double()[is_end_BT]
+    gid_B, num_groups = inputs.group_ids()
+    rewards_N = rewards_BT.double()[is_end_BT]
     gid_N = gid_B.unsqueeze(-1).expand_as(is_end_BT)[is_end_BT]
     _, mean_G, std_G = _group_mean_std(rewards_N, gid_N, num_groups)
     norm_N = rewards_N - mean_G[gid_N]
-    if norm_N.numel() > 0 and norm_adv_by_std:
-        norm_N = norm_N / (std_G[gid_N] + epsilon)
-    step_BT = torch.zeros_like(token_level_rewards_BT, dtype=torch.float64)
+    if norm_N.numel() > 0 and params.norm_adv_by_std:
+        norm_N = norm_N / (std_G[gid_N] + params.epsilon)
+    step_BT = torch.zeros_like(rewards_BT, dtype=torch.float64)
     step_BT[is_end_BT] = norm_N
     adv_BT = step_BT.flip(-1).cumsum(-1).flip(-1)
-    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
-    advantages_BT = _apply_mask(adv_BT.to(token_level_rewards_BT.dtype), mask_BT)
+    advantages_BT = _apply_mask(adv_BT.to(rewards_BT.dtype), inputs.mask_BT)
     return advantages_BT, advantages_BT
-
-
-def _outcome_advantage(adv_B: torch.Tensor, token_level_rewards_BT: torch.Tensor,
-                       response_mask_BT: torch.Tensor) -> torch.Tensor:
-    """``adv_B[i] * mask[i, t]`` in the rewards' dtype (exact zeros outside the mask)."""
-    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
-    return _apply_mask(adv_B.to(token_level_rewards_BT.dtype).unsqueeze(-1), mask_BT)
 
 
 @register_adv_estimator("remax", group_based=False, needs_baseline_rollout=True)
 @torch.no_grad()
-def compute_remax_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    reward_baselines_B: torch.Tensor | None = None,
-    index_B: Sequence[Any] | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_remax_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023, arXiv:2310.10505), verl's ``remax``: REINFORCE with the reward of the
     greedy response to the same prompt as the baseline::
 
@@ -506,70 +505,42 @@ def compute_remax_advantage(
 
     ``b_i = reward_baselines_B[i]``: the score of one greedy response to response i's prompt (the
     trainer samples it each step). Shapes: token_level_rewards_BT, response_mask_BT [B, T];
-    reward_baselines_B [B] -> two [B, T]. Other arguments are ignored. (verl leaves
-    ``-b_i * 0`` outside the mask, i.e. the same zeros.)
+    reward_baselines_B [B] -> two [B, T]. Reads ``token_level_rewards_BT``, ``response_mask_BT``,
+    ``reward_baselines_B``; no params. (verl leaves ``-b_i * 0`` outside the mask, i.e. the same zeros.)
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    if reward_baselines_B is None:
-        raise ValueError("the 'remax' advantage estimator needs reward_baselines_B (the greedy response's reward "
-                         "per row, [B]); got None")
-    B = token_level_rewards_BT.shape[0]
-    if tuple(reward_baselines_B.shape) != (B,):
-        raise ValueError(f"reward_baselines_B must have shape ({B},), got {tuple(reward_baselines_B.shape)}")
-    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
-    returns_BT = _apply_mask(token_level_rewards_BT, mask_BT).flip(-1).cumsum(-1).flip(-1)
-    baseline_BT = reward_baselines_B.to(token_level_rewards_BT.dtype).unsqueeze(-1)
+    assert inputs.reward_baselines_B is not None, "called through its spec, which checks reward_baselines_B"
+    rewards_BT, mask_BT = inputs.token_level_rewards_BT, inputs.mask_BT
+    returns_BT = _apply_mask(rewards_BT, mask_BT).flip(-1).cumsum(-1).flip(-1)
+    baseline_BT = inputs.reward_baselines_B.to(rewards_BT.dtype).unsqueeze(-1)
     advantages_BT = _apply_mask(returns_BT - baseline_BT, mask_BT)
     return advantages_BT, returns_BT
 
 
 @register_adv_estimator("reinforce_plus_plus_baseline", group_based=True)
 @torch.no_grad()
-def compute_reinforce_plus_plus_baseline_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any],
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs,
+                                                   params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262), verl's
     ``reinforce_plus_plus_baseline``: subtract the group's mean reward, then whiten over the batch::
 
         a[i, t]    = (r_i - mean_g(r)) * mask[i, t]          (a group of one: mean 0)
         advantages = masked_whiten(a, mask) * mask            (batch mean and unbiased std over tokens)
 
-    ``returns = advantages``. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Other arguments
-    are ignored.
+    ``returns = advantages``. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Reads
+    ``token_level_rewards_BT``, ``response_mask_BT``, ``index_B``; no params.
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
-    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    scores_B = inputs.scores_B
+    gid_B, num_groups = inputs.group_ids()
     _, mean_G, _ = _group_mean_std(scores_B, gid_B, num_groups)
-    a_BT = _outcome_advantage(scores_B - mean_G[gid_B], token_level_rewards_BT, response_mask_BT)
-    mask_BT = response_mask_BT.to(token_level_rewards_BT.dtype)
+    a_BT = _outcome_advantage(scores_B - mean_G[gid_B], inputs)
+    mask_BT = inputs.mask_BT
     advantages_BT = _apply_mask(masked_whiten(a_BT, mask_BT), mask_BT)
     return advantages_BT, advantages_BT
 
 
 @register_adv_estimator("grpo_passk", group_based=True)
 @torch.no_grad()
-def compute_grpo_passk_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any],
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_grpo_passk_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k training (Chen et al. 2025, arXiv:2503.19595), verl's ``grpo_passk``: only the best
     response of each group learns, by its margin over the runner-up::
 
@@ -580,11 +551,12 @@ def compute_grpo_passk_advantage(
     ``best`` is the first response (in row order) with the group's largest reward; ``r_second`` is
     the second largest reward counting ties (so a tie at the top gives 0); ``std`` is unbiased.
     ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``. ``ValueError`` for a group of
-    fewer than 2 responses. Shapes: [B, T], [B, T], index_B [B] -> two [B, T].
+    fewer than 2 responses. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Reads
+    ``token_level_rewards_BT``, ``response_mask_BT``, ``index_B``; ``params.norm_adv_by_std``,
+    ``params.epsilon``.
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
-    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    scores_B = inputs.scores_B
+    gid_B, num_groups = inputs.group_ids()
     count_G, _, std_G = _group_mean_std(scores_B, gid_B, num_groups)
     if bool((count_G < 2).any()):
         raise ValueError("the 'grpo_passk' advantage estimator needs groups of at least 2 responses "
@@ -597,25 +569,14 @@ def compute_grpo_passk_advantage(
         second = torch.topk(vals, 2).values[1]
         margin = vals[best] - second
         if margin != 0:  # a tie at the top (or a constant group, std 0) leaves the whole group at 0
-            adv_B[rows[best]] = margin / (std_G[g] + epsilon) if norm_adv_by_std else margin
-    advantages_BT = _outcome_advantage(adv_B, token_level_rewards_BT, response_mask_BT)
+            adv_B[rows[best]] = margin / (std_G[g] + params.epsilon) if params.norm_adv_by_std else margin
+    advantages_BT = _outcome_advantage(adv_B, inputs)
     return advantages_BT, advantages_BT
 
 
 @register_adv_estimator("opo", group_based=True)
 @torch.no_grad()
-def compute_opo_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any],
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_opo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO, On-Policy RL with the Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585), verl's
     ``opo``: the group baseline is the length-weighted mean reward::
 
@@ -624,36 +585,25 @@ def compute_opo_advantage(
                                                                 responses only: b = 0)
 
     ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``. Shapes: [B, T], [B, T],
-    index_B [B] -> two [B, T]. Other arguments are ignored. Deviation from verl: a group whose
-    responses are all empty gets b = 0 (verl divides 0 by 0).
+    index_B [B] -> two [B, T]. Reads ``token_level_rewards_BT``, ``response_mask_BT``, ``index_B``;
+    no params. Deviation from verl: a group whose responses are all empty gets b = 0 (verl divides 0
+    by 0).
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
-    len_B = response_mask_BT.double().sum(-1)
-    gid_B, num_groups = _group_ids(index_B, scores_B.shape[0], scores_B.device)
+    scores_B = inputs.scores_B
+    len_B = inputs.response_mask_BT.double().sum(-1)
+    gid_B, num_groups = inputs.group_ids()
     zeros_G = torch.zeros(num_groups, dtype=torch.float64, device=scores_B.device)
     count_G = zeros_G.index_add(0, gid_B, torch.ones_like(scores_B))
     wsum_G = zeros_G.index_add(0, gid_B, len_B * scores_B)
     lsum_G = zeros_G.index_add(0, gid_B, len_B)
     base_G = torch.where((count_G > 1) & (lsum_G > 0), wsum_G / lsum_G.clamp_min(1e-12), zeros_G)
-    advantages_BT = _outcome_advantage(scores_B - base_G[gid_B], token_level_rewards_BT, response_mask_BT)
+    advantages_BT = _outcome_advantage(scores_B - base_G[gid_B], inputs)
     return advantages_BT, advantages_BT
 
 
 @register_adv_estimator("gpg", group_based=True)
 @torch.no_grad()
-def compute_gpg_advantage(
-    *,
-    token_level_rewards_BT: torch.Tensor,
-    response_mask_BT: torch.Tensor,
-    index_B: Sequence[Any],
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    norm_adv_by_std: bool = True,
-    epsilon: float = 1e-6,
-    values_BT: torch.Tensor | None = None,
-    step_end_mask_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gpg_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546), verl's ``gpg``: the group mean
     as baseline, no std, rescaled by the share of responses with a non-zero reward in the batch::
 
@@ -661,13 +611,12 @@ def compute_gpg_advantage(
         A_i   = alpha * (r_i - mean_g(r)) / f_norm,   f_norm = 1   (a group of one: mean 0)
 
     ``advantages[i, t] = A_i * mask[i, t]``; ``returns = advantages``. Use with the ``gpg`` policy
-    loss. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Other arguments are ignored.
+    loss. Shapes: [B, T], [B, T], index_B [B] -> two [B, T]. Reads ``token_level_rewards_BT``,
+    ``response_mask_BT``, ``index_B``; no params.
     """
-    _check_rewards_and_mask(token_level_rewards_BT, response_mask_BT)
-    scores_B = scores_from_token_rewards(token_level_rewards_BT).double()
-    B = scores_B.shape[0]
-    alpha = B / max(int((scores_B != 0).sum()), 1)
-    gid_B, num_groups = _group_ids(index_B, B, scores_B.device)
+    scores_B = inputs.scores_B
+    alpha = scores_B.shape[0] / max(int((scores_B != 0).sum()), 1)
+    gid_B, num_groups = inputs.group_ids()
     _, mean_G, _ = _group_mean_std(scores_B, gid_B, num_groups)
-    advantages_BT = _outcome_advantage(alpha * (scores_B - mean_G[gid_B]), token_level_rewards_BT, response_mask_BT)
+    advantages_BT = _outcome_advantage(alpha * (scores_B - mean_G[gid_B]), inputs)
     return advantages_BT, advantages_BT

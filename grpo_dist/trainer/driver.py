@@ -28,7 +28,7 @@ import torch
 from grpo_dist.batch import Batch
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import logger_names
-from grpo_dist.core.advantages import get_adv_estimator
+from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
 from grpo_dist.core.kl import make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
@@ -68,6 +68,7 @@ class GRPOTrainer:
         self.shape, self.total_steps = p.shape, p.total_steps
         self.sampler = EpochSampler(len(train_data), p.prompts_per_draw, seed=p.data_seed, shuffle=p.data_shuffle)
         self.estimator = get_adv_estimator(p.estimator)
+        self.adv_params = AdvantageParams(gamma=p.gamma, lam=p.lam, norm_adv_by_std=p.norm_adv_by_std)
         self.kl_ctrl = make_kl_controller(*p.kl_ctrl)
         self.val_sampling, self.clip_warning = p.val_sampling, ResponseClipWarning(p.response_length)
         self.workers: Workers | None
@@ -145,14 +146,15 @@ class GRPOTrainer:
         return [self.train_data[i] for i in next(self.sampler)]
 
     def advantages(self, batch: Batch) -> None:
-        p = self.plan
-        batch["advantages"], batch["returns"] = self.estimator.fn(
+        def optional(key: str) -> Any:
+            return batch[key] if key in batch else None
+
+        inputs = AdvantageInputs(
             token_level_rewards_BT=batch["token_level_rewards"], response_mask_BT=batch["response_mask"],
-            index_B=list(batch["uid"]), gamma=p.gamma, lam=p.lam, norm_adv_by_std=p.norm_adv_by_std,
-            values_BT=batch["values"] if "values" in batch else None,
-            step_end_mask_BT=batch["step_end_mask"] if "step_end_mask" in batch else None,
-            **({"reward_baselines_B": batch["reward_baselines"]} if self.estimator.needs_baseline_rollout else {}),
+            index_B=list(batch["uid"]), values_BT=optional("values"), step_end_mask_BT=optional("step_end_mask"),
+            reward_baselines_B=optional("reward_baselines"),
         )
+        batch["advantages"], batch["returns"] = self.estimator(inputs, self.adv_params)
 
     def update_critic(self, batch: Batch) -> tuple[dict[str, float], float]:
         """One value-loss update on the critic ranks: its metrics and the slowest rank's busy seconds."""

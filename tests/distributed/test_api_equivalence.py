@@ -92,7 +92,7 @@ def runs(fsdp_model_dir):
     from transformers import AutoModelForCausalLM
 
     from grpo_dist import GRPO
-    from grpo_dist.core.advantages import compute_grpo_advantage
+    from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, compute_grpo_advantage
 
     # 4 prompts, left-padded with id 0 to different lengths; 4 end-of-sequence ids so that
     # completions of the random model end at different lengths
@@ -116,8 +116,9 @@ def runs(fsdp_model_dir):
         scores = torch.zeros_like(rollout.response_mask)
         last = rollout.response_mask.sum(-1).long() - 1
         scores[torch.arange(len(rollout)), last] = rewards
-        advantages, _ = compute_grpo_advantage(token_level_rewards_BT=scores, response_mask_BT=rollout.response_mask,
-                                               index_B=rollout.group_ids.tolist())
+        inputs = AdvantageInputs(token_level_rewards_BT=scores, response_mask_BT=rollout.response_mask,
+                                 index_B=rollout.group_ids.tolist())
+        advantages, _ = compute_grpo_advantage(inputs, AdvantageParams())
         data = {"input_ids": rollout.input_ids, "attention_mask": rollout.attention_mask,
                 "position_ids": rollout.position_ids, "responses": rollout.responses,
                 "response_mask": rollout.response_mask, "advantages": advantages}

@@ -46,10 +46,11 @@ def scored_batch(seed: int) -> dict[str, torch.Tensor]:
 
 def with_gae(data: dict[str, torch.Tensor], values: torch.Tensor) -> dict[str, torch.Tensor]:
     """The driver's step: values in, GAE's advantages and returns out (on the whole batch)."""
-    from grpo_dist.core.advantages import compute_gae_advantage
+    from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, compute_gae_advantage
 
-    adv, ret = compute_gae_advantage(token_level_rewards_BT=data["token_level_rewards"],
-                                     response_mask_BT=data["response_mask"], values_BT=values, gamma=GAMMA, lam=LAM)
+    inputs = AdvantageInputs(token_level_rewards_BT=data["token_level_rewards"],
+                             response_mask_BT=data["response_mask"], values_BT=values)
+    adv, ret = compute_gae_advantage(inputs, AdvantageParams(gamma=GAMMA, lam=LAM))
     return dict(data, values=values, advantages=adv, returns=ret)
 
 

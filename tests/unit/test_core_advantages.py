@@ -12,13 +12,15 @@ import torch
 
 from grpo_dist.core import advantages as adv_mod
 from grpo_dist.core import get_adv_estimator, list_adv_estimators, register_adv_estimator
-from grpo_dist.core.advantages import AdvEstimatorSpec
+from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, AdvEstimatorSpec
 
 EPS = 1e-6
 
 
-def run(name, **kw):
-    return get_adv_estimator(name).fn(**kw)
+def run(name, gamma=1.0, lam=1.0, norm_adv_by_std=True, **inputs):
+    """The estimator ``name`` called through its spec, the tensors as keywords of AdvantageInputs."""
+    params = AdvantageParams(gamma=gamma, lam=lam, norm_adv_by_std=norm_adv_by_std)
+    return get_adv_estimator(name)(AdvantageInputs(**inputs), params)
 
 
 def outcome_batch(scores, lengths, T):
@@ -165,8 +167,8 @@ def test_register_custom_estimator_and_reject_duplicates(monkeypatch):
     monkeypatch.setattr(adv_mod, "_REGISTRY", dict(adv_mod._REGISTRY))
 
     @register_adv_estimator("my_est", group_based=False)
-    def my_est(*, token_level_rewards_BT, response_mask_BT, **_):
-        return token_level_rewards_BT, token_level_rewards_BT
+    def my_est(inputs, params):
+        return inputs.token_level_rewards_BT, inputs.token_level_rewards_BT
 
     spec = get_adv_estimator("my_est")
     assert isinstance(spec, AdvEstimatorSpec) and spec.fn is my_est and spec.group_based is False
@@ -176,6 +178,64 @@ def test_register_custom_estimator_and_reject_duplicates(monkeypatch):
         register_adv_estimator("my_est", group_based=False)(lambda **kw: None)
     with pytest.raises(ValueError, match="already registered"):
         register_adv_estimator("grpo", group_based=True)(my_est)
+
+
+@pytest.mark.parametrize("name, field", [("grpo", "index_B"), ("rloo", "index_B"), ("gae", "values_BT"),
+                                         ("grpo_process", "step_end_mask_BT"), ("remax", "reward_baselines_B")])
+def test_spec_names_the_estimator_and_the_missing_input(name, field):
+    r, m = outcome_batch([1.0, 0.0], [2, 2], T=2)
+    given = {"index_B": ["a", "a"], "values_BT": torch.zeros(2, 2), "step_end_mask_BT": (r != 0).float(),
+             "reward_baselines_B": torch.zeros(2)}
+    del given[field]
+    with pytest.raises(ValueError) as e:
+        get_adv_estimator(name)(AdvantageInputs(r, m, **given))
+    assert f"the {name!r} advantage estimator needs {field} (" in str(e.value) and "got None" in str(e.value)
+
+
+@pytest.mark.parametrize("field, bad, shapes", [
+    ("response_mask_BT", torch.ones(2, 4), ["(2, 4)", "(2, 3)"]),
+    ("values_BT", torch.zeros(3, 3), ["(3, 3)", "(2, 3)"]),
+    ("step_end_mask_BT", torch.zeros(2), ["(2,)", "(2, 3)"]),
+    ("reward_baselines_B", torch.zeros(2, 1), ["(2, 1)", "(2,)"]),
+    ("index_B", ["a", "a", "b"], ["3 entries", "B=2"]),
+])
+def test_inputs_shape_mismatch_names_both_shapes(field, bad, shapes):
+    r, m = torch.zeros(2, 3), torch.ones(2, 3)
+    kw = {"token_level_rewards_BT": r, "response_mask_BT": m, field: bad}
+    with pytest.raises(ValueError) as e:
+        AdvantageInputs(**kw)
+    assert field in str(e.value) and all(s in str(e.value) for s in shapes), str(e.value)
+    with pytest.raises(ValueError, match=r"token_level_rewards_BT must be 2-D \[B, T\], got shape \(3,\)"):
+        AdvantageInputs(torch.zeros(3), torch.ones(3))
+
+
+def test_params_are_checked():
+    for kw, msg in (({"gamma": 1.5}, "gamma"), ({"lam": -0.1}, "lam"), ({"epsilon": -1e-6}, "epsilon")):
+        with pytest.raises(ValueError, match=msg):
+            AdvantageParams(**kw)
+
+
+def test_user_estimator_with_the_new_signature_is_called_by_its_spec(monkeypatch):
+    monkeypatch.setattr(adv_mod, "_REGISTRY", dict(adv_mod._REGISTRY))
+    calls = []
+
+    @register_adv_estimator("scaled_reward", group_based=False, needs_values=True)
+    def scaled_reward(inputs: AdvantageInputs, params: AdvantageParams):
+        calls.append((inputs, params))
+        adv_BT = (inputs.token_level_rewards_BT - inputs.values_BT) * params.gamma * inputs.mask_BT
+        return adv_BT, inputs.token_level_rewards_BT
+
+    r, m = outcome_batch([2.0, 1.0], [2, 1], T=2)
+    inputs, params = AdvantageInputs(r, m, values_BT=torch.full((2, 2), 0.5)), AdvantageParams(gamma=0.5)
+    adv, ret = get_adv_estimator("scaled_reward")(inputs, params)
+    assert calls == [(inputs, params)]
+    torch.testing.assert_close(adv, torch.tensor([[-0.25, 0.75], [0.25, 0.0]]))
+    assert torch.equal(ret, r)
+    with pytest.raises(ValueError, match="'scaled_reward' advantage estimator needs values_BT"):
+        get_adv_estimator("scaled_reward")(AdvantageInputs(r, m))
+    assert len(calls) == 1  # the spec refused before calling
+    with pytest.raises(TypeError, match="AdvantageInputs"):
+        get_adv_estimator("scaled_reward")({"token_level_rewards_BT": r, "response_mask_BT": m})  # the old keywords
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import statistics
 import pytest
 import torch
 
-from grpo_dist.core.advantages import get_adv_estimator
+from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
 
 EPS = 1e-6
 
@@ -27,9 +27,11 @@ def outcome(scores, lengths, T=4):
     return r, m
 
 
-def adv(name, scores, lengths, index, T=4, **kw):
+def adv(name, scores, lengths, index, T=4, reward_baselines_B=None, **params):
     r, m = outcome(scores, lengths, T)
-    a, ret = get_adv_estimator(name).fn(token_level_rewards_BT=r, response_mask_BT=m, index_B=index, **kw)
+    inputs = AdvantageInputs(token_level_rewards_BT=r, response_mask_BT=m, index_B=index,
+                             reward_baselines_B=reward_baselines_B)
+    a, ret = get_adv_estimator(name)(inputs, AdvantageParams(**params))
     return a, ret, m
 
 
@@ -78,8 +80,8 @@ def test_remax_matches_a_plain_loop():
     mask = per_token([1.0] * B, lengths, T)
     rewards = torch.randn(B, T, generator=g, dtype=torch.float64) * mask  # dense token rewards
     base = torch.randn(B, generator=g, dtype=torch.float64)
-    a, ret = get_adv_estimator("remax").fn(token_level_rewards_BT=rewards, response_mask_BT=mask,
-                                           reward_baselines_B=base, index_B=None)
+    a, ret = get_adv_estimator("remax")(AdvantageInputs(token_level_rewards_BT=rewards, response_mask_BT=mask,
+                                                        reward_baselines_B=base, index_B=None))
     for i in range(B):
         for t in range(T):
             to_go = sum(rewards[i, k].item() for k in range(t, T) if mask[i, k] != 0)

@@ -94,15 +94,16 @@ def test_step_ends_loop_reference():
 def test_a_process_reward_placed_at_step_ends_feeds_grpo_process():
     """The stage's placement (scores at step ends) is what grpo_process reads: the advantage of a token
     is the sum of the normalised step rewards from its step on."""
-    from grpo_dist.core.advantages import compute_grpo_process_advantage
+    from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, compute_grpo_process_advantage
 
     responses = torch.tensor([[1, 3, 2, 0], [1, 2, 3, 5]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32)
     ends, _ = token_step_ends(responses, mask, SeparatorTokens(CharTokenizer(), "\n"))
     token_scores = torch.tensor([[9.0, 1.0, 2.0, 9.0], [9.0, 9.0, 3.0, 4.0]])
     rewards = token_scores * ends
-    adv, _ = compute_grpo_process_advantage(token_level_rewards_BT=rewards, response_mask_BT=mask, index_B=["u", "u"],
-                                            step_end_mask_BT=ends)
+    inputs = AdvantageInputs(token_level_rewards_BT=rewards, response_mask_BT=mask, index_B=["u", "u"],
+                             step_end_mask_BT=ends)
+    adv, _ = compute_grpo_process_advantage(inputs, AdvantageParams())
     r = torch.tensor([1.0, 2.0, 3.0, 4.0])  # the four step rewards of the group
     z = (r - r.mean()) / r.std()
     want = torch.tensor([[z[0] + z[1], z[0] + z[1], z[1], 0.0], [z[2] + z[3]] * 3 + [z[3]]])
