@@ -56,6 +56,7 @@ from grpo_dist.core.losses import (
 from grpo_dist.core.policy_loss import (
     RESERVED_METRIC_NAMES,
     PolicyLossFn,
+    PolicyLossInputs,
     PolicyLossParams,
     PolicyLossSpec,
     bypass_mode_policy_loss,
@@ -113,6 +114,7 @@ __all__ = [
     "entropy_from_logits",
     "logprobs_from_logits",
     # policy-loss registry
+    "PolicyLossInputs",
     "PolicyLossParams",
     "PolicyLossFn",
     "PolicyLossSpec",
