@@ -92,6 +92,7 @@ __all__ = [
     "POLICY_LOSS_KEY",
     "policy_loss_keys",
     "PolicyLossFn",
+    "PolicyLossOutput",
     "PolicyLossSpec",
     "RESERVED_METRIC_NAMES",
     "register_policy_loss",
@@ -216,12 +217,14 @@ def policy_loss_keys() -> tuple[Field, ...]:
     return tuple(f for f in fields(PolicyLossParams) if f.metadata.get("key") == POLICY_LOSS_KEY)
 
 
+PolicyLossOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]
+"""What a policy loss returns: ``(0-dim loss, {metric name: 0-dim tensor})`` (the module docstring)."""
+
+
 class PolicyLossFn(Protocol):
     """The one call every policy-loss mode implements (see the module docstring)."""
 
-    def __call__(
-        self, inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+    def __call__(self, inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput: ...
 
 
 @dataclass(frozen=True)
@@ -291,9 +294,7 @@ def list_policy_losses() -> list[str]:
 
 
 @register_policy_loss("vanilla", rollout_is_weights=True)
-def vanilla_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def vanilla_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """verl's ``vanilla``: the PPO clipped surrogate with clip-higher and dual clip.
 
     Exactly :func:`~grpo_dist.core.losses.ppo_clip_policy_loss` (formula there) with the clip ranges
@@ -340,9 +341,7 @@ def _masked_covariance(advantages_BT: torch.Tensor, logp_BT: torch.Tensor, mask_
 
 
 @register_policy_loss("gspo", rollout_is_weights=True)
-def gspo_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def gspo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071): one
     importance ratio per sequence, the length-normalised sequence likelihood ratio::
 
@@ -381,9 +380,7 @@ def gspo_policy_loss(
 
 
 @register_policy_loss("gpg", rollout_is_weights=True)
-def gpg_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def gpg_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no
     ratio, no clipping, no old policy::
 
@@ -397,9 +394,7 @@ def gpg_policy_loss(
 
 
 @register_policy_loss("cispo", rollout_is_weights=True)
-def cispo_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def cispo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585): clip the
     importance weight, not the update; every token keeps a gradient::
 
@@ -426,9 +421,7 @@ def cispo_policy_loss(
 
 
 @register_policy_loss("clip_cov", rollout_is_weights=True)
-def clip_cov_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clip_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
     arXiv:2505.22617): the PPO clip, plus the gradient of a few high-covariance tokens cut::
 
@@ -473,9 +466,7 @@ def clip_cov_policy_loss(
 
 
 @register_policy_loss("kl_cov", rollout_is_weights=True)
-def kl_cov_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def kl_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clipping; a KL penalty on the few tokens with
     the largest covariance between advantage and log-prob::
 
@@ -509,9 +500,7 @@ def kl_cov_policy_loss(
 
 
 @register_policy_loss("geo_mean", rollout_is_weights=True)
-def geo_mean_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def geo_mean_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673): the geometric
     mean of the token ratios, clipped per token in log space::
 
@@ -558,9 +547,7 @@ def geo_mean_policy_loss(
 
 
 @register_policy_loss("bypass_mode")
-def bypass_mode_policy_loss(
-    inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def bypass_mode_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """Rollout correction in bypass mode (verl's ``bypass_mode``; set by
     ``algorithm.rollout_correction.bypass_mode=true``, not chosen directly).
 
