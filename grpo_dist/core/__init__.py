@@ -56,7 +56,6 @@ from grpo_dist.core.losses import (
 from grpo_dist.core.policy_loss import (
     RESERVED_METRIC_NAMES,
     PolicyLossFn,
-    PolicyLossInputs,
     PolicyLossParams,
     PolicyLossSpec,
     bypass_mode_policy_loss,
@@ -114,7 +113,6 @@ __all__ = [
     "entropy_from_logits",
     "logprobs_from_logits",
     # policy-loss registry
-    "PolicyLossInputs",
     "PolicyLossParams",
     "PolicyLossFn",
     "PolicyLossSpec",

@@ -124,26 +124,14 @@ def checkpoint_contents(cfg: GRPOConfig) -> tuple[tuple[str, ...], tuple[str, ..
     return save, (save if list(load) == list(c.save_contents) else load)
 
 
-def policy_loss_params(cfg: GRPOConfig) -> PolicyLossParams:
-    """The policy loss's numbers: every ``actor_rollout_ref.actor.policy_loss.<name>`` field of
-    :class:`PolicyLossParams` by name, the clip ranges (``clip_ratio_low/high``, null: ``clip_ratio``)
-    and, in bypass mode, the rollout-correction settings."""
-    a = cfg.actor_rollout_ref.actor
-    rc = rollout_correction(cfg)
-    return PolicyLossParams.from_section(
-        a.policy_loss,
-        clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
-        clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
-        clip_ratio_c=a.clip_ratio_c,
-        rollout_correction=rc if rc.bypass else None,
-    )
-
-
 def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> ActorSettings:
     a = cfg.actor_rollout_ref.actor
     shape = step_shape(cfg)
+    clip_low = a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low
+    clip_high = a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high
     mini_per_gpu = a.ppo_mini_batch_size * shape.n // shape.world_size
     rc = rollout_correction(cfg)
+    pl = a.policy_loss
     scale = a.loss_scale_factor
     save, load = checkpoint_contents(cfg)
     r = cfg.actor_rollout_ref.rollout
@@ -155,8 +143,10 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         ppo_max_token_len_per_gpu=a.ppo_max_token_len_per_gpu,
         ppo_epochs=a.ppo_epochs,
         epochs_in_rows=a.shuffle,
-        loss_mode="bypass_mode" if rc.bypass else a.policy_loss.loss_mode,
-        policy_loss=policy_loss_params(cfg),
+        loss_mode="bypass_mode" if rc.bypass else pl.loss_mode,
+        policy_loss=PolicyLossParams.from_section(  # every actor.policy_loss.<name> field, by name
+            pl, clip_ratio_low=clip_low, clip_ratio_high=clip_high, clip_ratio_c=a.clip_ratio_c,
+            rollout_correction=rc if rc.bypass else None),
         loss_agg_mode=a.loss_agg_mode,
         norm_constant=float(cfg.actor_rollout_ref.rollout.response_length if scale is None else scale),
         entropy_coeff=a.entropy_coeff,
