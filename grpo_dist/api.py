@@ -193,7 +193,8 @@ class GRPO:
         entropy_coeff: weight of the entropy bonus.
         clip_ratio_low, clip_ratio_high, clip_ratio_c: the PPO clip range and the dual-clip bound.
         policy_loss_params: further fields of :class:`~grpo_dist.core.policy_loss.PolicyLossParams`
-            that a loss mode reads, by name.
+            that a loss mode reads, by name (the trainer's ``actor_rollout_ref.actor.policy_loss.<name>``
+            keys, e.g. ``{"clip_cov_ratio": 0.001}``).
         tokenizer: a Hugging Face tokenizer: prompts may then be strings, and ``reward_fn`` gets strings.
         pad_token_id: the id that left-pads prompt tensors (None: the tokenizer's, then the model
             config's; none at all: prompts are not padded).

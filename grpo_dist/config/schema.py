@@ -15,8 +15,9 @@ Cross-key rules (divisibility, ranges, files that must exist) live in ``validate
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from dataclasses import MISSING, dataclass, make_dataclass
+from types import UnionType
+from typing import Any, Dict, List, Optional, Union, get_type_hints
 
 from omegaconf import II, OmegaConf
 
@@ -69,7 +70,7 @@ from grpo_dist.config.sections.features import (
 from grpo_dist.config.sections.profiler import GlobalProfilerConfig, ProfilerConfig, global_profiler_section, profiler_section
 from grpo_dist.core.advantages import list_adv_estimators
 from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
-from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES
+from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES, PolicyLossParams, policy_loss_keys
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.data import TRUNCATION_MODES
 from grpo_dist.rollout import ENGINES
@@ -260,20 +261,36 @@ class CheckpointConfig:
         "loading is always strict here", values=(True,), otherwise="a checkpoint must match the model (strict=true)"))
 
 
-@dataclass
-class PolicyLossConfig:
-    loss_mode: str = F(
+def _policy_loss_config() -> type:
+    """``actor_rollout_ref.actor.policy_loss``, generated from the loss parameters' one declaration:
+    ``loss_mode``, then one key per :func:`~grpo_dist.core.policy_loss.policy_loss_keys` field of
+    :class:`~grpo_dist.core.policy_loss.PolicyLossParams` (its type, default and help, in declaration
+    order), then verl's ``dro_beta`` (no loss here reads it). A new loss parameter declared there
+    becomes a key here, in conf/ and in docs/configuration.md with no edit of this module."""
+    hints = get_type_hints(PolicyLossParams)
+    params = [
+        (f.name, _config_type(hints[f.name]), F(f.default if f.default is not MISSING else f.default_factory(),
+                                                f.metadata["help"]))
+        for f in policy_loss_keys()
+    ]
+    loss_mode = F(
         "vanilla",
         "policy-loss mode: " + " | ".join(m for m in BUILTIN_POLICY_LOSSES if m != "bypass_mode")
         + ", or a mode registered with grpo_dist.core.policy_loss.register_policy_loss"
         + " (vanilla: the PPO clipped surrogate with clip-higher and dual clip; docs/algorithms.md)",
     )
-    clip_cov_ratio: float = F(0.0002, "clip_cov: fraction of response tokens whose gradient may be cut")
-    clip_cov_lb: float = F(1.0, "clip_cov: lower bound of the covariance of the tokens that may be cut")
-    clip_cov_ub: float = F(5.0, "clip_cov: upper bound of the covariance of the tokens that may be cut")
-    kl_cov_ratio: float = F(0.0002, "kl_cov: fraction of response tokens (largest covariance) that get the KL penalty")
-    ppo_kl_coef: float = F(0.1, "kl_cov: coefficient of that KL penalty")
-    dro_beta: Optional[float] = F(None, "DRO's quadratic log-ratio penalty", NO_SUCH_LOSS)
+    dro_beta = F(None, "DRO's quadratic log-ratio penalty", NO_SUCH_LOSS)
+    cls = make_dataclass("PolicyLossConfig", [("loss_mode", str, loss_mode), *params, ("dro_beta", Optional[float], dro_beta)])
+    cls.__module__ = __name__  # importable (pickled with the configuration) as grpo_dist.config.schema.PolicyLossConfig
+    return cls
+
+
+def _config_type(tp: Any) -> Any:
+    """``tp`` as OmegaConf reads it (``X | None`` written as ``Optional[X]``)."""
+    return Union[tp.__args__] if isinstance(tp, UnionType) else tp
+
+
+PolicyLossConfig = _policy_loss_config()
 
 
 @dataclass

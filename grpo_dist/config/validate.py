@@ -24,6 +24,7 @@ from grpo_dist.config.schema import (
     RewardRewardModelConfig,
 )
 from grpo_dist.config.states import check_states, setting
+from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.rewards.shaping import OverlongBuffer
@@ -739,6 +740,10 @@ def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
     if not pl.clip_cov_lb < pl.clip_cov_ub:
         raise _bad(pre + "clip_cov_lb", pl.clip_cov_lb, f"expected a number below clip_cov_ub ({pl.clip_cov_ub})")
     _positive(pre + "ppo_kl_coef", pl.ppo_kl_coef, allow_zero=True)
+    try:  # the checks of the parameters' own declaration (a new loss parameter needs no line here)
+        PolicyLossParams.from_section(pl)
+    except ValueError as e:
+        raise ConfigError(f"{pre}{e}") from None
 
     rc = rollout_correction_params(cfg)
     key = "algorithm.rollout_correction."
@@ -751,7 +756,7 @@ def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
         raise _bad(key + "loss_type", rc.loss_type, f"loss_type only applies in bypass mode; set {key}bypass_mode=true or loss_type=ppo_clip")
     if rc.is_level is not None and not rc.bypass and not get_policy_loss(pl.loss_mode).accepts_rollout_is_weights:
         raise _bad(key + "rollout_is", rc.is_level, f"{pre}loss_mode={pl.loss_mode} does not take rollout importance weights "
-                   "(its function declares no rollout_is_weights_BT keyword); use rollout_is=null or another loss mode")
+                   "(it was not registered with rollout_is_weights=True); use rollout_is=null or another loss mode")
 
     fg = alg.filter_groups
     if fg.enable or fg.metric is not None:

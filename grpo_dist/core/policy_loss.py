@@ -5,38 +5,40 @@ with :func:`register_policy_loss` and looked up with :func:`get_policy_loss`. Al
 call, so the actor calls every mode the same way::
 
     spec = get_policy_loss("vanilla")
-    loss, metrics = spec.fn(logp_BT, old_logp_BT, advantages_BT, mask_BT, agg=agg_spec, params=params)
+    inputs = PolicyLossInputs(logp_BT, old_logp_BT, advantages_BT, mask_BT)
+    loss, metrics = spec.fn(inputs, agg=agg_spec, params=params)
 
-What a loss function receives
------------------------------
-``B`` rows of ONE micro-batch on one data-parallel rank, ``T`` the padded response length:
+The loss contract: ``fn(inputs, *, agg, params) -> (loss, metrics)``
+----------------------------------------------------------------------
+``inputs`` is positional, ``agg`` and ``params`` are keywords. ``inputs`` is a
+:class:`PolicyLossInputs` holding ``B`` rows of ONE micro-batch on one data-parallel rank, ``T`` the
+padded response length; it checked the shapes and detached what must be detached when it was built:
 
-- ``logp_BT`` [B, T] float32: log-probs of the response tokens under the policy being trained
-  (at the rollout temperature); the only input that carries gradients.
-- ``old_logp_BT`` [B, T]: log-probs under the policy that sampled the responses (the policy before
-  this step's first optimizer step); detached. On-policy updates pass ``logp_BT.detach()``.
-- ``advantages_BT`` [B, T]: per-token advantages; detached, zero outside the response.
-- ``mask_BT`` [B, T] (float or bool): 1 on the response tokens that count.
-- ``agg``: an :class:`~grpo_dist.core.losses.AggSpec` whose counts are those of the WHOLE
-  mini-batch (all micro-batches on all ranks). Reduce the per-token loss with
-  :func:`~grpo_dist.core.losses.agg_loss` and this spec, so that the pieces of all micro-batches and
-  ranks add up to the loss of the whole mini-batch (the update then does not depend on the
-  micro-batch size or the number of ranks).
-- ``params``: a :class:`PolicyLossParams`, the numbers the losses use (clip ranges, ...).
+- ``inputs.logp_BT`` [B, T] float32: log-probs of the response tokens under the policy being
+  trained (at the rollout temperature); the only input that carries gradients.
+- ``inputs.old_logp_BT`` [B, T]: log-probs under the policy that sampled the responses (the policy
+  before this step's first optimizer step); detached. On-policy updates pass ``logp_BT.detach()``.
+- ``inputs.advantages_BT`` [B, T]: per-token advantages; detached, zero outside the response.
+- ``inputs.mask_BT`` [B, T] (float or bool): 1 on the response tokens that count.
+- ``inputs.rollout_is_weights_BT`` [B, T] or None: per-token rollout importance weights (detached,
+  in ``logp_BT``'s dtype, 0 outside the response; :mod:`grpo_dist.core.rollout_correction`). The
+  actor fills them in when the batch carries ``rollout_is_weights``
+  (``algorithm.rollout_correction.rollout_is``) AND the mode was registered with
+  ``register_policy_loss(name, rollout_is_weights=True)`` (:attr:`PolicyLossSpec.accepts_rollout_is_weights`;
+  configuration refuses importance weights with a mode that was not). A mode that takes them
+  multiplies its per-token loss by them before aggregating; for any other mode they are None.
 
-Optional keyword inputs (passed only when there is something to pass, so a mode that does not
-declare them keeps working):
+``agg`` is an :class:`~grpo_dist.core.losses.AggSpec` whose counts are those of the WHOLE mini-batch
+(all micro-batches on all ranks). Reduce the per-token loss with
+:func:`~grpo_dist.core.losses.agg_loss` and this spec, so that the pieces of all micro-batches and
+ranks add up to the loss of the whole mini-batch (the update then does not depend on the micro-batch
+size or the number of ranks).
 
-- ``rollout_is_weights_BT`` [B, T]: per-token rollout importance weights (detached, 0 outside the
-  response; :mod:`grpo_dist.core.rollout_correction`). The actor passes them when the batch carries
-  ``rollout_is_weights`` (``algorithm.rollout_correction.rollout_is``); a mode that uses them
-  multiplies its per-token loss by them before aggregating. A mode that takes them declares the
-  keyword and says so when it registers (``register_policy_loss(name, rollout_is_weights=True)``,
-  :attr:`PolicyLossSpec.accepts_rollout_is_weights`); configuration refuses importance weights with
-  a mode that does not.
+``params`` is a :class:`PolicyLossParams`, the numbers the losses use (clip ranges, ...); a mode
+reads the fields it needs.
 
-It returns ``(loss, metrics)``: ``loss`` a 0-dim tensor (this micro-batch's piece of the mini-batch
-loss, to be summed over micro-batches and ranks), ``metrics`` a ``dict[str, 0-dim tensor]``.
+The call returns ``(loss, metrics)``: ``loss`` a 0-dim tensor (this micro-batch's piece of the
+mini-batch loss, to be summed over micro-batches and ranks), ``metrics`` a ``dict[str, 0-dim tensor]``.
 
 The metrics contract
 --------------------
@@ -47,11 +49,32 @@ count, averages over the step's mini-batches, and reports it as ``actor/<name>``
 loss returns are reported: a new mode's own diagnostics need no change in the caller. A mode must
 return the same metric names on every call, and none of the names the actor reports itself
 (:data:`RESERVED_METRIC_NAMES`).
+
+A new loss with a parameter
+---------------------------
+Add the field to :class:`PolicyLossParams` with its metadata (``_param(default, help)``: a
+default, a one-line help text, and the config key's place, ``"policy_loss"`` by default), and
+register the function; nothing else. From that one declaration the parameter becomes the key
+``actor_rollout_ref.actor.policy_loss.<name>`` (default and help in the schema, conf/ and
+docs/configuration.md, all generated), reaches the actor's settings
+(``ActorSettings.policy_loss``) and is accepted by the Python API
+(``GRPO(policy_loss_params={"<name>": ...})``). Range checks go in
+:meth:`PolicyLossParams.__post_init__`, which every one of those paths runs::
+
+    @dataclass(frozen=True)
+    class PolicyLossParams:
+        ...
+        my_beta: float = _param(0.5, "my_loss: weight of the extra term")
+
+    @register_policy_loss("my_loss")
+    def my_loss(inputs, *, agg, params):
+        per_token_BT = -inputs.advantages_BT * inputs.logp_BT + params.my_beta * inputs.logp_BT ** 2
+        return agg_loss(per_token_BT, inputs.mask_BT, agg), {}
 """
 
 
-from dataclasses import dataclass, replace
-from typing import Callable, Protocol
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -64,8 +87,12 @@ from grpo_dist.core.rollout_correction import (
 )
 
 __all__ = [
+    "PolicyLossInputs",
     "PolicyLossParams",
+    "POLICY_LOSS_KEY",
+    "policy_loss_keys",
     "PolicyLossFn",
+    "PolicyLossOutput",
     "PolicyLossSpec",
     "RESERVED_METRIC_NAMES",
     "register_policy_loss",
@@ -87,34 +114,77 @@ RESERVED_METRIC_NAMES: frozenset[str] = frozenset(
 """Metric names the actor reports itself (``actor/<name>``); a policy loss may not return them."""
 
 
+@dataclass(frozen=True, eq=False)
+class PolicyLossInputs:
+    """The tensors a policy loss is called on (module docstring): ``B`` rows of one micro-batch, ``T``
+    the padded response length. Building it checks the shapes (``ValueError`` naming the input) and
+    detaches ``old_logp_BT``, ``advantages_BT`` and ``rollout_is_weights_BT`` (the weights also cast
+    to ``logp_BT``'s dtype), once for every mode."""
+
+    logp_BT: torch.Tensor
+    """[B, T] log-probs under the policy being trained; the only input with gradients."""
+    old_logp_BT: torch.Tensor
+    """[B, T] log-probs under the policy that sampled (detached here)."""
+    advantages_BT: torch.Tensor
+    """[B, T] per-token advantages (detached here)."""
+    mask_BT: torch.Tensor
+    """[B, T] 1 on the response tokens that count (float or bool)."""
+    rollout_is_weights_BT: torch.Tensor | None = None
+    """[B, T] rollout importance weights (detached here), only for modes registered to take them."""
+
+    def __post_init__(self) -> None:
+        logp_BT = self.logp_BT
+        if logp_BT.dim() != 2:
+            raise ValueError(f"logp_BT must be 2-D [B, T], got shape {tuple(logp_BT.shape)}")
+        for f in fields(self)[1:]:
+            t = getattr(self, f.name)
+            if t is not None and t.shape != logp_BT.shape:
+                raise ValueError(f"{f.name} shape {tuple(t.shape)} must equal logp_BT shape {tuple(logp_BT.shape)}")
+        object.__setattr__(self, "old_logp_BT", self.old_logp_BT.detach())
+        object.__setattr__(self, "advantages_BT", self.advantages_BT.detach())
+        if self.rollout_is_weights_BT is not None:
+            object.__setattr__(self, "rollout_is_weights_BT", self.rollout_is_weights_BT.detach().to(logp_BT.dtype))
+
+    def unpack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)``, the fields in order."""
+        return self.logp_BT, self.old_logp_BT, self.advantages_BT, self.mask_BT, self.rollout_is_weights_BT
+
+
+POLICY_LOSS_KEY = "policy_loss"
+"""``metadata["key"]`` of a :class:`PolicyLossParams` field whose config key is
+``actor_rollout_ref.actor.policy_loss.<field name>``: the schema's ``PolicyLossConfig`` is generated
+from these fields (:func:`policy_loss_keys`), and the trainer reads them by name."""
+
+
+def _param(default: Any, help: str, key: str = POLICY_LOSS_KEY) -> Any:  # noqa: A002
+    """A :class:`PolicyLossParams` field: its default, its one-line help (the config key's
+    documentation) and where its config key lives (``metadata["key"]``): :data:`POLICY_LOSS_KEY`, or
+    another section whose code maps it (``"actor"``: ``actor_rollout_ref.actor.<name>``)."""
+    return field(default=default, metadata={"help": help, "key": key})
+
+
 @dataclass(frozen=True)
 class PolicyLossParams:
-    """The numbers policy losses use (``actor_rollout_ref.actor.*``). A mode reads the fields it needs.
+    """The numbers policy losses use; a mode reads the fields it needs. The one declaration of each
+    loss parameter: its default, its help text and its config key are the field's (``_param``).
 
-    Attributes:
-        clip_ratio_low: lower clip range: the ratio is clipped below at ``1 - clip_ratio_low``.
-        clip_ratio_high: upper clip range ("clip-higher"): clipped above at ``1 + clip_ratio_high``.
-        clip_ratio_c: dual-clip constant (> 1) bounding the loss of negative-advantage tokens.
-        clip_cov_ratio: ``clip_cov``: the fraction of response tokens whose gradient may be cut.
-        clip_cov_lb, clip_cov_ub: ``clip_cov``: the covariance band of the tokens that may be cut.
-        kl_cov_ratio: ``kl_cov``: the fraction of response tokens (largest covariance) that get the
-            KL penalty.
-        ppo_kl_coef: ``kl_cov``: the coefficient of that penalty.
-        rollout_correction: the rollout-correction settings (``bypass_mode`` reads them); None when
-            none are configured.
-
-    Defaults are verl's (``actor_rollout_ref.actor.policy_loss.*``).
+    Fields with the key :data:`POLICY_LOSS_KEY` are ``actor_rollout_ref.actor.policy_loss.<name>``
+    (verl's defaults), generated into the configuration from here. The clip ratios are verl's
+    ``actor_rollout_ref.actor.clip_ratio_*`` (declared in the schema with the ``clip_ratio``
+    fallback); ``rollout_correction`` is built from ``algorithm.rollout_correction.*``.
     """
 
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
-    rollout_correction: RolloutCorrectionParams | None = None
+    clip_ratio_low: float = _param(0.2, "lower clip range: the ratio is clipped below at 1 - clip_ratio_low", "actor")
+    clip_ratio_high: float = _param(0.2, "upper clip range (clip-higher): clipped above at 1 + clip_ratio_high", "actor")
+    clip_ratio_c: float = _param(3.0, "dual-clip constant (> 1) bounding the loss of negative-advantage tokens", "actor")
+    clip_cov_ratio: float = _param(0.0002, "clip_cov: fraction of response tokens whose gradient may be cut")
+    clip_cov_lb: float = _param(1.0, "clip_cov: lower bound of the covariance of the tokens that may be cut")
+    clip_cov_ub: float = _param(5.0, "clip_cov: upper bound of the covariance of the tokens that may be cut")
+    kl_cov_ratio: float = _param(0.0002, "kl_cov: fraction of response tokens (largest covariance) that get the KL penalty")
+    ppo_kl_coef: float = _param(0.1, "kl_cov: coefficient of that KL penalty")
+    rollout_correction: RolloutCorrectionParams | None = _param(
+        None, "the rollout-correction settings bypass_mode reads; None when none are configured",
+        "algorithm.rollout_correction")
 
     def __post_init__(self) -> None:
         if not 0.0 < self.clip_cov_ratio <= 1.0:
@@ -132,20 +202,29 @@ class PolicyLossParams:
         if not self.clip_ratio_c > 1.0:
             raise ValueError(f"clip_ratio_c (dual-clip lower bound) must be > 1, got {self.clip_ratio_c}")
 
+    @classmethod
+    def from_section(cls, section: Any, **others: Any) -> "PolicyLossParams":
+        """The params with every :func:`policy_loss_keys` field read by name from ``section`` (the
+        configuration's ``actor_rollout_ref.actor.policy_loss``, or any object with those
+        attributes) and the other fields from ``others`` (absent: their defaults)."""
+        return cls(**{f.name: getattr(section, f.name) for f in policy_loss_keys()}, **others)
+
+
+def policy_loss_keys() -> tuple[Field, ...]:
+    """The fields of :class:`PolicyLossParams` that are ``actor_rollout_ref.actor.policy_loss.<name>``
+    keys (``metadata["key"] == POLICY_LOSS_KEY``), in declaration order, each with its default and
+    ``metadata["help"]``."""
+    return tuple(f for f in fields(PolicyLossParams) if f.metadata.get("key") == POLICY_LOSS_KEY)
+
+
+PolicyLossOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]
+"""What a policy loss returns: ``(0-dim loss, {metric name: 0-dim tensor})`` (the module docstring)."""
+
 
 class PolicyLossFn(Protocol):
     """The one call every policy-loss mode implements (see the module docstring)."""
 
-    def __call__(
-        self,
-        logp_BT: torch.Tensor,
-        old_logp_BT: torch.Tensor,
-        advantages_BT: torch.Tensor,
-        mask_BT: torch.Tensor,
-        *,
-        agg: AggSpec,
-        params: PolicyLossParams,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+    def __call__(self, inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput: ...
 
 
 @dataclass(frozen=True)
@@ -155,7 +234,8 @@ class PolicyLossSpec:
     Attributes:
         name: the registry name (``actor_rollout_ref.actor.policy_loss.loss_mode``).
         fn: the loss, called as described in the module docstring.
-        accepts_rollout_is_weights: ``fn`` takes the optional ``rollout_is_weights_BT`` keyword.
+        accepts_rollout_is_weights: ``fn`` uses ``inputs.rollout_is_weights_BT``; the caller fills it
+            in only for such a mode.
     """
 
     name: str
@@ -168,7 +248,8 @@ _REGISTRY: dict[str, PolicyLossSpec] = {}
 
 def register_policy_loss(name: str, *, rollout_is_weights: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator: register ``fn`` as the policy-loss mode called ``name``; ``rollout_is_weights``:
-    ``fn`` takes the optional ``rollout_is_weights_BT`` keyword (see the module docstring).
+    ``fn`` uses the rollout importance weights ``inputs.rollout_is_weights_BT`` (see the module
+    docstring).
 
     Registering the same function again under its name is a no-op (a module imported twice);
     registering a different function under a name already taken raises ``ValueError``.
@@ -213,16 +294,7 @@ def list_policy_losses() -> list[str]:
 
 
 @register_policy_loss("vanilla", rollout_is_weights=True)
-def vanilla_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-    rollout_is_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def vanilla_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """verl's ``vanilla``: the PPO clipped surrogate with clip-higher and dual clip.
 
     Exactly :func:`~grpo_dist.core.losses.ppo_clip_policy_loss` (formula there) with the clip ranges
@@ -231,36 +303,21 @@ def vanilla_policy_loss(
     Shapes: [B, T] each -> (0-dim loss, dict of 0-dim tensors).
     """
     return ppo_clip_policy_loss(
-        logp_BT,
-        old_logp_BT,
-        advantages_BT,
-        mask_BT,
+        inputs.logp_BT,
+        inputs.old_logp_BT,
+        inputs.advantages_BT,
+        inputs.mask_BT,
         clip_ratio_low=params.clip_ratio_low,
         clip_ratio_high=params.clip_ratio_high,
         clip_ratio_c=params.clip_ratio_c,
         agg=agg,
-        rollout_is_weights_BT=rollout_is_weights_BT,
+        rollout_is_weights_BT=inputs.rollout_is_weights_BT,
     )
 
 
 # --------------------------------------------------------------------------------------------------
 # helpers of the modes below
 # --------------------------------------------------------------------------------------------------
-
-
-def _check_inputs(logp_BT: torch.Tensor, *others: tuple[str, torch.Tensor | None]) -> None:
-    if logp_BT.dim() != 2:
-        raise ValueError(f"logp_BT must be 2-D [B, T], got shape {tuple(logp_BT.shape)}")
-    for name, t in others:
-        if t is not None and t.shape != logp_BT.shape:
-            raise ValueError(f"{name} shape {tuple(t.shape)} must equal logp_BT shape {tuple(logp_BT.shape)}")
-
-
-def _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT=None):
-    _check_inputs(logp_BT, ("old_logp_BT", old_logp_BT), ("advantages_BT", advantages_BT), ("mask_BT", mask_BT),
-                  ("rollout_is_weights_BT", rollout_is_weights_BT))
-    w_BT = None if rollout_is_weights_BT is None else rollout_is_weights_BT.detach().to(logp_BT.dtype)
-    return old_logp_BT.detach(), advantages_BT.detach(), w_BT
 
 
 def _weighted(loss_BT: torch.Tensor, w_BT: torch.Tensor | None) -> torch.Tensor:
@@ -284,16 +341,7 @@ def _masked_covariance(advantages_BT: torch.Tensor, logp_BT: torch.Tensor, mask_
 
 
 @register_policy_loss("gspo", rollout_is_weights=True)
-def gspo_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-    rollout_is_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def gspo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071): one
     importance ratio per sequence, the length-normalised sequence likelihood ratio::
 
@@ -311,7 +359,7 @@ def gspo_policy_loss(
     Metrics: ``pg_clipfrac`` (tokens with pg2 > pg1), ``pg_clipfrac_lower`` (always 0),
     ``ppo_kl`` (mean of -d). Shapes: [B, T] each -> (0-dim loss, dict).
     """
-    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
     m_BT = mask_BT.to(logp_BT.dtype)
     d_BT = logp_BT - old_logp_BT
     len_B = m_BT.sum(-1).clamp_min(1.0)
@@ -332,16 +380,7 @@ def gspo_policy_loss(
 
 
 @register_policy_loss("gpg", rollout_is_weights=True)
-def gpg_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-    rollout_is_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def gpg_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no
     ratio, no clipping, no old policy::
 
@@ -350,21 +389,12 @@ def gpg_policy_loss(
     Pair it with ``algorithm.adv_estimator=gpg``. Invariant under any aggregation mode.
     Metrics: none (as verl). Shapes: [B, T] each -> (0-dim loss, {}).
     """
-    _, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    logp_BT, _, advantages_BT, mask_BT, w_BT = inputs.unpack()
     return agg_loss(_weighted(-advantages_BT * logp_BT, w_BT), mask_BT, agg), {}
 
 
 @register_policy_loss("cispo", rollout_is_weights=True)
-def cispo_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-    rollout_is_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def cispo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585): clip the
     importance weight, not the update; every token keeps a gradient::
 
@@ -376,7 +406,7 @@ def cispo_policy_loss(
     aggregation mode. Metrics: ``pg_clipfrac`` (tokens whose weight was clipped),
     ``pg_clipfrac_lower`` (always 0), ``ppo_kl`` (mean of -d). Shapes: [B, T] each -> (loss, dict).
     """
-    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
     d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
     r_BT = torch.exp(d_BT)
     c_BT = torch.clamp(r_BT, 1.0 - params.clip_ratio_low, 1.0 + params.clip_ratio_high).detach()
@@ -391,16 +421,7 @@ def cispo_policy_loss(
 
 
 @register_policy_loss("clip_cov", rollout_is_weights=True)
-def clip_cov_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-    rollout_is_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clip_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
     arXiv:2505.22617): the PPO clip, plus the gradient of a few high-covariance tokens cut::
 
@@ -419,7 +440,7 @@ def clip_cov_policy_loss(
     and the draw are over the rows of the call. (verl does not clamp d; for |d| <= 20 the same.)
     Metrics: ``pg_clipfrac`` (tokens cut), ``ppo_kl`` (mean of -d). Shapes: [B, T] -> (loss, dict).
     """
-    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
     d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
     r_BT = torch.exp(d_BT)
     pg1_BT = -advantages_BT * r_BT
@@ -445,16 +466,7 @@ def clip_cov_policy_loss(
 
 
 @register_policy_loss("kl_cov", rollout_is_weights=True)
-def kl_cov_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-    rollout_is_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def kl_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clipping; a KL penalty on the few tokens with
     the largest covariance between advantage and log-prob::
 
@@ -468,7 +480,7 @@ def kl_cov_policy_loss(
     (verl does not clamp d; for |d| <= 20 the same.) Metrics: ``ppo_kl``, here the mean of |d| as
     in verl. Shapes: [B, T] each -> (0-dim loss, dict).
     """
-    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
     d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
     per_token_BT = -advantages_BT * torch.exp(d_BT)
     with torch.no_grad():
@@ -488,16 +500,7 @@ def kl_cov_policy_loss(
 
 
 @register_policy_loss("geo_mean", rollout_is_weights=True)
-def geo_mean_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-    rollout_is_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def geo_mean_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673): the geometric
     mean of the token ratios, clipped per token in log space::
 
@@ -515,7 +518,7 @@ def geo_mean_policy_loss(
     d != dc and A > 0), ``pg_clipfrac_lower`` (d != dc and A < 0), ``ppo_kl`` (mean of -d).
     Shapes: [B, T] each -> (0-dim loss, dict).
     """
-    old_logp_BT, advantages_BT, w_BT = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT, rollout_is_weights_BT)
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
     m_BT = mask_BT.to(logp_BT.dtype)
     zero_BT = torch.zeros_like(logp_BT)
     d_BT = logp_BT - old_logp_BT
@@ -544,15 +547,7 @@ def geo_mean_policy_loss(
 
 
 @register_policy_loss("bypass_mode")
-def bypass_mode_policy_loss(
-    logp_BT: torch.Tensor,
-    old_logp_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    agg: AggSpec,
-    params: PolicyLossParams,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def bypass_mode_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """Rollout correction in bypass mode (verl's ``bypass_mode``; set by
     ``algorithm.rollout_correction.bypass_mode=true``, not chosen directly).
 
@@ -587,7 +582,7 @@ def bypass_mode_policy_loss(
     if rc is None or not rc.bypass:
         raise ValueError("the 'bypass_mode' policy loss needs rollout-correction settings with bypass on "
                          "(algorithm.rollout_correction.bypass_mode=true sets it up)")
-    rollout_logp_BT, advantages_BT, _ = _inputs(logp_BT, old_logp_BT, advantages_BT, mask_BT)
+    logp_BT, rollout_logp_BT, advantages_BT, mask_BT, _ = inputs.unpack()
     log_ratio_BT = logp_BT.detach() - rollout_logp_BT
     corr: dict[str, torch.Tensor] = {}
     w_BT = None

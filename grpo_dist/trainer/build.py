@@ -22,6 +22,7 @@ from grpo_dist.config.validate import (  # noqa: F401
     reward_model_spec,
     rollout_correction_params,
 )
+from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer.dynamic_sampling import DynamicSampling, SingleBatch
@@ -143,15 +144,9 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         ppo_epochs=a.ppo_epochs,
         epochs_in_rows=a.shuffle,
         loss_mode="bypass_mode" if rc.bypass else pl.loss_mode,
-        clip_ratio_low=clip_low,
-        clip_ratio_high=clip_high,
-        clip_ratio_c=a.clip_ratio_c,
-        clip_cov_ratio=pl.clip_cov_ratio,
-        clip_cov_lb=pl.clip_cov_lb,
-        clip_cov_ub=pl.clip_cov_ub,
-        kl_cov_ratio=pl.kl_cov_ratio,
-        ppo_kl_coef=pl.ppo_kl_coef,
-        rollout_correction=rc if rc.bypass else None,
+        policy_loss=PolicyLossParams.from_section(  # every actor.policy_loss.<name> field, by name
+            pl, clip_ratio_low=clip_low, clip_ratio_high=clip_high, clip_ratio_c=a.clip_ratio_c,
+            rollout_correction=rc if rc.bypass else None),
         loss_agg_mode=a.loss_agg_mode,
         norm_constant=float(cfg.actor_rollout_ref.rollout.response_length if scale is None else scale),
         entropy_coeff=a.entropy_coeff,

@@ -198,7 +198,7 @@ class FSDPActor:
                            rollout_is_weights="rollout_is_weights" in data)
         if "rollout_is_weights" in data and not self.policy_loss.accepts_rollout_is_weights:
             raise ValueError(f"the batch has rollout importance weights but policy loss {self.policy_loss.name!r} does not "
-                             "take them (register it with rollout_is_weights=True and a rollout_is_weights_BT keyword)")
+                             "take them (register it with rollout_is_weights=True)")
         if "old_log_probs" not in data:
             # On-policy (one mini-batch, one epoch): every micro-batch runs before the only optimizer
             # step, so the policy that sampled is the current one and the ratio is exactly 1; the

@@ -29,7 +29,13 @@ from torch import nn
 
 from grpo_dist.core.kl import canonical_kl_kind, kl_penalty
 from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, AggSpec, agg_loss
-from grpo_dist.core.policy_loss import RESERVED_METRIC_NAMES, PolicyLossParams, PolicyLossSpec, get_policy_loss
+from grpo_dist.core.policy_loss import (
+    RESERVED_METRIC_NAMES,
+    PolicyLossInputs,
+    PolicyLossParams,
+    PolicyLossSpec,
+    get_policy_loss,
+)
 from grpo_dist.training.policy import forward_logprobs
 from grpo_dist.training.settings import ActorSettings
 
@@ -94,7 +100,7 @@ class PolicyObjective:
         policy term, as in verl)."""
         return cls(
             policy_loss=get_policy_loss(s.loss_mode),
-            params=s.policy_loss_params(),
+            params=s.policy_loss,
             loss_agg_mode=s.loss_agg_mode,
             norm_constant=s.norm_constant,
             entropy_coeff=s.entropy_coeff,
@@ -147,13 +153,17 @@ def micro_batch_loss(
 
     ``mb`` (on the model's device): input_ids, attention_mask, position_ids [B, P+R]; response_mask,
     advantages [B, R]; old_log_probs [B, R] (absent: on-policy, ``logp.detach()`` stands in);
-    rollout_is_weights [B, R] when the step has rollout importance weights;
+    rollout_is_weights [B, R] when the step has rollout importance weights (only for a policy loss that
+    takes them: :attr:`~grpo_dist.core.policy_loss.PolicyLossSpec.accepts_rollout_is_weights`);
     ref_log_prob [B, R] when ``objective.use_kl_loss``. ``model`` is called the way
     :func:`~grpo_dist.training.policy.forward_logprobs` calls a Hugging Face causal LM. ``agg`` holds the
     counts of the whole mini-batch. The caller back-propagates ``loss`` (scaled as its gradient
     reduction needs) and feeds the result to a :class:`TermSums`.
     """
     o = objective
+    if "rollout_is_weights" in mb and not o.policy_loss.accepts_rollout_is_weights:
+        raise ValueError(f"the micro-batch has rollout importance weights but policy loss {o.policy_loss.name!r} does "
+                         "not take them (register it with rollout_is_weights=True)")
     mask = mb["response_mask"]
     logp, entropy = forward_logprobs(
         model,
@@ -168,17 +178,15 @@ def micro_batch_loss(
         fused=o.fused,
         logits_chunk_size=o.logprob_chunk_size,
     )
-    # optional inputs are passed only when present (a mode need not declare them)
-    extra = {"rollout_is_weights_BT": mb["rollout_is_weights"].float()} if "rollout_is_weights" in mb else {}
-    pg_loss, pg_metrics = o.policy_loss.fn(
+    weights = mb["rollout_is_weights"].float() if "rollout_is_weights" in mb else None
+    inputs = PolicyLossInputs(
         logp,
         mb["old_log_probs"].float() if "old_log_probs" in mb else logp.detach(),
         mb["advantages"].float(),
         mask,
-        agg=agg,
-        params=o.params,
-        **extra,
+        rollout_is_weights_BT=weights,
     )
+    pg_loss, pg_metrics = o.policy_loss.fn(inputs, agg=agg, params=o.params)
     assert entropy is not None
     entropy_agg = agg_loss(entropy, mask, agg)
     loss = pg_loss - o.entropy_coeff * entropy_agg if o.entropy_coeff != 0 else pg_loss

@@ -7,12 +7,11 @@ transformers nor :mod:`grpo_dist.training.actor`, so the driver process can buil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from grpo_dist.core.kl import canonical_kl_kind
 from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
-from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
@@ -116,17 +115,9 @@ class ActorSettings:
     loss_mode: str = "vanilla"
     """Policy-loss mode, a name registered in :mod:`grpo_dist.core.policy_loss`
     (``actor_rollout_ref.actor.policy_loss.loss_mode``)."""
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
-    """``clip_cov`` / ``kl_cov`` numbers (``actor.policy_loss.*``; see :class:`PolicyLossParams`)."""
-    rollout_correction: RolloutCorrectionParams | None = None
-    """Rollout-correction settings the ``bypass_mode`` loss reads; None: none configured."""
+    policy_loss: PolicyLossParams = field(default_factory=PolicyLossParams)
+    """The numbers the policy loss is given (``params=``): clip ranges, the ``actor.policy_loss.*``
+    keys, the rollout-correction settings of ``bypass_mode`` (:class:`PolicyLossParams`)."""
     loss_agg_mode: str = "token-mean"
     norm_constant: float | None = None
     """Divisor of ``seq-mean-token-sum-norm`` (Dr. GRPO): the max response length; None: padded width."""
@@ -228,9 +219,8 @@ class ActorSettings:
         kind = canonical_kl_kind(self.kl_loss_type)
         if kind == "full":
             raise ValueError("kl_loss_type='full' needs the reference logits; use low_var_kl (k3), kl, abs or mse")
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
-        self.policy_loss_params()  # the clip ranges' own checks
+        if not isinstance(self.policy_loss, PolicyLossParams):
+            raise ValueError(f"ActorSettings.policy_loss must be a PolicyLossParams, got {type(self.policy_loss).__name__}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         check_schedule(self.lr_scheduler_type, total_steps=self.total_training_steps, min_lr_ratio=self.min_lr_ratio)
@@ -245,20 +235,6 @@ class ActorSettings:
             if "model" not in parts or not set(parts) <= {"model", "optimizer", "extra"}:
                 raise ValueError(f"ActorSettings.{name} must hold model and any of optimizer, extra; got {parts!r}")
             setattr(self, name, parts)
-
-    def policy_loss_params(self) -> PolicyLossParams:
-        """The numbers handed to the policy-loss function (``params=``)."""
-        return PolicyLossParams(
-            clip_ratio_low=self.clip_ratio_low,
-            clip_ratio_high=self.clip_ratio_high,
-            clip_ratio_c=self.clip_ratio_c,
-            clip_cov_ratio=self.clip_cov_ratio,
-            clip_cov_lb=self.clip_cov_lb,
-            clip_cov_ub=self.clip_cov_ub,
-            kl_cov_ratio=self.kl_cov_ratio,
-            ppo_kl_coef=self.ppo_kl_coef,
-            rollout_correction=self.rollout_correction,
-        )
 
 
 @dataclass

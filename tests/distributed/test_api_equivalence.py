@@ -42,6 +42,7 @@ def actor_settings(api: dict):
     """The ActorSettings that express the same update as ``GRPO(**COMMON, **api)`` (what is not given
     is read from GRPO's own defaults)."""
     from grpo_dist import GRPO
+    from grpo_dist.core.policy_loss import PolicyLossParams
     from grpo_dist.training.settings import ActorSettings
 
     defaults = {n: p.default for n, p in inspect.signature(GRPO).parameters.items() if p.default is not p.empty}
@@ -58,9 +59,9 @@ def actor_settings(api: dict):
         kl_loss_coef=kw["kl_coef"],
         kl_loss_type=kw["kl_loss_type"],
         kl_loss_agg_mode=kw["kl_loss_agg_mode"],
-        clip_ratio_low=kw["clip_ratio_low"],
-        clip_ratio_high=kw["clip_ratio_high"],
-        clip_ratio_c=kw["clip_ratio_c"],
+        policy_loss=PolicyLossParams(
+            clip_ratio_low=kw["clip_ratio_low"], clip_ratio_high=kw["clip_ratio_high"], clip_ratio_c=kw["clip_ratio_c"]
+        ),
         ppo_epochs=kw["ppo_epochs"],
         ppo_mini_batch_size_per_gpu=None if kw["mini_batch_size"] is None else kw["mini_batch_size"] * G,
         ppo_micro_batch_size_per_gpu=kw["micro_batch_size"],

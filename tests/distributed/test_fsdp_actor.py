@@ -40,14 +40,15 @@ def loss_mode_settings(case: str) -> dict:
     """ActorSettings fields of a loss-mode case ('<mode>' or 'bypass_mode/<loss_type>'). Bypass mode
     gets token importance weights and a per-row rejection (both invariant); its batch-normalised
     weights would not be (a mean over the call's rows) and are not used."""
+    from grpo_dist.core.policy_loss import PolicyLossParams
     from grpo_dist.core.rollout_correction import RejectionCriterion, RolloutCorrectionParams
 
     mode, _, loss_type = case.partition("/")
     if mode != "bypass_mode":
-        return dict(loss_mode=mode, clip_ratio_high=0.28)
+        return dict(loss_mode=mode, policy_loss=PolicyLossParams(clip_ratio_high=0.28))
     rc = RolloutCorrectionParams(is_level="token", is_lower=0.8, is_upper=1.25, bypass=True, loss_type=loss_type,
                                  rejection=(RejectionCriterion("seq_mean_k1", 0.95, 1.05),))
-    return dict(loss_mode=mode, rollout_correction=rc)
+    return dict(loss_mode=mode, policy_loss=PolicyLossParams(rollout_correction=rc))
 
 
 LOSS_MODE_CASES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "bypass_mode/ppo_clip", "bypass_mode/reinforce")

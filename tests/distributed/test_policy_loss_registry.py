@@ -26,9 +26,10 @@ TOY = "toy_reinforce"
 
 
 @register_policy_loss(TOY)
-def toy_reinforce_loss(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, agg, params):
+def toy_reinforce_loss(inputs, *, agg, params):
     """REINFORCE without a ratio or clipping: per-token ``-A * logp``. Metric: the mean log-prob."""
-    loss = agg_loss(-advantages_BT.detach() * logp_BT, mask_BT, agg)
+    logp_BT, mask_BT = inputs.logp_BT, inputs.mask_BT
+    loss = agg_loss(-inputs.advantages_BT.detach() * logp_BT, mask_BT, agg)
     return loss, {"toy_logp_mean": masked_mean(logp_BT.detach(), mask_BT)}
 
 

@@ -262,9 +262,10 @@ def test_a_loss_mode_registered_outside_the_package_is_used_and_reported(monkeyp
 
     calls = []
 
-    def toy(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, agg, params):
+    def toy(inputs, *, agg, params):
         calls.append(agg.mode)
-        return agg_loss(-advantages_BT * logp_BT, mask_BT, agg), {"toy_logp": masked_mean(logp_BT.detach(), mask_BT)}
+        logp_BT, mask_BT = inputs.logp_BT, inputs.mask_BT
+        return agg_loss(-inputs.advantages_BT * logp_BT, mask_BT, agg), {"toy_logp": masked_mean(logp_BT.detach(), mask_BT)}
 
     monkeypatch.setitem(_REGISTRY, "api_test_toy", PolicyLossSpec(name="api_test_toy", fn=toy))
     trainer = GRPO(TinyLM(hidden=16), reward_fn=target_fraction, loss_mode="api_test_toy", progress=False)

@@ -16,7 +16,7 @@ import torch
 
 from grpo_dist.core.kl import kl_penalty
 from grpo_dist.core.losses import AggSpec
-from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss
+from grpo_dist.core.policy_loss import PolicyLossInputs, PolicyLossParams, get_policy_loss
 from grpo_dist.core.rollout_correction import RejectionCriterion, RolloutCorrectionParams
 
 F64 = torch.float64
@@ -26,11 +26,11 @@ def t(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=F64)
 
 
-def call(mode, logp, old, adv, mask, *, agg=None, params=None, **kw):
+def call(mode, logp, old, adv, mask, *, agg=None, params=None, rollout_is_weights_BT=None):
     """The mode's loss, its gradient with respect to logp, and its metrics as floats."""
     logp = logp.detach().clone().requires_grad_(True)
-    loss, metrics = get_policy_loss(mode).fn(logp, old, adv, mask, agg=agg or AggSpec("token-mean"),
-                                             params=params or PolicyLossParams(), **kw)
+    inputs = PolicyLossInputs(logp, old, adv, mask, rollout_is_weights_BT=rollout_is_weights_BT)
+    loss, metrics = get_policy_loss(mode).fn(inputs, agg=agg or AggSpec("token-mean"), params=params or PolicyLossParams())
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.item(), grad, {k: v.item() for k, v in metrics.items()}
 

@@ -11,6 +11,7 @@ import torch
 from grpo_dist.core import policy_loss
 from grpo_dist.core.losses import LOSS_AGG_MODES, AggSpec, agg_loss, ppo_clip_policy_loss
 from grpo_dist.core.policy_loss import (
+    PolicyLossInputs,
     PolicyLossParams,
     get_policy_loss,
     list_policy_losses,
@@ -27,12 +28,12 @@ def registry(monkeypatch):
     monkeypatch.setattr(policy_loss, "_REGISTRY", dict(policy_loss._REGISTRY))
 
 
-def toy_loss(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, agg, params):
-    return agg_loss(-advantages_BT * logp_BT, mask_BT, agg), {}
+def toy_loss(inputs, *, agg, params):
+    return agg_loss(-inputs.advantages_BT * inputs.logp_BT, inputs.mask_BT, agg), {}
 
 
-def other_toy_loss(logp_BT, old_logp_BT, advantages_BT, mask_BT, *, agg, params):
-    return agg_loss(advantages_BT * logp_BT, mask_BT, agg), {}
+def other_toy_loss(inputs, *, agg, params):
+    return agg_loss(inputs.advantages_BT * inputs.logp_BT, inputs.mask_BT, agg), {}
 
 
 def random_inputs(seed: int, B: int = 6, T: int = 9):
@@ -59,7 +60,7 @@ def test_vanilla_equals_ppo_clip_policy_loss(mode, seed):
     params = PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     agg = AggSpec(mode=mode, global_tokens=40.0, global_seqs=5.0, norm_constant=12.0)
 
-    loss_a, metrics_a = get_policy_loss("vanilla").fn(logp, old, adv, mask, agg=agg, params=params)
+    loss_a, metrics_a = get_policy_loss("vanilla").fn(PolicyLossInputs(logp, old, adv, mask), agg=agg, params=params)
     (grad_a,) = torch.autograd.grad(loss_a, logp)
     loss_b, metrics_b = ppo_clip_policy_loss(
         logp, old, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, agg=agg
@@ -77,9 +78,9 @@ def test_vanilla_equals_ppo_clip_policy_loss(mode, seed):
 def test_vanilla_uses_the_params_clip_ranges():
     logp, old, adv, mask = random_inputs(3)
     agg = AggSpec(mode="token-mean")
-    fn = get_policy_loss("vanilla").fn
-    narrow, m_narrow = fn(logp, old, adv, mask, agg=agg, params=PolicyLossParams(clip_ratio_low=0.01, clip_ratio_high=0.01))
-    wide, m_wide = fn(logp, old, adv, mask, agg=agg, params=PolicyLossParams(clip_ratio_low=0.9, clip_ratio_high=5.0))
+    fn, inputs = get_policy_loss("vanilla").fn, PolicyLossInputs(logp, old, adv, mask)
+    narrow, m_narrow = fn(inputs, agg=agg, params=PolicyLossParams(clip_ratio_low=0.01, clip_ratio_high=0.01))
+    wide, m_wide = fn(inputs, agg=agg, params=PolicyLossParams(clip_ratio_low=0.9, clip_ratio_high=5.0))
     assert m_narrow["pg_clipfrac"] > m_wide["pg_clipfrac"]
     assert not torch.equal(narrow, wide)
 
@@ -124,9 +125,9 @@ def test_actor_settings_validate_loss_mode_against_the_registry(registry):
         ActorSettings(loss_mode="toy")
     assert "loss_mode" in str(info.value) and "vanilla" in str(info.value)
     register_policy_loss("toy")(toy_loss)
-    s = ActorSettings(loss_mode="toy", clip_ratio_high=0.28)
+    s = ActorSettings(loss_mode="toy", policy_loss=PolicyLossParams(clip_ratio_high=0.28))
     assert s.loss_mode == "toy"
-    assert s.policy_loss_params() == PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    assert s.policy_loss == PolicyLossParams(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     assert ActorSettings().loss_mode == "vanilla"
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
+from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.core.schedules import lr_lambda, resolve_warmup_steps
 from grpo_dist.training.settings import ActorSettings
 from grpo_dist.training.policy import forward_logprobs, trim_padding_columns
@@ -147,14 +149,15 @@ def test_one_schedule_check_serves_the_actor_the_critic_and_the_lr_multiplier(ki
     ],
 )
 def test_actor_settings_reject_bad_values(kwargs):
+    loss = {k: kwargs.pop(k) for k in list(kwargs) if k in {f.name for f in dataclasses.fields(PolicyLossParams)}}
     with pytest.raises(ValueError):
-        ActorSettings(**kwargs)
+        ActorSettings(**kwargs, **({"policy_loss": PolicyLossParams(**loss)} if loss else {}))
 
 
 def test_actor_settings_accept_aliases():
     s = ActorSettings(kl_loss_type="k3", betas=[0.9, 0.95], lr_scheduler_type="cosine", total_training_steps=10)
     assert s.betas == (0.9, 0.95)
-    assert math.isclose(s.clip_ratio_low, 0.2)
+    assert math.isclose(s.policy_loss.clip_ratio_low, 0.2)
 
 
 # ---- packed forward (use_remove_padding) ----
