@@ -49,7 +49,7 @@ from grpo_dist.training.fsdp_role import FSDPRole
 from grpo_dist.training.memory import forward_token_budget
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.model_forward import forward_at, response_positions, to_response_grid
-from grpo_dist.training.policy import require_keys
+from grpo_dist.training.policy import require_keys, require_same_shape
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, CriticSettings
 
 __all__ = ["FSDPCritic", "forward_values", "VALUE_HEAD_CONFIG"]
@@ -75,11 +75,7 @@ def forward_values(
     padded, or packed with ``remove_padding``, and the head only at the response positions.
     Gradients flow under grad mode.
     """
-    if input_ids.shape != attention_mask.shape or input_ids.shape != position_ids.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
-            f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
-        )
+    require_same_shape(input_ids, attention_mask, position_ids)
     B, total = input_ids.shape
     R = response_length
     row_M, col_M = response_positions(attention_mask, R)

@@ -96,16 +96,8 @@ class FSDPRole:
     memory_note: str | None = None
     """What the auto memory choices chose and why (printed at start-up); None: nothing was auto."""
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        settings: Any,
-        *,
-        rank: int,
-        world_size: int,
-        device: str | torch.device,
-        config_overrides: Mapping[str, Any] | None,
-    ) -> None:
+    def __init__(self, model_path: str | os.PathLike, settings: Any, *, rank: int, world_size: int,
+                 device: str | torch.device, config_overrides: Mapping[str, Any] | None) -> None:
         require_process_group(type(self).__name__, rank, world_size)
         self.settings = settings
         self.model_path = str(model_path)

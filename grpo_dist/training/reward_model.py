@@ -63,7 +63,7 @@ from grpo_dist.core.reward_model import labelled_bce
 from grpo_dist.training.fsdp_role import FSDPRole
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
 from grpo_dist.training.model_builder import model_config
-from grpo_dist.training.policy import require_keys, trim_padding_columns
+from grpo_dist.training.policy import require_keys, require_same_shape, trim_padding_columns
 from grpo_dist.training.settings import FORWARD_KEYS, RM_UPDATE_KEYS, RewardModelSettings
 
 __all__ = ["FSDPRewardModel", "check_reward_head", "forward_scores", "reward_head_config", "reencode_for_reward_model",
@@ -171,11 +171,7 @@ def forward_scores(
     column any row attends to). Columns no row attends to are trimmed before the forward. Gradients
     flow under grad mode. ``response_length`` 0 is allowed (rows of a re-encoded batch: only ``last_B``).
     """
-    if input_ids.shape != attention_mask.shape or input_ids.shape != position_ids.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
-            f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
-        )
+    require_same_shape(input_ids, attention_mask, position_ids)
     R, L = response_length, input_ids.shape[1]
     if not 0 <= R < L:
         raise ValueError(f"response_length {R} must be in [0, {L})")
