@@ -74,15 +74,8 @@ class FSDPActor(FSDPRole):
 
     metric_prefix = "actor"
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        settings: ActorSettings,
-        *,
-        rank: int,
-        world_size: int,
-        device: str | torch.device,
-    ) -> None:
+    def __init__(self, model_path: str | os.PathLike, settings: ActorSettings, *, rank: int, world_size: int,
+                 device: str | torch.device) -> None:
         super().__init__(model_path, settings, rank=rank, world_size=world_size, device=device,
                          config_overrides=settings.override_config)
         self.objective = PolicyObjective.from_settings(settings)

@@ -101,15 +101,8 @@ class FSDPCritic(FSDPRole):
 
     metric_prefix = "critic"
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        settings: CriticSettings,
-        *,
-        rank: int,
-        world_size: int,
-        device: str | torch.device,
-    ) -> None:
+    def __init__(self, model_path: str | os.PathLike, settings: CriticSettings, *, rank: int, world_size: int,
+                 device: str | torch.device) -> None:
         super().__init__(model_path, settings, rank=rank, world_size=world_size, device=device,
                          config_overrides={**(settings.override_config or {}), **VALUE_HEAD_CONFIG})
         self.forward_dynamic = settings.use_dynamic_bsz

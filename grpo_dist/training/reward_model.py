@@ -260,15 +260,8 @@ class FSDPRewardModel(FSDPRole):
 
     metric_prefix = "reward_model"
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        settings: RewardModelSettings,
-        *,
-        rank: int,
-        world_size: int,
-        device: str | torch.device,
-    ) -> None:
+    def __init__(self, model_path: str | os.PathLike, settings: RewardModelSettings, *, rank: int, world_size: int,
+                 device: str | torch.device) -> None:
         super().__init__(model_path, settings, rank=rank, world_size=world_size, device=device,
                          config_overrides={**(settings.override_config or {}),
                                            **reward_head_config(model_path, trust_remote_code=settings.trust_remote_code)})
