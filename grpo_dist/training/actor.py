@@ -42,31 +42,29 @@ token count, and reported as ``actor/<name>``; all are averaged over the step's 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from grpo_dist.distributed.process_group import all_reduce_sum, comm_device, make_device_mesh
 from grpo_dist.rollout.weight_sync import Bucket, pack, plan_buckets
 from grpo_dist.training import checkpoint_io, fsdp
 from grpo_dist.training.dtypes import to_dtype
-from grpo_dist.training.memory import forward_token_budget, resolve_auto_settings
+from grpo_dist.training.fsdp_role import FSDPRole
+from grpo_dist.training.memory import forward_token_budget
 from grpo_dist.training.micro_batches import plan_micro_batches, take_rows
-from grpo_dist.training.model_builder import build_fsdp_model, model_config, require_process_group, to_torch_device
 from grpo_dist.training.objective import PolicyObjective
-from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
+from grpo_dist.training.optim import clip_grad_norm
 from grpo_dist.training.policy import batched_logprobs, require_keys
 from grpo_dist.training.settings import ActorSettings, update_keys
-from grpo_dist.training.update import policy_mini_batch_step, run_mini_batches
+from grpo_dist.training.update import policy_mini_batch_step
 
 __all__ = ["FSDPActor"]
 
 
-class FSDPActor:
-    """The policy on one data-parallel rank (FSDP2-sharded), with AdamW and its LR schedule.
+class FSDPActor(FSDPRole):
+    """The policy on one data-parallel rank (FSDP2-sharded), with AdamW and its LR schedule
+    (the scaffold: :class:`~grpo_dist.training.fsdp_role.FSDPRole`).
 
     The default process group must already be initialised
     (:func:`grpo_dist.distributed.process_group.init_process_group`) with ``world_size`` ranks.
@@ -74,79 +72,27 @@ class FSDPActor:
     :meth:`update_policy` (for gradient checkpointing), in eval mode otherwise.
     """
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        settings: ActorSettings,
-        *,
-        rank: int,
-        world_size: int,
-        device: str | torch.device,
-    ) -> None:
-        require_process_group("FSDPActor", rank, world_size)
-        self.settings = settings
+    metric_prefix = "actor"
+
+    def __init__(self, model_path: str | os.PathLike, settings: ActorSettings, *, rank: int, world_size: int,
+                 device: str | torch.device) -> None:
+        super().__init__(model_path, settings, rank=rank, world_size=world_size, device=device,
+                         config_overrides=settings.override_config)
         self.objective = PolicyObjective.from_settings(settings)
         """The loss of every micro-batch (:mod:`grpo_dist.training.objective`); the policy-loss mode is
         looked up here: it must be registered in this process."""
         self.policy_loss = self.objective.policy_loss
         self.policy_loss_params = self.objective.params
-        self.model_path = str(model_path)
-        self.rank, self.world_size = rank, world_size
-        self.device = to_torch_device(device)
-        self.mesh = make_device_mesh(world_size, self.device.type)
         # "auto" gradient checkpointing / micro-batches: decided from the model's config and this rank's memory
-        hf_config = model_config(self.model_path, settings.override_config, trust_remote_code=settings.trust_remote_code)
-        self.settings, self.memory_note = resolve_auto_settings(
-            settings, hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype))
-        settings = self.settings  # memory_note: what the auto choices chose and why (printed at start-up)
+        self.resolve_memory()
+        settings = self.settings
         self.forward_max_tokens, _ = forward_token_budget(
-            hf_config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
+            self.config, device=self.device, world_size=world_size, compute_dtype=to_dtype(settings.param_dtype),
             max_seq_len=settings.max_seq_len, fused_head=settings.use_fused_kernels,
             response_fraction=(settings.max_response_len or 1) / (settings.max_seq_len or 1))
         """Token budget of a no-grad forward given neither a micro-batch size nor a budget (null: auto)."""
-        self.model = build_fsdp_model(
-            model_path,
-            mesh=self.mesh,
-            device=self.device,
-            model_dtype=settings.model_dtype,
-            param_dtype=settings.param_dtype,
-            reduce_dtype=settings.reduce_dtype,
-            trainable=True,
-            attn_implementation=settings.attn_implementation,
-            gradient_checkpointing=settings.enable_gradient_checkpointing,
-            reshard_after_forward=settings.reshard_after_forward,
-            cpu_offload=settings.param_offload,
-            trust_remote_code=settings.trust_remote_code,
-            config_overrides=settings.override_config,
-        )
-        # the model's own config (dropout as shipped, with model.override_config) is what export_hf writes
-        self.config = model_config(self.model_path, settings.override_config, trust_remote_code=settings.trust_remote_code)
-        self.optimizer = make_adamw(self.model, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
-        self.lr_scheduler = make_lr_scheduler(
-            self.optimizer, kind=settings.lr_scheduler_type, warmup_steps=settings.lr_warmup_steps,
-            warmup_ratio=settings.lr_warmup_steps_ratio, total_steps=settings.total_training_steps,
-            min_lr_ratio=settings.min_lr_ratio, num_cycles=settings.num_cycles,
-            zero_indexed_step=settings.zero_indexed_step,
-        )
-        self.update_count = 0
-        """update_policy calls so far (= scheduler steps)."""
-        self.nonfinite_grad_norm_total = 0
-        """Optimizer steps skipped so far because the gradient norm was not finite."""
-        self.defer_grad_sync = world_size == 1
-        """Run FSDP2's gradient reduce-scatter once per mini-batch (after its last micro-batch) instead
-        of after every micro-batch; gradients accumulate unsharded in ``reduce_dtype`` meanwhile. On one
-        rank the unsharded gradient is the sharded one, so this costs no memory and removes the
-        per-micro-batch post-backward work (on a GPU that CPU-side work, not the math, bounds small
-        models). With several ranks it would hold full-size gradients on every rank: off."""
-
-    # ------------------------------------------------------------------------------------------
-    @property
-    def _offload_optimizer(self) -> bool:
-        return self.settings.optimizer_offload and not self.settings.param_offload and self.device.type != "cpu"
-
-    @property
-    def _comm_device(self) -> torch.device:
-        return comm_device(self.device)
+        self.build_model(gradient_checkpointing=settings.enable_gradient_checkpointing)
+        self.build_optimizer()
 
     # ------------------------------------------------------------------------------------------
     def compute_log_prob(
@@ -207,26 +153,11 @@ class FSDPActor:
             if not on_policy:
                 raise ValueError("update_policy needs old_log_probs unless it makes a single optimizer step "
                                  "(one mini-batch, ppo_epochs=1)")
-        n = data["responses"].shape[0]
-        rows_range = torch.tensor([n, -n], dtype=torch.long, device=self._comm_device)
-        dist.all_reduce(rows_range, op=dist.ReduceOp.MAX)
-        if int(rows_range[0]) != -int(rows_range[1]):
-            raise ValueError(
-                f"update_policy: ranks hold different row counts ({-int(rows_range[1])}..{int(rows_range[0])}); "
-                "each rank must get the same number of rows (see rank_shard_indices)"
-            )
-        mini = s.ppo_mini_batch_size_per_gpu or n
-        if n == 0 or n % mini:
-            raise ValueError(
-                f"update_policy got {n} rows on rank {self.rank}: must be a positive multiple of "
-                f"ppo_mini_batch_size_per_gpu={mini} (ppo_mini_batch_size * rollout.n / world_size)"
-            )
+        n, mini = self.check_update_rows(data, s.ppo_mini_batch_size_per_gpu, where="update_policy",
+                                         size_name="ppo_mini_batch_size_per_gpu",
+                                         size_origin=" (ppo_mini_batch_size * rollout.n / world_size)")
         cpu_data = {k: data[k] for k in keys}
-        micro_kwargs = (
-            {"max_token_len": s.ppo_max_token_len_per_gpu}
-            if s.use_dynamic_bsz
-            else {"micro_batch_size": s.ppo_micro_batch_size_per_gpu or mini}
-        )
+        micro_kwargs = s.micro_batch_cut(mini)
 
         def step(rows: torch.Tensor) -> tuple[dict[str, float], bool]:
             mb_data = take_rows(cpu_data, rows)
@@ -238,7 +169,7 @@ class FSDPActor:
                 optimizer=self.optimizer,
                 grad_clip=s.grad_clip,
                 device=self.device,
-                all_reduce_sum=lambda values: all_reduce_sum(values, self.device),
+                all_reduce_sum=self._all_reduce_sum,
                 loss_scale=float(self.world_size),  # FSDP2 averages gradients over the ranks
                 on_micro_batch=self._gradient_sync if self.defer_grad_sync else None,
                 grad_norm=clip_grad_norm,
@@ -246,36 +177,12 @@ class FSDPActor:
             )
             return result.actor_metrics(), result.finite
 
-        if self._offload_optimizer:
-            move_optimizer_state(self.optimizer, self.device)
-        # train mode (Hugging Face gradient checkpointing only runs in it); dropout was zeroed at load,
-        # so the update's log-probs are the ones compute_log_prob gives
-        self.model.train()
-        lr = self.lr_scheduler.get_last_lr()[0]
         # with epochs_in_rows the caller laid out every epoch's (shuffled) mini-batches in the rows
-        out, nonfinite = run_mini_batches(step, [torch.arange(k * mini, (k + 1) * mini) for k in range(n // mini)],
-                                          epochs=1 if s.epochs_in_rows else s.ppo_epochs,
-                                          summed=("perf/update_tokens",))  # token counts add up over the step
-        with warnings.catch_warnings():
-            # torch warns when the schedule steps although every optimizer step was skipped
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
-            self.lr_scheduler.step()
-        self.model.eval()
-        self.update_count += 1
-        self.nonfinite_grad_norm_total += nonfinite
-        if self._offload_optimizer:
-            move_optimizer_state(self.optimizer, "cpu")
-
-        out["actor/lr"] = float(lr)
-        out["actor/grad_norm_nonfinite_count"] = float(nonfinite)
+        out = self.run_update(step, n, mini, epochs=s.update_epochs,
+                              summed=("perf/update_tokens",))  # token counts add up over the step
         if s.use_kl_loss:
             out["actor/kl_coef"] = float(s.kl_loss_coef)
         return out
-
-    def _gradient_sync(self, i: int, count: int) -> None:
-        """FSDP2's gradient reduce-scatter only after the last of ``count`` micro-batches
-        (:attr:`defer_grad_sync`)."""
-        self.model.set_requires_gradient_sync(i == count - 1)
 
     # ------------------------------------------------------------------------------------------
     def state_dict_for_sync(self, dtype: str | torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -316,32 +223,11 @@ class FSDPActor:
                                    shape=t.shape, stride=t.stride())
         return t.full_tensor()
 
-    def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters, as far as
-        ``settings.save_contents`` asks (the counters always)."""
-        checkpoint_io.save_train_state(
-            directory,
-            self.model,
-            self.optimizer,
-            self.lr_scheduler,
-            extra={"update_count": self.update_count, "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total},
-            contents=self.settings.save_contents,
-        )
-
-    def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: restore the ``settings.load_contents`` parts of what :meth:`save_checkpoint` wrote
-        (the world size may differ); the others keep their fresh state."""
-        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler,
-                                               contents=self.settings.load_contents)
-        self.update_count = int(extra["update_count"])
-        self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
-        if self._offload_optimizer:
-            move_optimizer_state(self.optimizer, "cpu")
-
     def export_hf(
         self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, dtype: str | None = None
     ) -> None:
-        """Collective: rank 0 writes a Hugging Face model directory (safetensors + config + tokenizer)."""
+        """Collective: rank 0 writes a Hugging Face model directory (safetensors + config + tokenizer, and
+        the folder's generation config); ``dtype`` casts the floating weights."""
         checkpoint_io.export_hf(
             directory,
             self.model,

@@ -41,6 +41,7 @@ __all__ = [
     "trim_padding_columns",
     "batched_logprobs",
     "require_keys",
+    "require_same_shape",
     "FUSED_MODEL_TYPES",
     "supports_fused_head",
 ]
@@ -67,6 +68,15 @@ def require_keys(data: Mapping[str, torch.Tensor], keys: tuple[str, ...] | list[
     missing = [k for k in keys if k not in data]
     if missing:
         raise ValueError(f"{where}: the batch lacks {missing} (has {sorted(data.keys())})")
+
+
+def require_same_shape(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> None:
+    """``ValueError`` unless a forward's three inputs have the same ``[B, P+R]`` shape."""
+    if input_ids.shape != attention_mask.shape or input_ids.shape != position_ids.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
+            f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
+        )
 
 
 def trim_padding_columns(attention_mask: torch.Tensor, response_length: int) -> tuple[int, int]:
@@ -114,11 +124,7 @@ def forward_logprobs(
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if input_ids.shape != attention_mask.shape or input_ids.shape != position_ids.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
-            f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
-        )
+    require_same_shape(input_ids, attention_mask, position_ids)
     B, total = input_ids.shape
     R = response_length
     row_M, col_M = response_positions(attention_mask, R)

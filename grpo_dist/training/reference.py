@@ -34,6 +34,9 @@ class FSDPReference:
     :class:`~grpo_dist.training.settings.ReferenceSettings` (kept as ``self.settings``).
     """
 
+    memory_note: str | None = None
+    """Nothing of the reference is chosen from the rank's memory (the worker shell asks every role)."""
+
     def __init__(
         self,
         model_path: str | os.PathLike,

@@ -49,26 +49,21 @@ averaged over the mini-batches and epochs of the call; ``reward_model/grad_norm_
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from grpo_dist.core.reward_model import labelled_bce
-from grpo_dist.distributed.process_group import make_device_mesh
-from grpo_dist.training import checkpoint_io
+from grpo_dist.training.fsdp_role import FSDPRole
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
-from grpo_dist.training.model_builder import build_fsdp_model, model_config, require_process_group, to_torch_device
-from grpo_dist.training.optim import clip_grad_norm, make_adamw
-from grpo_dist.training.policy import require_keys, trim_padding_columns
+from grpo_dist.training.model_builder import model_config
+from grpo_dist.training.policy import require_keys, require_same_shape, trim_padding_columns
 from grpo_dist.training.settings import FORWARD_KEYS, RM_UPDATE_KEYS, RewardModelSettings
 
 __all__ = ["FSDPRewardModel", "check_reward_head", "forward_scores", "reward_head_config", "reencode_for_reward_model",
@@ -176,11 +171,7 @@ def forward_scores(
     column any row attends to). Columns no row attends to are trimmed before the forward. Gradients
     flow under grad mode. ``response_length`` 0 is allowed (rows of a re-encoded batch: only ``last_B``).
     """
-    if input_ids.shape != attention_mask.shape or input_ids.shape != position_ids.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)}, attention_mask {tuple(attention_mask.shape)} and "
-            f"position_ids {tuple(position_ids.shape)} must have the same [B, P+R] shape"
-        )
+    require_same_shape(input_ids, attention_mask, position_ids)
     R, L = response_length, input_ids.shape[1]
     if not 0 <= R < L:
         raise ValueError(f"response_length {R} must be in [0, {L})")
@@ -261,53 +252,24 @@ def reencode_for_reward_model(
     return {"input_ids": ids_BL, "attention_mask": mask_BL, "position_ids": (mask_BL.cumsum(-1) - 1).clamp(min=0)}
 
 
-class FSDPRewardModel:
+class FSDPRewardModel(FSDPRole):
     """The reward model on one data-parallel rank (FSDP2-sharded); with ``settings.trainable`` also its
-    AdamW. The default process group must already be initialised with ``world_size`` ranks. Every
-    method is collective. Dropout is zeroed at load; the model is in train mode only inside
-    :meth:`update`."""
+    AdamW (the scaffold: :class:`~grpo_dist.training.fsdp_role.FSDPRole`). The default process group
+    must already be initialised with ``world_size`` ranks. Every method is collective. Dropout is
+    zeroed at load; the model is in train mode only inside :meth:`update`."""
 
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        settings: RewardModelSettings,
-        *,
-        rank: int,
-        world_size: int,
-        device: str | torch.device,
-    ) -> None:
-        require_process_group("FSDPRewardModel", rank, world_size)
-        self.settings = settings
-        self.model_path = str(model_path)
-        self.rank, self.world_size = rank, world_size
-        self.device = to_torch_device(device)
-        self.mesh = make_device_mesh(world_size, self.device.type)
-        overrides = {**(settings.override_config or {}),
-                     **reward_head_config(model_path, trust_remote_code=settings.trust_remote_code)}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(settings.seed)
-            self.model = build_fsdp_model(
-                model_path,
-                mesh=self.mesh,
-                device=self.device,
-                model_dtype=settings.model_dtype,
-                param_dtype=settings.param_dtype,
-                reduce_dtype=settings.reduce_dtype,
-                trainable=settings.trainable,
-                attn_implementation=settings.attn_implementation,
-                model_class=AutoModelForTokenClassification,
-                config_overrides=overrides,
-                reshard_after_forward=settings.reshard_after_forward,
-                cpu_offload=settings.param_offload,
-                trust_remote_code=settings.trust_remote_code,
-                require_head=True,
-            )
-        self.config = model_config(self.model_path, overrides, trust_remote_code=settings.trust_remote_code)
-        self.config.architectures = [type(self.model).__name__.removeprefix("FSDP")]
-        self.optimizer = (make_adamw(self.model, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
-                          if settings.trainable else None)
-        self.update_count = 0
-        self.nonfinite_grad_norm_total = 0
+    metric_prefix = "reward_model"
+
+    def __init__(self, model_path: str | os.PathLike, settings: RewardModelSettings, *, rank: int, world_size: int,
+                 device: str | torch.device) -> None:
+        super().__init__(model_path, settings, rank=rank, world_size=world_size, device=device,
+                         config_overrides={**(settings.override_config or {}),
+                                           **reward_head_config(model_path, trust_remote_code=settings.trust_remote_code)})
+        self.defer_grad_sync = False  # the gradients are reduce-scattered after every micro-batch
+        self.build_model(model_class=AutoModelForTokenClassification, trainable=settings.trainable, seed=settings.seed,
+                         require_head=True)
+        if settings.trainable:
+            self.build_optimizer()
         self.input_tokenizer = self.rm_tokenizer = None
         if settings.reencode:
             from transformers import AutoTokenizer
@@ -317,15 +279,6 @@ class FSDPRewardModel:
             self.rm_tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=settings.trust_remote_code)
 
     # ------------------------------------------------------------------------------------------
-    @property
-    def _comm_device(self) -> torch.device:
-        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-
-    def _all_reduce_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.tolist()
-
     def _micro_batches(self, attention_mask: torch.Tensor, *, update: bool, mini: int = 0) -> list[list[int]]:
         s = self.settings
         if update:
@@ -382,31 +335,9 @@ class FSDPRewardModel:
         if self.optimizer is None:
             raise RuntimeError("this reward model is frozen (settings.trainable=False): it has no optimizer")
         require_keys(data, RM_UPDATE_KEYS, "update")
-        n = data["responses"].shape[0]
-        rows_range = torch.tensor([n, -n], dtype=torch.long, device=self._comm_device)
-        dist.all_reduce(rows_range, op=dist.ReduceOp.MAX)
-        if int(rows_range[0]) != -int(rows_range[1]):
-            raise ValueError(f"update: ranks hold different row counts ({-int(rows_range[1])}..{int(rows_range[0])})")
-        mini = s.mini_batch_size_per_gpu or n
-        if n == 0 or n % mini:
-            raise ValueError(f"update got {n} rows on rank {self.rank}: must be a positive multiple of mini_batch_size_per_gpu={mini}")
+        n, mini = self.check_update_rows(data, s.mini_batch_size_per_gpu, where="update", size_name="mini_batch_size_per_gpu")
         cpu_data = {k: data[k] for k in RM_UPDATE_KEYS}
-        self.model.train()
-        history: dict[str, list[float]] = {}
-        nonfinite = 0
-        for _epoch in range(s.epochs):
-            for k in range(n // mini):
-                metrics, finite = self._mini_batch_step(take_rows(cpu_data, torch.arange(k * mini, (k + 1) * mini)), mini)
-                nonfinite += 0 if finite else 1
-                for name, value in metrics.items():
-                    history.setdefault(name, []).append(value)
-        self.model.eval()
-        self.update_count += 1
-        self.nonfinite_grad_norm_total += nonfinite
-        out = {name: float(np.mean(values)) for name, values in history.items()}
-        out["reward_model/lr"] = float(s.lr)
-        out["reward_model/grad_norm_nonfinite_count"] = float(nonfinite)
-        return out
+        return self.run_update(lambda rows: self._mini_batch_step(take_rows(cpu_data, rows), mini), n, mini, epochs=s.epochs)
 
     def _mini_batch_step(self, mb_data: dict[str, torch.Tensor], mini: int) -> tuple[dict[str, float], bool]:
         """Forward/backward over the micro-batches of one mini-batch, then clip and step."""
@@ -414,42 +345,29 @@ class FSDPRewardModel:
         if num_labels == 0:  # only padding rows (the same on every rank: the count is global)
             return {}, True
         R = mb_data["responses"].shape[1]
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        correct = torch.zeros((), dtype=torch.float64, device=self.device)
-        for idx in self._micro_batches(mb_data["attention_mask"], update=True, mini=mini):
-            mb = {k: v.to(self.device, non_blocking=True) for k, v in take_rows(mb_data, idx).items()}
+
+        def piece(mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             scores_BR, _ = forward_scores(self.model, mb["input_ids"], mb["attention_mask"], mb["position_ids"], response_length=R)
             loss, agree = labelled_bce(scores_BR, mb["rm_targets"], num_labels=num_labels)
-            (loss * self.world_size).backward()
-            loss_sum += loss.detach().double()
-            correct += agree.double()
-        total_loss, total_correct = self._all_reduce_sum([float(loss_sum), float(correct)])
-        grad_norm = clip_grad_norm(self.model, self.settings.grad_clip)
-        finite = math.isfinite(grad_norm)
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"reward_model/train_loss": total_loss, "reward_model/train_accuracy": total_correct / num_labels,
+            return loss, {"loss": loss.detach().double(), "correct": agree.double()}
+
+        totals = self.backward_micro_batches(mb_data, self._micro_batches(mb_data["attention_mask"], update=True, mini=mini),
+                                             piece, ("loss", "correct"))
+        grad_norm, finite = self.clip_and_step()
+        return {"reward_model/train_loss": totals["loss"], "reward_model/train_accuracy": totals["correct"] / num_labels,
                 "reward_model/grad_norm": grad_norm}, finite
 
     # ------------------------------------------------------------------------------------------
-    def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: sharded model + optimizer (DCP) and per-rank RNG/counters."""
+    def _require_trainable(self) -> None:
         if self.optimizer is None:
             raise RuntimeError("a frozen reward model is not checkpointed (its folder is its state)")
-        checkpoint_io.save_train_state(directory, self.model, self.optimizer, None,
-                                       extra={"update_count": self.update_count,
-                                              "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total})
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Collective: sharded model + optimizer (DCP) and per-rank RNG/counters."""
+        self._require_trainable()
+        super().save_checkpoint(directory)
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: restore what :meth:`save_checkpoint` wrote (the world size may differ)."""
-        if self.optimizer is None:
-            raise RuntimeError("a frozen reward model is not checkpointed (its folder is its state)")
-        extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, None)
-        self.update_count = int(extra["update_count"])
-        self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
-
-    def export_hf(self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> None:
-        """Collective: rank 0 writes the reward model as a Hugging Face folder that
-        ``AutoModelForTokenClassification`` (and ``reward_model.model.path``) loads, head included."""
-        checkpoint_io.export_hf(directory, self.model, config=self.config, tokenizer_path=tokenizer_path)
+        self._require_trainable()
+        super().load_checkpoint(directory)

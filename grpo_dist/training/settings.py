@@ -15,7 +15,8 @@ from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
 from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
-__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "update_keys", "CRITIC_UPDATE_KEYS", "RM_UPDATE_KEYS", "ActorSettings",
+__all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "update_keys", "CRITIC_UPDATE_KEYS", "RM_UPDATE_KEYS", "UpdateBatching",
+           "OptimizerSettings", "ScheduleSettings", "FSDPModelSettings", "MemorySettings", "CheckpointSettings", "ActorSettings",
            "ReferenceSettings", "CriticSettings", "RewardModelSettings"]
 
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "eager", "flash_attention_2")
@@ -88,11 +89,30 @@ def check_auto_settings(cls: str, s) -> None:
         raise ValueError(f"{cls}: the 'auto' memory choices need max_seq_len (prompt + response length), got {s.max_seq_len!r}")
 
 
-@dataclass
-class ActorSettings:
-    """The numbers the actor uses (the trainer maps ``actor_rollout_ref.actor.*`` onto these)."""
+def check_counts(settings: object, names: tuple[str, ...], *, allow_none: bool) -> None:
+    """``ValueError`` naming the settings class and the field unless each of ``names`` is an integer
+    >= 1 (or None with ``allow_none``; ``"auto"`` passes for the auto micro-batch size)."""
+    cls = type(settings).__name__
+    for name in names:
+        v = getattr(settings, name)
+        if (v is None and allow_none) or (name == "ppo_micro_batch_size_per_gpu" and v == "auto"):
+            continue
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{cls}.{name} must be an integer >= 1{' or None' if allow_none else ''}, got {v!r}")
 
-    # --- batching -------------------------------------------------------------------------------
+
+# ---- the parts the trained models' settings share ------------------------------------------------
+# Each part is a group of fields with defaults and the checks of those fields; a role's settings class
+# lists the parts it is made of (its fields are theirs plus its own, the constructor keywords are all
+# of them) and calls each part's check from its ``__post_init__``. The FSDP scaffold
+# (:mod:`grpo_dist.training.fsdp_role`) reads a role's model, optimizer, schedule and checkpoint
+# numbers through these parts.
+
+
+@dataclass
+class UpdateBatching:
+    """How a PPO-style update cuts a rank's rows (the actor's and the critic's)."""
+
     ppo_mini_batch_size_per_gpu: int | None = None
     """Responses of ONE rank in one mini-batch (= one optimizer step); None: all of the rank's rows
     are one mini-batch. verl's normalisation: ``ppo_mini_batch_size * rollout.n // world_size``."""
@@ -108,8 +128,129 @@ class ActorSettings:
     """Passes over the step's mini-batches."""
     epochs_in_rows: bool = False
     """The rows already hold all ``ppo_epochs`` passes, one after the other, each a global permutation of
-    the step's responses cut into mini-batches (``actor.shuffle``; the caller lays them out with
-    :func:`grpo_dist.training.micro_batches.epoch_orders`): the update runs over them once."""
+    the step's responses cut into mini-batches (``actor.shuffle``/``critic.shuffle``; the caller lays
+    them out with :func:`grpo_dist.training.micro_batches.epoch_orders`): the update runs over them once."""
+
+    def check_update_batching(self) -> None:
+        check_counts(self, ("ppo_mini_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu"), allow_none=True)
+        check_counts(self, ("ppo_max_token_len_per_gpu", "ppo_epochs"), allow_none=False)
+
+    @property
+    def update_epochs(self) -> int:
+        """Passes the update makes over the rows it is given (1 when they hold every epoch)."""
+        return 1 if self.epochs_in_rows else self.ppo_epochs
+
+    def micro_batch_cut(self, mini: int) -> dict[str, int]:
+        """``plan_micro_batches``' keyword for an update's micro-batches of a ``mini``-row mini-batch:
+        the token budget with ``use_dynamic_bsz``, else the micro-batch size (None: the whole mini-batch)."""
+        if self.use_dynamic_bsz:
+            return {"max_token_len": self.ppo_max_token_len_per_gpu}
+        return {"micro_batch_size": self.ppo_micro_batch_size_per_gpu or mini}
+
+
+@dataclass
+class OptimizerSettings:
+    """AdamW and gradient clipping of a trained model."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this; None or <= 0: no clipping (the norm is still reported)."""
+
+    def check_optimizer(self) -> None:
+        if len(tuple(self.betas)) != 2:
+            raise ValueError(f"betas must be two floats, got {self.betas!r}")
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+
+
+@dataclass
+class ScheduleSettings:
+    """The learning-rate schedule, stepped once per update call (:func:`grpo_dist.training.optim.make_lr_scheduler`)."""
+
+    lr_warmup_steps: int | None = -1
+    """Linear warm-up steps; -1 or None: ``int(lr_warmup_steps_ratio * total_training_steps)``."""
+    lr_warmup_steps_ratio: float = 0.0
+    total_training_steps: int = -1
+    """Optimizer schedule length in training steps (update calls); needed for cosine and ratio."""
+    lr_scheduler_type: str = "constant"
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    """Waves of the cosine schedule (0.5: one half cosine down; :func:`grpo_dist.core.schedules.lr_lambda`)."""
+    zero_indexed_step: bool = True
+    """The cosine schedule counts steps from 0 (False: from 1, as torchtitan)."""
+
+    def check_lr_schedule(self) -> None:
+        check_schedule(self.lr_scheduler_type, total_steps=self.total_training_steps, min_lr_ratio=self.min_lr_ratio)
+        resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)
+
+
+@dataclass
+class FSDPModelSettings:
+    """How a trained model is loaded and sharded with FSDP2 (:func:`grpo_dist.training.model_builder.build_fsdp_model`)."""
+
+    model_dtype: str = "float32"
+    """dtype of the sharded master weights (and of the optimizer state)."""
+    param_dtype: str = "float32"
+    """Compute dtype of the gathered parameters (FSDP2 MixedPrecisionPolicy)."""
+    reduce_dtype: str = "float32"
+    """dtype of the gradient reduce-scatter."""
+    attn_implementation: str = "auto"
+    """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
+    override_config: dict | None = None
+    """Fields set on the model's Hugging Face config before it is built (``model.override_config``);
+    the Hugging Face export writes them too."""
+    reshard_after_forward: bool = True
+    param_offload: bool = False
+    """FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the CPU."""
+    optimizer_offload: bool = False
+    """Keep the optimizer state in CPU memory between updates (implied by param_offload)."""
+    trust_remote_code: bool = False
+
+    def check_fsdp_model(self) -> None:
+        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
+            to_dtype(getattr(self, name))
+
+
+@dataclass
+class MemorySettings:
+    """The update's memory knobs and the sequence lengths its ``"auto"`` choices read (the actor's and
+    the critic's; :mod:`grpo_dist.training.memory`)."""
+
+    enable_gradient_checkpointing: bool | str = False
+    """Recompute activations in the backward; ``"auto"``: only when a micro-batch's estimated
+    activations would not fit in the rank's memory (:mod:`grpo_dist.training.memory`)."""
+    max_seq_len: int | None = None
+    """Longest prompt + response the run produces (what the auto choices bound a row by)."""
+    max_response_len: int | None = None
+    """Longest response (the share of a row whose logits are formed)."""
+    use_remove_padding: bool = False
+    """Run every forward on the real tokens only, packed into one row with per-sequence position ids
+    (verl's ``use_remove_padding``; grpo_dist/training/model_forward.py): same results, less compute."""
+
+
+@dataclass
+class CheckpointSettings:
+    """The parts of a trained model's state its checkpoints hold (:func:`grpo_dist.training.checkpoint_io.save_train_state`)."""
+
+    save_contents: tuple[str, ...] = ("model", "optimizer", "extra")
+    """What ``save_checkpoint`` writes (``<role>.checkpoint.save_contents`` without hf_model)."""
+    load_contents: tuple[str, ...] = ("model", "optimizer", "extra")
+    """What ``load_checkpoint`` restores (``<role>.checkpoint.load_contents``)."""
+
+    def check_checkpoint_contents(self) -> None:
+        for name in ("save_contents", "load_contents"):
+            parts = tuple(getattr(self, name))
+            if "model" not in parts or not set(parts) <= {"model", "optimizer", "extra"}:
+                raise ValueError(f"{type(self).__name__}.{name} must hold model and any of optimizer, extra; got {parts!r}")
+            setattr(self, name, parts)
+
+
+@dataclass
+class ActorSettings(UpdateBatching, OptimizerSettings, ScheduleSettings, FSDPModelSettings, MemorySettings,
+                    CheckpointSettings):
+    """The numbers the actor uses (the trainer maps ``actor_rollout_ref.actor.*`` onto these): the shared
+    parts' fields, the loss section and the policy forward's own knobs below."""
 
     # --- loss -----------------------------------------------------------------------------------
     loss_mode: str = "vanilla"
@@ -132,80 +273,19 @@ class ActorSettings:
     temperature: float = 1.0
     """Rollout sampling temperature: logits are divided by it in every forward of the update."""
 
-    # --- optimizer and schedule -----------------------------------------------------------------
-    grad_clip: float | None = 1.0
-    """Clip the global gradient norm to this; None or <= 0: no clipping (the norm is still reported)."""
+    # --- the actor's own values of the shared parts, and its forward's knobs ----------------------
     lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    lr_warmup_steps: int | None = -1
-    """Linear warm-up steps; -1 or None: ``int(lr_warmup_steps_ratio * total_training_steps)``."""
-    lr_warmup_steps_ratio: float = 0.0
-    total_training_steps: int = -1
-    """Optimizer schedule length in training steps (update_policy calls); needed for cosine and ratio."""
-    lr_scheduler_type: str = "constant"
-    min_lr_ratio: float = 0.0
-    num_cycles: float = 0.5
-    """Waves of the cosine schedule (0.5: one half cosine down; :func:`grpo_dist.core.schedules.lr_lambda`)."""
-    zero_indexed_step: bool = True
-    """The cosine schedule counts steps from 0 (False: from 1, as torchtitan)."""
-
-    # --- model and FSDP2 ------------------------------------------------------------------------
-    model_dtype: str = "float32"
-    """dtype of the sharded master weights (and of the optimizer state)."""
-    param_dtype: str = "float32"
-    """Compute dtype of the gathered parameters (FSDP2 MixedPrecisionPolicy)."""
-    reduce_dtype: str = "float32"
-    """dtype of the gradient reduce-scatter."""
-    attn_implementation: str = "auto"
-    """auto (sdpa; flash_attention_2 on CUDA when installed) | sdpa | eager | flash_attention_2."""
-    enable_gradient_checkpointing: bool | str = False
-    """Recompute activations in the backward; ``"auto"``: only when a micro-batch's estimated
-    activations would not fit in the rank's memory (:mod:`grpo_dist.training.memory`)."""
-    max_seq_len: int | None = None
-    """Longest prompt + response the run produces (what the auto choices bound a row by)."""
-    max_response_len: int | None = None
-    """Longest response (the share of a row whose logits are formed)."""
-    use_remove_padding: bool = False
-    """Run every forward on the real tokens only, packed into one row with per-sequence position ids
-    (verl's ``use_remove_padding``; grpo_dist/training/policy.py): same results, less compute."""
     use_fused_kernels: bool = False
     """Log-probs and entropy straight from the hidden states and the output layer, a chunk of
     positions at a time, without forming the logits (grpo_dist/core/logprobs.py)."""
     logprob_chunk_size: int | None = None
     """Positions per chunk of the output layer's log-softmax (per matmul when fused); None: from the
     vocabulary size."""
-    reshard_after_forward: bool = True
-    param_offload: bool = False
-    """FSDP2 CPUOffloadPolicy: sharded params, grads and the optimizer step live on the CPU."""
-    optimizer_offload: bool = False
-    """Keep the optimizer state in CPU memory between updates (implied by param_offload)."""
-    trust_remote_code: bool = False
-    override_config: dict | None = None
-    """Fields set on the policy's Hugging Face config before it is built (``model.override_config``);
-    the Hugging Face export writes them too."""
-
-    # --- checkpoints ----------------------------------------------------------------------------
-    save_contents: tuple[str, ...] = ("model", "optimizer", "extra")
-    """What :meth:`FSDPActor.save_checkpoint` writes (``actor.checkpoint.save_contents`` without hf_model)."""
-    load_contents: tuple[str, ...] = ("model", "optimizer", "extra")
-    """What :meth:`FSDPActor.load_checkpoint` restores (``actor.checkpoint.load_contents``)."""
 
     def __post_init__(self) -> None:
-        def positive(name: str, allow_none: bool = False) -> None:
-            v = getattr(self, name)
-            if v is None and allow_none:
-                return
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"ActorSettings.{name} must be an integer >= 1, got {v!r}")
-
-        positive("ppo_mini_batch_size_per_gpu", allow_none=True)
-        if self.ppo_micro_batch_size_per_gpu != "auto":
-            positive("ppo_micro_batch_size_per_gpu", allow_none=True)
+        self.check_update_batching()
         check_auto_settings("ActorSettings", self)
-        positive("ppo_max_token_len_per_gpu")
-        positive("ppo_epochs")
-        positive("logprob_chunk_size", allow_none=True)
+        check_counts(self, ("logprob_chunk_size",), allow_none=True)
         if self.loss_mode not in list_policy_losses():
             raise ValueError(
                 f"ActorSettings.loss_mode {self.loss_mode!r} is not a registered policy loss; "
@@ -223,18 +303,10 @@ class ActorSettings:
             raise ValueError(f"ActorSettings.policy_loss must be a PolicyLossParams, got {type(self.policy_loss).__name__}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        check_schedule(self.lr_scheduler_type, total_steps=self.total_training_steps, min_lr_ratio=self.min_lr_ratio)
-        if len(tuple(self.betas)) != 2:
-            raise ValueError(f"betas must be two floats, got {self.betas!r}")
-        self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
-            to_dtype(getattr(self, name))
-        resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)
-        for name in ("save_contents", "load_contents"):
-            parts = tuple(getattr(self, name))
-            if "model" not in parts or not set(parts) <= {"model", "optimizer", "extra"}:
-                raise ValueError(f"ActorSettings.{name} must hold model and any of optimizer, extra; got {parts!r}")
-            setattr(self, name, parts)
+        self.check_lr_schedule()
+        self.check_optimizer()
+        self.check_fsdp_model()
+        self.check_checkpoint_contents()
 
 
 @dataclass
@@ -271,30 +343,24 @@ class ReferenceSettings:
 
 
 @dataclass
-class CriticSettings:
+class CriticSettings(UpdateBatching, OptimizerSettings, ScheduleSettings, FSDPModelSettings, MemorySettings,
+                     CheckpointSettings):
     """The numbers the critic uses (the trainer maps ``critic.*`` onto these).
 
-    Batching works as the actor's (:class:`ActorSettings`): a rank's rows are ``ppo_epochs`` passes
+    Batching works as the actor's (:class:`UpdateBatching`): a rank's rows are ``ppo_epochs`` passes
     over mini-batch chunks of ``ppo_mini_batch_size_per_gpu`` rows, each cut into micro-batches by
     count or by token budget; the value loss uses the counts of the whole mini-batch, so the cut and
     the number of ranks do not change the update.
     """
 
-    # --- batching -------------------------------------------------------------------------------
-    ppo_mini_batch_size_per_gpu: int | None = None
-    """Responses of ONE rank in one critic mini-batch; None: all of the rank's rows
-    (``critic.ppo_mini_batch_size * rollout.n // world_size``)."""
-    ppo_micro_batch_size_per_gpu: int | None | str = None
-    """As :class:`ActorSettings` (``"auto"`` included)."""
-    use_dynamic_bsz: bool = False
+    # --- the critic's own values of the shared parts --------------------------------------------
     ppo_max_token_len_per_gpu: int = 32768
+
+    # --- value forwards -------------------------------------------------------------------------
     forward_micro_batch_size_per_gpu: int | None = None
     """Responses per value forward (``compute_values``); None: all rows at once (unless dynamic)."""
     forward_max_token_len_per_gpu: int = 32768
     """Token budget of one value forward when ``use_dynamic_bsz``."""
-    ppo_epochs: int = 1
-    epochs_in_rows: bool = False
-    """The rows hold all ``ppo_epochs`` shuffled passes (``critic.shuffle``), as :class:`ActorSettings`'."""
     seed: int = 0
     """Seeds the value head's initialisation (a new head is drawn the same on every rank)."""
 
@@ -304,71 +370,27 @@ class CriticSettings:
     norm_constant: float | None = None
     """Divisor of ``seq-mean-token-sum-norm``: the max response length; None: padded width."""
 
-    # --- optimizer and schedule -----------------------------------------------------------------
-    grad_clip: float = 1.0
-    lr: float = 1e-5
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    lr_warmup_steps: int | None = -1
-    lr_warmup_steps_ratio: float = 0.0
-    total_training_steps: int = -1
-    lr_scheduler_type: str = "constant"
-    min_lr_ratio: float = 0.0
-    num_cycles: float = 0.5
-    zero_indexed_step: bool = True
-
-    # --- model and FSDP2 ------------------------------------------------------------------------
-    model_dtype: str = "float32"
-    param_dtype: str = "float32"
-    reduce_dtype: str = "float32"
-    attn_implementation: str = "auto"
-    override_config: dict | None = None
-    """Fields set on the value model's Hugging Face config before it is built."""
-    enable_gradient_checkpointing: bool | str = False
-    """As :class:`ActorSettings` (``"auto"`` included)."""
-    max_seq_len: int | None = None
-    max_response_len: int | None = None
-    use_remove_padding: bool = False
-    """Run every value forward on the real tokens only, packed into one row with per-sequence
-    boundaries (verl's ``critic.model.use_remove_padding``; grpo_dist/training/model_forward.py)."""
-    reshard_after_forward: bool = True
-    param_offload: bool = False
-    optimizer_offload: bool = False
-    trust_remote_code: bool = False
+    # --- checkpoints ----------------------------------------------------------------------------
     export_hf: bool = False
     """Every checkpoint also writes a Hugging Face export of the value model (``<dir>/huggingface``)."""
-    save_contents: tuple[str, ...] = ("model", "optimizer", "extra")
-    """What :meth:`FSDPCritic.save_checkpoint` writes (``critic.checkpoint.save_contents`` without hf_model)."""
-    load_contents: tuple[str, ...] = ("model", "optimizer", "extra")
-    """What :meth:`FSDPCritic.load_checkpoint` restores (``critic.checkpoint.load_contents``)."""
 
     def __post_init__(self) -> None:
-        for name in ("ppo_mini_batch_size_per_gpu", "ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
-            v = getattr(self, name)
-            if name == "ppo_micro_batch_size_per_gpu" and v == "auto":
-                continue
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise ValueError(f"CriticSettings.{name} must be an integer >= 1 or None, got {v!r}")
-        for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu", "ppo_epochs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"CriticSettings.{name} must be an integer >= 1, got {v!r}")
+        self.check_update_batching()
+        check_counts(self, ("forward_micro_batch_size_per_gpu",), allow_none=True)
+        check_counts(self, ("forward_max_token_len_per_gpu",), allow_none=False)
         check_auto_settings("CriticSettings", self)
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"CriticSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(LOSS_AGG_MODES)}")
         if not self.cliprange_value >= 0:
             raise ValueError(f"CriticSettings.cliprange_value must be >= 0, got {self.cliprange_value}")
-        check_schedule(self.lr_scheduler_type, total_steps=self.total_training_steps, min_lr_ratio=self.min_lr_ratio)
-        if len(tuple(self.betas)) != 2:
-            raise ValueError(f"betas must be two floats, got {self.betas!r}")
-        self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
-            to_dtype(getattr(self, name))
-        resolve_warmup_steps(self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.total_training_steps)
+        self.check_lr_schedule()
+        self.check_optimizer()
+        self.check_fsdp_model()
+        self.check_checkpoint_contents()
 
 
 @dataclass
-class RewardModelSettings:
+class RewardModelSettings(OptimizerSettings, FSDPModelSettings, CheckpointSettings):
     """The learned reward model's settings (the trainer maps ``reward_model.*`` onto these).
 
     Scoring reads the head's output at response tokens (the score of a prefix that ends with that
@@ -376,7 +398,7 @@ class RewardModelSettings:
     against the verifier's labels; batching works as the critic's: a rank's rows are ``epochs``
     passes over mini-batch chunks of ``mini_batch_size_per_gpu`` rows, each cut into micro-batches,
     with the loss normalised by the labelled positions of the whole mini-batch (over all ranks), so
-    neither the cut nor the number of ranks changes the update.
+    neither the cut nor the number of ranks changes the update. The learning rate is constant.
     """
 
     # --- scoring ----------------------------------------------------------------------------------
@@ -400,38 +422,16 @@ class RewardModelSettings:
     update_micro_batch_size_per_gpu: int | None = None
     """Rows per forward/backward in an update; None: the whole mini-batch."""
     epochs: int = 1
-    lr: float = 1e-5
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = 1.0
     seed: int = 0
     """Seeds the load, so that anything transformers initialises is the same on every rank (the head
     itself must be in the folder: a folder without one is refused)."""
 
-    # --- model and FSDP2 --------------------------------------------------------------------------
-    model_dtype: str = "float32"
-    param_dtype: str = "float32"
-    reduce_dtype: str = "float32"
-    attn_implementation: str = "auto"
-    override_config: dict | None = None
-    reshard_after_forward: bool = True
-    param_offload: bool = False
-    trust_remote_code: bool = False
-
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size_per_gpu", "mini_batch_size_per_gpu", "update_micro_batch_size_per_gpu",
-                     "max_length"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise ValueError(f"RewardModelSettings.{name} must be an integer >= 1 or None, got {v!r}")
-        for name in ("forward_max_token_len_per_gpu", "epochs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"RewardModelSettings.{name} must be an integer >= 1, got {v!r}")
+        check_counts(self, ("micro_batch_size_per_gpu", "mini_batch_size_per_gpu", "update_micro_batch_size_per_gpu",
+                            "max_length"), allow_none=True)
+        check_counts(self, ("forward_max_token_len_per_gpu", "epochs"), allow_none=False)
         if self.reencode and not self.input_tokenizer_path:
             raise ValueError("RewardModelSettings.reencode needs input_tokenizer_path (the policy's tokenizer)")
-        if len(tuple(self.betas)) != 2:
-            raise ValueError(f"betas must be two floats, got {self.betas!r}")
-        self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for name in ("model_dtype", "param_dtype", "reduce_dtype"):
-            to_dtype(getattr(self, name))
+        self.check_optimizer()
+        self.check_fsdp_model()
+        self.check_checkpoint_contents()

@@ -1,8 +1,9 @@
 """The update loop shared by every trained model: passes over mini-batches, and one optimizer step.
 
-Three callers: :class:`~grpo_dist.training.actor.FSDPActor` (every rank, FSDP2),
-:class:`~grpo_dist.training.critic.FSDPCritic` (the loop and the step's clip-and-step) and the
-in-process API (:mod:`grpo_dist.api`, one process, no FSDP). One step's recipe, for the policy::
+Callers: :class:`~grpo_dist.training.actor.FSDPActor` (every rank, FSDP2), the FSDP scaffold of
+every trained role (:class:`~grpo_dist.training.fsdp_role.FSDPRole`: the loop and the step's
+clip-and-step) and the in-process API (:mod:`grpo_dist.api`, one process, no FSDP). One step's
+recipe, for the policy::
 
     counts  = response tokens and non-empty responses of the WHOLE mini-batch (summed over ranks)
     for each micro-batch:   loss_mb = micro_batch_loss(model, mb, agg=spec(counts))

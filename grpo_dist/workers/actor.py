@@ -1,5 +1,5 @@
-"""Worker shell around the FSDP2 policy (``grpo_dist.training.actor.FSDPActor``), one per rank, living in
-the rank's :class:`~grpo_dist.workers.models.ModelWorker` process with the rank's other FSDP2 models.
+"""Worker shell around the FSDP2 policy (``grpo_dist.training.actor.FSDPActor``), one per rank
+(:class:`~grpo_dist.workers.shell.ModelShell`).
 
 The methods that do a step phase's work return :class:`~grpo_dist.workers.common.Timed` results
 (value and busy seconds) for the driver's ``timing_s/<phase>/worker`` metrics.
@@ -13,62 +13,34 @@ from typing import Any
 import ray
 import torch
 
-from grpo_dist.distributed.process_group import free_port
-from grpo_dist.utils import startup
-from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
+from grpo_dist.workers.common import timed
+from grpo_dist.workers.shell import ModelShell
 
 
-class ActorWorker:
+class ActorWorker(ModelShell):
+    role = "actor"
+    model_class = "grpo_dist.training.actor:FSDPActor"
+
     def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
-        setup_process(device, num_threads)
-        self.rank, self.world_size, self.device = rank, world_size, device
-        self.actor = None
+        super().__init__(rank=rank, world_size=world_size, device=device, num_threads=num_threads)
         self._sync_buckets: list | None = None  # the weight sync in progress (sync_begin .. sync_end)
         self._sync_buffer: torch.Tensor | None = None
-
-    def address(self) -> tuple[str, int]:
-        return node_ip(), free_port()
-
-    def node_id(self) -> str:
-        return current_node_id()
-
-    def init_model(self, *, master_addr: str, master_port: int, backend: str, model_path: str, settings: Any,
-                   timeout_s: float = 600.0) -> str | None:
-        startup.mark("actor: init_model called")
-        from grpo_dist.distributed.process_group import init_process_group
-        from grpo_dist.training.actor import FSDPActor
-
-        startup.mark("actor: training modules imported")
-        init_process_group(backend=backend, rank=self.rank, world_size=self.world_size,
-                           master_addr=master_addr, master_port=master_port, timeout_s=timeout_s)
-        startup.mark("actor: process group")
-        dev = "cuda" if self.device == "cuda" else "cpu"
-        self.actor = FSDPActor(model_path, settings, rank=self.rank, world_size=self.world_size, device=dev)
-        startup.mark("actor: model built")
-        return self.actor.memory_note  # what the auto memory choices chose (printed by the driver)
 
     @timed
     def compute_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,
                          max_token_len: int | None, compute_entropy: bool = False):
-        logp, ent = self.actor.compute_log_prob(data, micro_batch_size=micro_batch_size, max_token_len=max_token_len,
+        logp, ent = self.model.compute_log_prob(data, micro_batch_size=micro_batch_size, max_token_len=max_token_len,
                                                 compute_entropy=compute_entropy)
         return logp, ent
 
     @timed
     def update_policy(self, data: dict[str, torch.Tensor]) -> dict[str, float]:
-        metrics = self.actor.update_policy(data)
-        metrics["perf/max_memory_gb/actor"] = process_memory_gb()
-        return metrics
-
-    def gpu_uuid(self) -> str | None:
-        from grpo_dist.rollout.weight_sync import gpu_uuid
-
-        return gpu_uuid()
+        return self.with_memory(self.model.update_policy(data))
 
     @timed
     def sync_begin(self, dtype: str | None, bucket_bytes: int) -> list:
         """Plan the weight sync's buckets (the same on every rank)."""
-        self._sync_buckets = self.actor.weight_buckets(dtype, bucket_bytes)
+        self._sync_buckets = self.model.weight_buckets(dtype, bucket_bytes)
         self._sync_buffer = None
         return self._sync_buckets
 
@@ -85,7 +57,7 @@ class ActorWorker:
         from grpo_dist.rollout.weight_sync import share_cuda
 
         self._sync_buffer = None  # the previous bucket is loaded by now
-        flat = self.actor.pack_weight_bucket(self._sync_buckets[index])
+        flat = self.model.pack_weight_bucket(self._sync_buckets[index])
         if transport == "cuda_ipc":
             self._sync_buffer = flat
             return share_cuda(flat), 0.0
@@ -102,11 +74,5 @@ class ActorWorker:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.ipc_collect()  # free buffers the rollout side has closed
 
-    def save_checkpoint(self, directory: str) -> None:
-        self.actor.save_checkpoint(directory)
-
-    def load_checkpoint(self, directory: str) -> None:
-        self.actor.load_checkpoint(directory)
-
     def export_hf(self, directory: str, tokenizer_path: str | None) -> None:
-        self.actor.export_hf(directory, tokenizer_path)
+        self.model.export_hf(directory, tokenizer_path)
