@@ -19,6 +19,7 @@ SCRIPT = textwrap.dedent("""
         return sum("gloo_tcp_loop" in open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task"))
 
     init_process_group(backend="gloo", rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
+    dist.barrier()  # the world group's own loop thread is up before counting (it may start late on a busy machine)
     before = loops()
     share_one_rank_process_groups()
     share_one_rank_process_groups()  # idempotent
