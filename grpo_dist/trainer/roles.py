@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from grpo_dist.config.roles import MODELS, ROLE_SPECS, RoleSpec, device_shares, placement, rank_processes  # noqa: F401
+from grpo_dist.config.roles import GLOBAL, MODELS, ROLE_SPECS, RoleSpec, device_shares, placement, rank_processes  # noqa: F401
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.distributed.worker_group import (
@@ -349,8 +349,9 @@ class Workers:
                     continue
                 from grpo_dist.workers.models import RemoteModelWorker
 
-                shared = WorkerGroup(
-                    process, RemoteModelWorker, plan, pgs[pool.name],
+                shared = WorkerGroup(  # named by its pool too: messages and startup.json tell the processes apart
+                    process if pool.name == GLOBAL else f"{process} ({pool.name} pool)", RemoteModelWorker, plan,
+                    pgs[pool.name],
                     init_kwargs=lambda r, members=members, pctx=pctx: {
                         "parts": {m.name: (_class_name(m.worker()), m.init_kwargs(pctx, r)) for m in members}},
                     **resources)
