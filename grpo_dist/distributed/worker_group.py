@@ -1,9 +1,11 @@
 """Ray worker groups: one actor per rank, placed over nnodes x devices_per_node.
 
 Placement: one placement group per node (STRICT_PACK), ``devices_per_node`` bundles each, one
-bundle per rank. Rank r lives in bundle ``r % devices_per_node`` of node ``r // devices_per_node``.
-Colocated roles (actor, reference, rollout of a rank) are created in the same bundle and split
-its resources, so they share the rank's device. Several roles may also share one process per rank:
+bundle per rank, for each pool of ranks (a :class:`ResourcePlan`: the training ranks', or a role's
+own, such as the reward model's). Rank r lives in bundle ``r % devices_per_node`` of node
+``r // devices_per_node``. Colocated roles (actor, reference, rollout of a rank) are created in the
+same bundle and split its resources (each process its ``num_cpus`` / ``num_gpus`` share), so they
+share the rank's device. Several roles may also share one process per rank:
 :meth:`WorkerGroup.view` gives each role a group of its own over the shared processes, whose calls
 are routed to the role (``worker.call(role, method, ...)``, :class:`grpo_dist.workers.models.ModelWorker`).
 
