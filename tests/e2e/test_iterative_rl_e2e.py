@@ -156,7 +156,10 @@ def test_a_reward_model_on_its_own_pool_scores_and_trains_as_the_colocated_one(r
     assert sorted(p for p in part["processes"] if p.startswith("models")) == [
         "models (reward_model pool) rank 0", "models (reward_model pool) rank 1", "models rank 0", "models rank 1"]
     a, b = runs["m"], runs["resumed"]
-    for step in range(RESUME_AT + 1, STEPS + 1):  # (every reward_model/ metric: the resume test just above)
+    first = RESUME_AT + 1  # the same weights restored, so the same responses: the same scores, to the bit
+    assert {k: b[first][k] for k in a[first] if k.startswith("reward_model/")} == {
+        k: v for k, v in a[first].items() if k.startswith("reward_model/")}
+    for step in range(first + 1, STEPS + 1):  # (every reward_model/ metric: the resume test just above)
         assert math.isclose(a[step]["reward_model/score/mean"], b[step]["reward_model/score/mean"], rel_tol=1e-4)
     assert [s for s in b if "reward_model/train_loss" in b[s]] == [6, 8]  # it was trained on its own pool
 
