@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from grpo_dist.config.roles import needs_reward_model, reference_is_reset, reward_model_trained  # noqa: F401
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.validate import (  # noqa: F401
@@ -23,7 +24,6 @@ from grpo_dist.config.validate import (  # noqa: F401
     reward_model_world_size,
     rollout_correction_params,
 )
-from grpo_dist.config.roles import needs_reward_model, reference_is_reset, reward_model_trained  # noqa: F401
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.trainer.dynamic_sampling import DynamicSampling, SingleBatch
