@@ -15,8 +15,9 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from grpo_dist.config.roles import GLOBAL, Pool, active_specs, describe, device_shares, placement, rank_processes
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import critic_enabled, data_parallel_size, needs_reference
+from grpo_dist.config.validate import critic_enabled, data_parallel_size, reward_model_spec
 from grpo_dist.rollout.tp import tp_groups
 
 #: Field metadata values of ``metadata["state"]`` that mark a key as accepted without effect.
@@ -25,11 +26,22 @@ NOOP_STATES = ("no-op", "noop", "no_op")
 
 @dataclass
 class RolePlacement:
-    """Where one role's workers run."""
+    """Where one role's workers run (a row of the role table, :mod:`grpo_dist.config.roles`)."""
 
     name: str
-    per_rank: bool  # one worker per data-parallel rank, in the rank's bundle
-    note: str = ""
+    per_rank: bool  # one worker per rank of its pool, in the rank's bundle
+    note: str = ""  # the row's one-line description
+    pool: str = GLOBAL
+    share: float = 1.0  # of its rank's device, for the process the role lives in (per_rank roles)
+    process: str | None = None  # roles with the same process share it (and its share)
+
+
+@dataclass
+class PoolPlan:
+    """A pool of ranks other than the training ranks', and the roles on it."""
+
+    pool: Pool
+    roles: list[str]
 
 
 @dataclass
@@ -57,6 +69,8 @@ class Plan:
     micro_note: str
     prompt_len: int
     response_len: int
+    pools: dict[str, Pool] = field(default_factory=dict)
+    """The pools other than the training ranks', by name."""
     noop_set: list[tuple[str, Any, str]] = field(default_factory=list)
     noop_total: int = 0
     notes: list[str] = field(default_factory=list)
@@ -69,15 +83,23 @@ class Plan:
         L: list[str] = []
         dev = {"cpu": "CPU rank(s)", "cuda": "GPU(s)"}.get(self.device, "device(s) (trainer.device=auto: GPUs where the Ray cluster has them, else CPU ranks)")
         L.append(f"cluster     {self.nnodes} node(s) x {self.ranks_per_node} {dev} = {self.dp} data-parallel rank(s)")
-        colocated = [r.name for r in self.roles if r.per_rank]
-        for node in range(self.nnodes):
-            lo, hi = node * self.ranks_per_node, (node + 1) * self.ranks_per_node - 1
-            ranks = f"rank {lo}" if lo == hi else f"ranks {lo}-{hi}"
-            L.append(f"placement   node {node}: {ranks}: {', '.join(colocated)}"
-                     + (f" (colocated: each takes 1/{len(colocated)} of the rank's device)" if len(colocated) > 1 else ""))
+        pools: dict[str, list[RolePlacement]] = {}
         for r in self.roles:
-            if not r.per_rank:
-                L.append(f"            {r.name}: {r.note}")
+            if r.per_rank:
+                pools.setdefault(r.pool, []).append(r)
+        for name, members in pools.items():
+            pool = self.pools.get(name, Pool(GLOBAL, self.nnodes, self.ranks_per_node, "trainer"))
+            if name != GLOBAL:
+                L.append(f"pool        {name}: {pool.keys}.nnodes {pool.nnodes} x {pool.keys}.n_gpus_per_node "
+                         f"{pool.per_node} = {pool.world_size} rank(s) of its own (its own process group)")
+            shares = _shares_note(members)
+            for node in range(pool.nnodes):
+                lo, hi = node * pool.per_node, (node + 1) * pool.per_node - 1
+                ranks = f"rank {lo}" if lo == hi else f"ranks {lo}-{hi}"
+                where = f"node {node}" if name == GLOBAL else f"{name} pool node {node}"
+                L.append(f"placement   {where}: {ranks}: {', '.join(r.name for r in members)}" + shares)
+        for r in self.roles:
+            L.append(f"            {r.name}: {r.note}")
         per_engine = self.prompts_per_step / max(self.engines, 1)
         if self.tp == 1:
             L.append(f"rollout     {self.engines} engine(s), one per rank; {_num(per_engine)} prompt(s) x n={self.n} per engine per step")
@@ -101,6 +123,24 @@ class Plan:
         if self.noop_total:
             L.append(f"            ({self.noop_total} key(s) of the schema are accepted as no-ops; docs/configuration.md lists them)")
         return L
+
+
+def _shares_note(members: list[RolePlacement]) -> str:
+    """`` (... of the rank's device)``: how a rank's processes split its device (nothing for one process)."""
+    processes: dict[Any, list[RolePlacement]] = {}
+    for r in members:
+        processes.setdefault(r.process or ("own", r.name), []).append(r)
+    if len(processes) < 2:
+        return ""
+    parts = [f"{'+'.join(r.name for r in rs)} {_fraction(rs[0].share)}" for rs in processes.values()]
+    return " (colocated, shares of the rank's device: " + ", ".join(parts) + ")"
+
+
+def _fraction(x: float) -> str:
+    for d in range(1, 9):
+        if abs(x * d - round(x * d)) < 1e-9:
+            return f"{round(x * d)}/{d}" if d > 1 else f"{round(x * d)}"
+    return f"{x:.2f}"
 
 
 def _num(x: float) -> str:
@@ -190,10 +230,29 @@ def situational_noops(cfg: GRPOConfig) -> list[tuple[str, Any, str]]:
     if r.agent.num_workers != 8:
         out.append(("actor_rollout_ref.rollout.agent.num_workers", r.agent.num_workers,
                     "verl's agent-loop worker count; generation runs in the rollout engines here"))
+    spec = reward_model_spec(cfg)
+    if spec.enable_resource_pool and not spec.enable:
+        out.append((f"{spec.pool_keys}.enable_resource_pool", True, "the run has no reward model (reward_model.enable)"))
     if r.enable_chunked_prefill and cfg.trainer.device == "cpu" and r.name == "vllm":
         out.append(("actor_rollout_ref.rollout.enable_chunked_prefill", True,
                     "off on CPU: vLLM's chunked prefill breaks per-request sampling seeds there"))
     return out
+
+
+def role_placements(cfg: GRPOConfig) -> tuple[list[RolePlacement], dict[str, Pool]]:
+    """Where each active row of the role table runs (its pool, and its process's share of a rank's
+    device), in the table's order; and the pools other than the training ranks'."""
+    roles: dict[str, RolePlacement] = {}
+    pools: dict[str, Pool] = {}
+    for pool, members in placement(cfg, active_specs(cfg)):
+        if pool.name != GLOBAL:
+            pools[pool.name] = pool
+        processes = rank_processes(members)
+        for (process, rows), share in zip(processes, device_shares(processes)):
+            for r in rows:
+                roles[r.name] = RolePlacement(r.name, True, describe(r, cfg), pool.name, share, process)
+    out = [roles.get(r.name) or RolePlacement(r.name, False, describe(r, cfg)) for r in active_specs(cfg)]
+    return out, pools
 
 
 def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
@@ -204,14 +263,7 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
     d, t, arr = cfg.data, cfg.trainer, cfg.actor_rollout_ref
     actor, rollout = arr.actor, arr.rollout
     dp = data_parallel_size(cfg)
-    roles = [RolePlacement("actor", True)]
-    if needs_reference(cfg):
-        roles.append(RolePlacement("reference", True))
-    if critic_enabled(cfg):
-        roles.append(RolePlacement("critic", True))
-    roles.append(RolePlacement("rollout", True))
-    roles.append(RolePlacement("reward", False, f"1 scoring worker ({cfg.reward_model.num_workers} scoring process(es)), "
-                                                "placed by Ray on any node, no device"))
+    roles, pools = role_placements(cfg)
     tp = rollout.tensor_model_parallel_size
     engines = len(tp_groups(dp, tp))
     n = rollout.n
@@ -260,7 +312,7 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
             notes.append(f"validation: {t.log_val_generations} sample(s) logged as a table each time (val_generations.jsonl)")
     noop, noop_total = noop_keys(cfg)
     return Plan(
-        nnodes=t.nnodes, ranks_per_node=t.n_gpus_per_node, device=t.device, roles=roles, tp=tp, engines=engines,
+        nnodes=t.nnodes, ranks_per_node=t.n_gpus_per_node, device=t.device, roles=roles, pools=pools, tp=tp, engines=engines,
         prompts_per_step=prompts, n=n, responses_per_step=prompts * n, dp=dp, train_rows=rows, train_rows_note=rows_note,
         steps_per_epoch=spe, total_steps=total, steps_note=steps_note, mini_batches=mini_batches,
         ppo_epochs=actor.ppo_epochs, mini_responses_per_rank=mini_per_rank, micro_note=micro_note,

@@ -812,12 +812,10 @@ class RewardKwargsConfig:
     max_resp_len: int = II("data.max_response_length")
 
 
-_RM_FSDP_ONLY = NoOp("the reward model is an FSDP2 forward on every rank here, not served by an inference engine")
-_RM_OWN_POOL = Refused("a device pool of the reward model's own is not built here: it shares every rank's device; leave it false")
+_RM_FSDP_ONLY = NoOp("the reward model is an FSDP2 forward on each of its ranks here, not served by an inference engine")
 _CUSTOM_REWARD_LOOP = off_feature(
     "loading a custom reward-loop class", "use custom_reward_function.path for a custom score, "
     "reward_model.reward_manager for naive / prime / dapo")
-_RM_POOL_ONLY = NoOp("read only with a reward-model pool of its own (enable_resource_pool), which is accepted only off here")
 
 
 @dataclass
@@ -830,7 +828,8 @@ class RMFSDPConfig:
     param_offload: bool = F(False, "keep the reward model's parameters in CPU memory between uses")
     reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
     fsdp_size: int = F(-1, "devices per FSDP shard group", Refused(
-        "hybrid sharding of the reward model is not built here; -1 shards it over all data-parallel ranks", accept=(-1,)))
+        "hybrid sharding of the reward model is not built here; -1 shards it over all its ranks (the training ranks, "
+        "or its own pool's)", accept=(-1,)))
     forward_prefetch: bool = F(False, "prefetch the next layer's parameters in the forward", FSDP_INTERNAL)
     wrap_policy: RMWrapPolicyConfig = S(RMWrapPolicyConfig, "verl's FSDP1 wrap policy")
     model_dtype: str = F("float32", "dtype of the reward model's master weights: float32 | bfloat16 (grpo_dist)")
@@ -931,9 +930,11 @@ class RewardModelConfig:
     )
     use_reward_loop: bool = F(True, "verl's switch between its reward-loop server and its FSDP worker", _RM_FSDP_ONLY)
     rollout: Dict[str, Any] = F({}, "verl's inference-engine settings for serving the reward model", _RM_FSDP_ONLY)
-    enable_resource_pool: bool = F(False, "give the reward model devices of its own", _RM_OWN_POOL)
-    n_gpus_per_node: int = F(8, "devices per node of the reward model's own pool", _RM_POOL_ONLY)
-    nnodes: int = F(0, "nodes of the reward model's own pool", _RM_POOL_ONLY)
+    enable_resource_pool: bool = F(
+        False, "give the reward model devices of its own: nnodes x n_gpus_per_node ranks (on CPU: rank processes) with "
+        "their own process group, instead of a share of every training rank's device; scores are the same")
+    n_gpus_per_node: int = F(8, "devices per node of the reward model's own pool (read with enable_resource_pool)")
+    nnodes: int = F(0, "nodes of the reward model's own pool (read with enable_resource_pool; at least 1 then)")
     combine: str = F(
         "verl",
         "how reward-model and rule scores make the reward: verl (the reward model's score, or the custom function's "
@@ -968,9 +969,9 @@ class RewardModelConfig:
 class RewardRewardModelConfig:
     enable: bool = F(False, "score with a learned reward model (verl's current spelling of reward_model.enable; set either)")
     model_path: Optional[str] = F(None, "the reward model's directory (verl's current spelling of reward_model.model.path; set either)")
-    enable_resource_pool: bool = F(False, "verl's current spelling of reward_model.enable_resource_pool", _RM_OWN_POOL)
-    n_gpus_per_node: int = F(8, "verl's current spelling of reward_model.n_gpus_per_node", _RM_POOL_ONLY)
-    nnodes: int = F(0, "verl's current spelling of reward_model.nnodes", _RM_POOL_ONLY)
+    enable_resource_pool: bool = F(False, "verl's current spelling of reward_model.enable_resource_pool (set either)")
+    n_gpus_per_node: int = F(8, "verl's current spelling of reward_model.n_gpus_per_node (set either)")
+    nnodes: int = F(0, "verl's current spelling of reward_model.nnodes (set either)")
     rollout: Dict[str, Any] = F({}, "verl's inference-engine settings for serving the reward model", _RM_FSDP_ONLY)
 
 

@@ -306,6 +306,8 @@ class RewardModelSpec:
     enable_resource_pool: bool
     n_gpus_per_node: int
     nnodes: int
+    pool_keys: str = "reward_model"
+    """The section of the pool keys that were set (``reward_model`` or ``reward.reward_model``), for messages."""
 
 
 def reward_model_spec(cfg: GRPOConfig) -> RewardModelSpec:
@@ -328,18 +330,45 @@ def reward_model_spec(cfg: GRPOConfig) -> RewardModelSpec:
         enable_resource_pool=bool(pair("enable_resource_pool")),
         n_gpus_per_node=int(pair("n_gpus_per_node")),
         nnodes=int(pair("nnodes")),
+        pool_keys="reward.reward_model" if any(getattr(current, n) != getattr(d_current, n) for n in (
+            "enable_resource_pool", "n_gpus_per_node", "nnodes")) else "reward_model",
     )
+
+
+def reward_model_has_own_pool(cfg: GRPOConfig) -> bool:
+    """Whether the run's reward model runs on devices of its own (``reward_model.enable_resource_pool``),
+    ``reward_model.nnodes x reward_model.n_gpus_per_node`` of them, instead of sharing the training ranks'."""
+    spec = reward_model_spec(cfg)
+    return spec.enable and spec.enable_resource_pool
+
+
+def reward_model_world_size(cfg: GRPOConfig) -> int:
+    """The reward model's ranks: its own pool's, or the data-parallel ranks it shares. The one place
+    this is computed."""
+    spec = reward_model_spec(cfg)
+    return spec.nnodes * spec.n_gpus_per_node if reward_model_has_own_pool(cfg) else data_parallel_size(cfg)
 
 
 def reward_model_micro_batch(cfg: GRPOConfig) -> int | None:
     """Responses per reward-model forward on one rank: ``micro_batch_size_per_gpu``, else verl's
-    deprecated global ``micro_batch_size`` divided over the data-parallel ranks; None: all at once."""
+    deprecated global ``micro_batch_size`` divided over the reward model's ranks; None: all at once."""
     rm = cfg.reward_model
     if rm.micro_batch_size_per_gpu is not None:
         return rm.micro_batch_size_per_gpu
     if rm.micro_batch_size is not None:
-        return max(1, rm.micro_batch_size // data_parallel_size(cfg))
+        return max(1, rm.micro_batch_size // reward_model_world_size(cfg))
     return None
+
+
+def _reward_model_pool(spec: RewardModelSpec) -> None:
+    """A reward model on a pool of its own needs at least one node and one device per node (verl's
+    defaults leave ``nnodes`` at 0)."""
+    pre = spec.pool_keys + "."
+    for key, val in (("nnodes", spec.nnodes), ("n_gpus_per_node", spec.n_gpus_per_node)):
+        if val < 1:
+            raise _bad(pre + "enable_resource_pool", True, f"a pool of the reward model's own needs {pre}{key} >= 1 "
+                       f"(it is {val}): set {pre}nnodes and {pre}n_gpus_per_node to its size (on CPU: its rank "
+                       f"processes), or {pre}enable_resource_pool=false to share the training ranks' devices")
 
 
 def validate_reward_model(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
@@ -348,7 +377,9 @@ def validate_reward_model(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
     rm, spec = cfg.reward_model, reward_model_spec(cfg)
     pre = "reward_model."
-    # strategy, enable_resource_pool and fsdp_size are checked by their states in the schema
+    # strategy and fsdp_size are checked by their states in the schema
+    if spec.enable_resource_pool:
+        _reward_model_pool(spec)
     fsdp = rm.model.fsdp_config
     _choice(pre + "model.fsdp_config.model_dtype", fsdp.model_dtype, DTYPES)
     _choice(pre + "model.fsdp_config.dtype", fsdp.dtype, ("auto",) + DTYPES)

@@ -1,9 +1,11 @@
 """Ray worker groups: one actor per rank, placed over nnodes x devices_per_node.
 
 Placement: one placement group per node (STRICT_PACK), ``devices_per_node`` bundles each, one
-bundle per rank. Rank r lives in bundle ``r % devices_per_node`` of node ``r // devices_per_node``.
-Colocated roles (actor, reference, rollout of a rank) are created in the same bundle and split
-its resources, so they share the rank's device. Several roles may also share one process per rank:
+bundle per rank, for each pool of ranks (a :class:`ResourcePlan`: the training ranks', or a role's
+own, such as the reward model's). Rank r lives in bundle ``r % devices_per_node`` of node
+``r // devices_per_node``. Colocated roles (actor, reference, rollout of a rank) are created in the
+same bundle and split its resources (each process its ``num_cpus`` / ``num_gpus`` share), so they
+share the rank's device. Several roles may also share one process per rank:
 :meth:`WorkerGroup.view` gives each role a group of its own over the shared processes, whose calls
 are routed to the role (``worker.call(role, method, ...)``, :class:`grpo_dist.workers.models.ModelWorker`).
 
@@ -70,6 +72,9 @@ class ResourcePlan:
     devices_per_node: int
     device: str  # "cpu" | "cuda"
     cpus_per_rank: float = 1.0
+    keys: str = "trainer"
+    """The section whose ``nnodes`` / ``n_gpus_per_node`` gave the sizes (``trainer``, or a pool of a role's
+    own such as ``reward_model``), named in the messages when the cluster cannot hold the ranks."""
 
     @property
     def world_size(self) -> int:
@@ -90,9 +95,9 @@ def check_fits(plan: ResourcePlan) -> None:
     fitting = sum(1 for g in per_node if g >= plan.devices_per_node)
     if fitting < plan.nnodes:
         raise WorkerError(
-            f"trainer.nnodes={plan.nnodes} x trainer.n_gpus_per_node={plan.devices_per_node} does not fit the Ray "
-            f"cluster: its nodes have {[int(g) for g in per_node]} GPUs, so only {fitting} node(s) can hold "
-            f"{plan.devices_per_node} ranks. Lower trainer.n_gpus_per_node or trainer.nnodes."
+            f"{plan.keys}.nnodes={plan.nnodes} x {plan.keys}.n_gpus_per_node={plan.devices_per_node} does not fit the "
+            f"Ray cluster: its nodes have {[int(g) for g in per_node]} GPUs, so only {fitting} node(s) can hold "
+            f"{plan.devices_per_node} ranks. Lower {plan.keys}.n_gpus_per_node or {plan.keys}.nnodes."
         )
 
 
@@ -108,7 +113,7 @@ def create_placement_groups(plan: ResourcePlan, timeout_s: float = 120.0) -> lis
         raise WorkerError(
             f"could not place {plan.nnodes} node(s) x {plan.devices_per_node} bundle(s) of {plan.bundle()} within "
             f"{timeout_s:.0f}s; the Ray cluster has {len(ray.nodes())} node(s) with available resources {avail}. "
-            "Check trainer.nnodes, trainer.n_gpus_per_node and trainer.device."
+            f"Check {plan.keys}.nnodes, {plan.keys}.n_gpus_per_node and trainer.device."
         )
     return pgs
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from grpo_dist.config.roles import needs_reward_model, reference_is_reset, reward_model_trained  # noqa: F401
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.validate import (  # noqa: F401
@@ -20,6 +21,7 @@ from grpo_dist.config.validate import (  # noqa: F401
     overlong_buffer,
     reward_model_micro_batch,
     reward_model_spec,
+    reward_model_world_size,
     rollout_correction_params,
 )
 from grpo_dist.core.policy_loss import PolicyLossParams
@@ -271,21 +273,6 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
     )
 
 
-def needs_reward_model(cfg: GRPOConfig) -> bool:
-    """Whether the run scores with a learned reward model (either spelling of its switch)."""
-    return reward_model_spec(cfg).enable
-
-
-def reward_model_trained(cfg: GRPOConfig) -> bool:
-    """Whether the reward model is trained during the run (iterative RL): it is then checkpointed."""
-    return needs_reward_model(cfg) and cfg.reward_model.iterative.enable
-
-
-def reference_is_reset(cfg: GRPOConfig) -> bool:
-    """Whether iterative RL resets the reference to the policy: its weights are then checkpointed."""
-    return reward_model_trained(cfg) and cfg.reward_model.iterative.reset_reference and needs_reference(cfg)
-
-
 def reward_model_path(cfg: GRPOConfig) -> str:
     """The reward model's local folder (an embedded name or a hub name resolved like the actor's);
     ``ValueError`` naming the key when it cannot be found."""
@@ -328,7 +315,7 @@ def reward_model_reencodes(cfg: GRPOConfig, rm_path: str, policy_tokenizer_path:
 def reward_model_settings(cfg: GRPOConfig, device: str, rm_path: str, policy_tokenizer_path: str) -> RewardModelSettings:
     rm, it = cfg.reward_model, cfg.reward_model.iterative
     fsdp = rm.model.fsdp_config
-    world = step_shape(cfg).world_size
+    world = reward_model_world_size(cfg)  # its own pool's ranks, or the training ranks it shares
     override = dict(rm.model.override_config)
     attn = override.pop("attn_implementation", cfg.actor_rollout_ref.model.attn_implementation)
     reencode = reward_model_reencodes(cfg, rm_path, policy_tokenizer_path)

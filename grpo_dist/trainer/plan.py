@@ -15,7 +15,8 @@ from typing import Any
 
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
-from grpo_dist.config.validate import data_parallel_size, overlong_buffer
+from grpo_dist.config.roles import bundles
+from grpo_dist.config.validate import overlong_buffer
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.rollout.base import SamplingSettings
@@ -104,7 +105,7 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         reward_trial=dict(timeout_s=cfg.reward_model.timeout_s, on_error=cfg.reward_model.on_error),
         out_dir=t.default_local_dir,
         ray_init=dict(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
-                      min_cpus=data_parallel_size(cfg),
+                      min_cpus=bundles(cfg),  # a bundle of one CPU per rank of every pool
                       runtime_env=dict(py_executable=env.py_executable, env_vars=dict(env.env_vars),
                                        working_dir=env.working_dir)),
         timeline_file=cfg.ray_kwargs.timeline_json_file,
@@ -250,7 +251,7 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         iterative=IterativeSettings(
             steps_per_iteration=it.steps_per_iteration, replay_fraction=it.replay_fraction,
             heldout_fraction=it.heldout_fraction, buffer_size=it.buffer_size, mini_batch_size=it.mini_batch_size,
-            world_size=shape.world_size, seed=t.seed, label_threshold=it.label_threshold)
+            world_size=build.reward_model_world_size(cfg), seed=t.seed, label_threshold=it.label_threshold)
         if build.reward_model_trained(cfg) else None,
         reset_reference=it.reset_reference,
         reference_dtype=build.reference_kwargs(cfg, device)["param_dtype"],

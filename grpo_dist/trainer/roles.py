@@ -1,16 +1,24 @@
-"""The role table: every kind of Ray worker the driver runs, one declarative row each.
+"""The role table's worker-building half: how each row's Ray workers are built, placed and started.
 
-Placement, start-up, shutdown, checkpoints and resume iterate :data:`ROLES`; nothing else in the
-driver lists the roles. A new role (a critic, a reward model) is one :class:`Role` row here, one thin
-worker shell in :mod:`grpo_dist.workers`, and its training module; the driver's step then calls the
-new group where the algorithm needs it.
+The rows themselves (names, the predicates that enable them, pools, device shares, processes, what is
+checkpointed, ``--check``'s descriptions) are :data:`grpo_dist.config.roles.ROLE_SPECS`: ``--check``
+reads them too, and ``config/`` may not import the driver (the package's layers; that module's
+docstring says more). Here each row gets its building part (:data:`_PARTS`, by the row's name): the
+Ray class, the constructor's and ``init_model``'s arguments, the set-up calls. :data:`ROLES` is the
+two joined, in the rows' order; placement, start-up, shutdown, checkpoints and resume iterate it and
+nothing else in the driver lists the roles. A new role is one row there, one building part here, one
+thin worker shell in :mod:`grpo_dist.workers`, and its training module.
 
-Placement: roles with ``per_rank`` get one worker per data-parallel rank, all in the rank's bundle
-(the colocated "hybrid engine" layout); the other roles get one worker that Ray places anywhere.
-Roles with the same ``process`` share one Ray worker process per rank
-(:class:`~grpo_dist.workers.models.ModelWorker`: every role that holds an FSDP2 model), and each
-process of a rank gets an equal share of the rank's device. Roles with ``model`` set load an FSDP2
-model with ``init_model``; a rank's models share the rank's torch.distributed process group.
+Placement (:meth:`Workers.create`): per pool (the training ranks', ``global``; or a pool of a role's
+own, the reward model's with ``reward_model.enable_resource_pool``), one placement group per node
+and one bundle per rank. Roles with ``per_rank`` get one worker per rank of their pool, in the rank's
+bundle; the other roles get one worker that Ray places anywhere. Roles with the same ``process``
+share one Ray worker process per rank (:class:`~grpo_dist.workers.models.ModelWorker`: every role
+that holds an FSDP2 model), and each process takes its share of the rank's device
+(:func:`grpo_dist.config.roles.device_shares`: the rows' ``device_share``, else equal parts). Roles
+with ``model`` set load an FSDP2 model with ``init_model``; the models of one process share its
+torch.distributed process group, whose world size is the pool's (a reward model on its own pool
+has a group and FSDP2 shards of its own).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from grpo_dist.config.roles import GLOBAL, MODELS, ROLE_SPECS, RoleSpec, device_shares, placement, rank_processes  # noqa: F401
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.distributed.worker_group import (
@@ -67,50 +76,49 @@ class RoleContext:
     tokenizer with transformers."""
 
 
-def _always(cfg: GRPOConfig) -> bool:
-    return True
-
-
 @dataclass(frozen=True)
 class Role:
-    """One row of the role table.
+    """One row of the role table: its declarative half (:class:`~grpo_dist.config.roles.RoleSpec`) and
+    how its workers are built.
 
     Attributes:
-        name: the role's name in messages, metrics, checkpoints (``global_step_N/<name>/``).
+        spec: the row (name, ``enabled``, ``per_rank``, ``process``, ``device_share``, ``pool``,
+            ``checkpoint``), read through the properties below.
         worker: returns the Ray actor class (imported lazily: the driver imports no worker code
-            until it starts them).
-        init_kwargs: the constructor's keyword arguments for rank ``r``.
-        enabled: whether the run needs this role.
-        per_rank: one worker per data-parallel rank sharing the rank's device (else one worker).
+            until it starts them); for a role in a shared ``process``, the plain shell class.
+        init_kwargs: the constructor's keyword arguments for rank ``r`` (``ctx.world_size`` is the
+            role's pool's).
         model: ``init_model``'s keyword arguments (besides the process-group address and backend);
-            None for roles that hold no FSDP2 model.
-        checkpoint: saved with every checkpoint and restored on resume
-            (``save_checkpoint(dir)``/``load_checkpoint(dir)``); a function of the configuration for
-            roles that need it only in some runs (:meth:`saves`).
+            None for roles that hold no FSDP2 model. This names the role's settings builder
+            (:mod:`grpo_dist.trainer.build`).
         hf_export: folder of the checkpoint that receives a Hugging Face export (``export_hf``) when
             one is asked for; None: the role exports nothing.
         setup: called once every group exists, to start what several of the role's ranks must do at
             once (a tensor-parallel rollout engine's rendezvous); returns the pending calls, which are
             collected together with the models' loading. None: nothing to do.
-        process: roles (``per_rank`` ones) with the same name here live in one Ray worker process per
-            rank, a :class:`~grpo_dist.workers.models.ModelWorker` (``worker`` then returns the plain
-            shell class); None: the role's own process (``worker`` returns a Ray actor class).
     """
 
-    name: str
+    spec: RoleSpec
     worker: Callable[[], Any]
     init_kwargs: Callable[[RoleContext, int], dict]
-    enabled: Callable[[GRPOConfig], bool] = _always
-    per_rank: bool = True
     model: Callable[[RoleContext], dict] | None = None
-    checkpoint: bool | Callable[[GRPOConfig], bool] = False
     hf_export: str | None = None
     setup: Callable[[RoleContext, WorkerGroup], list] | None = None
-    process: str | None = None
+
+    name = property(lambda self: self.spec.name)
+    enabled = property(lambda self: self.spec.enabled)
+    per_rank = property(lambda self: self.spec.per_rank)
+    process = property(lambda self: self.spec.process)
+    device_share = property(lambda self: self.spec.device_share)
+    checkpoint = property(lambda self: self.spec.checkpoint)
 
     def saves(self, cfg: GRPOConfig) -> bool:
         """Whether this run's checkpoints hold this role."""
-        return self.checkpoint(cfg) if callable(self.checkpoint) else bool(self.checkpoint)
+        return self.spec.saves(cfg)
+
+    def pool_of(self, cfg: GRPOConfig) -> str:
+        """The pool this role's workers run on in this configuration."""
+        return self.spec.pool_of(cfg)
 
 
 def _rank_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -218,46 +226,24 @@ def _reward_setup(ctx: RoleContext, group: WorkerGroup) -> list:
     return group.submit("load_tokenizer", ctx.reward_decoder)
 
 
-MODELS = "models"
-"""The ``process`` of the roles that hold an FSDP2 model: one process per rank holds them all."""
+_PARTS: dict[str, dict[str, Any]] = {
+    "actor": dict(worker=_actor_worker, init_kwargs=_rank_kwargs, model=_actor_model, hf_export="huggingface"),
+    "reference": dict(worker=_reference_worker, init_kwargs=_rank_kwargs, model=_reference_model),
+    "critic": dict(worker=_critic_worker, init_kwargs=_rank_kwargs, model=_critic_model),
+    "reward_model": dict(worker=_reward_model_worker, init_kwargs=_rank_kwargs, model=_reward_model_model),
+    "rollout": dict(worker=_rollout_worker, init_kwargs=_rollout_kwargs, setup=_rollout_setup),
+    "reward": dict(worker=_reward_worker, init_kwargs=_reward_kwargs, setup=_reward_setup),
+}
+"""How each row's workers are built, by the row's name."""
 
-ROLES: tuple[Role, ...] = (
-    Role("actor", _actor_worker, _rank_kwargs, model=_actor_model, checkpoint=True, hf_export="huggingface",
-         process=MODELS),
-    Role("reference", _reference_worker, _rank_kwargs, enabled=build.needs_reference, model=_reference_model,
-         checkpoint=build.reference_is_reset, process=MODELS),
-    Role("critic", _critic_worker, _rank_kwargs, enabled=build.needs_critic, model=_critic_model, checkpoint=True,
-         process=MODELS),
-    Role("reward_model", _reward_model_worker, _rank_kwargs, enabled=build.needs_reward_model, model=_reward_model_model,
-         checkpoint=build.reward_model_trained, process=MODELS),
-    Role("rollout", _rollout_worker, _rollout_kwargs, setup=_rollout_setup),
-    Role("reward", _reward_worker, _reward_kwargs, per_rank=False, setup=_reward_setup),
-)
-"""Every role, in start-up order (a role's workers are created before the next role's)."""
+ROLES: tuple[Role, ...] = tuple(Role(spec, **_PARTS[spec.name]) for spec in ROLE_SPECS)
+"""Every role, in start-up order (:data:`grpo_dist.config.roles.ROLE_SPECS`'s)."""
+assert len(ROLES) == len(_PARTS), "a building part without a row in grpo_dist.config.roles.ROLE_SPECS"
 
 
 def active_roles(cfg: GRPOConfig, roles: tuple[Role, ...] = ROLES) -> list[Role]:
     """The rows this configuration needs."""
     return [r for r in roles if r.enabled(cfg)]
-
-
-def rank_processes(roles: list[Role]) -> list[tuple[str | None, list[Role]]]:
-    """The Ray worker processes of one rank, in start-up order, as ``(process, roles)``: one entry per
-    ``process`` name with the ``per_rank`` roles it holds, and ``(None, [role])`` for each ``per_rank``
-    role in a process of its own."""
-    shared: dict[str, list[Role]] = {}
-    out: list[tuple[str | None, list[Role]]] = []
-    for r in roles:
-        if not r.per_rank:
-            continue
-        if r.process is None:
-            out.append((None, [r]))
-        elif r.process in shared:
-            shared[r.process].append(r)
-        else:
-            shared[r.process] = [r]
-            out.append((r.process, shared[r.process]))
-    return out
 
 
 def create_workers(cfg: GRPOConfig, device: str, model_path: str, tokenizer_path: str) -> Workers:
@@ -282,7 +268,11 @@ class Workers:
         """One group per kind of worker process (the shared model process, not its per-role views)."""
         self.pgs: list = []
         t = ctx.cfg.trainer
-        self.resources = ResourcePlan(t.nnodes, t.n_gpus_per_node, ctx.device, cpus_per_rank=1.0)
+        self.pools = placement(ctx.cfg, self.roles)
+        """The ``per_rank`` roles of each pool, as ``(pool, roles)``, the training ranks' pool first."""
+        self.plans = {p.name: ResourcePlan(p.nnodes, p.per_node, ctx.device, cpus_per_rank=1.0, keys=p.keys)
+                      for p, _ in self.pools}
+        """Each pool's bundles, by the pool's name."""
         self._timeouts = (t.worker_call_timeout_s, t.worker_call_timeout_factor, t.worker_call_timeout_min_s)
         self.model_notes: dict[str, str] = {}
         """Per role, the line its workers' ``init_model`` returned (the auto memory choices)."""
@@ -326,16 +316,17 @@ class Workers:
         """Place every active role and create its workers. Ray runs their constructors (the heavy imports:
         torch, vLLM, transformers) in their own processes while the caller goes on; nothing here needs the
         data or the number of steps (:meth:`start` hands it to ``init_model``)."""
-        ctx, plan = self.ctx, self.resources
+        ctx = self.ctx
         r = ctx.cfg.actor_rollout_ref.rollout
         if ctx.device == "cpu" and r.name == "vllm":  # one KV-cache size for every engine, said at start-up
             gib, why = build.kv_cache_gib(ctx.cfg, ctx.model_path)
             self.ctx = ctx = replace(ctx, kv_cache_gib=gib)
             if r.kv_cache_gib == "auto":
                 self.model_notes["rollout"] = f"KV cache {gib:g} GiB per engine (auto: {why})"
-        self.pgs = create_placement_groups(plan)
-        processes = rank_processes(self.roles)
-        share = 1.0 / len(processes)
+        pgs = {}
+        for pool, _ in self.pools:  # every pool placed before any worker is created
+            pgs[pool.name] = create_placement_groups(self.plans[pool.name])
+            self.pgs += pgs[pool.name]
         # Ray starts a worker with OMP_NUM_THREADS = its CPU share (1 here); libraries that size their
         # thread pools when torch loads keep that even after torch.set_num_threads. On CPU, giving the
         # count at process start made rollout and update 6-14 % faster on the 2-core benchmark
@@ -343,32 +334,42 @@ class Workers:
         # one GPU run with 4 OpenMP threads was not faster (docs/benchmarks.md).
         cpu = ctx.device == "cpu"
         env = {"OMP_NUM_THREADS": str(ctx.num_threads), **CPU_WORKER_MALLOC_ENV} if cpu else {}
-        for process, members in processes:
-            if process is None:  # a role in a process of its own
-                continue
-            from grpo_dist.workers.models import RemoteModelWorker
+        for pool, pool_roles in self.pools:
+            plan, pctx = self.plans[pool.name], self._context(pool.name)
+            processes = rank_processes(pool_roles)
+            for (process, members), share in zip(processes, device_shares(processes)):
+                resources = dict(num_cpus=share, num_gpus=0.0 if cpu else share, env=env)
+                if process is None:  # a role in a process of its own
+                    role = members[0]
+                    group = WorkerGroup(role.name, role.worker(), plan, pgs[pool.name],
+                                        init_kwargs=lambda r, role=role, pctx=pctx: role.init_kwargs(pctx, r),
+                                        deadlines=self._deadlines(), **resources)
+                    self.groups[role.name] = group
+                    self.process_groups.append(group)
+                    continue
+                from grpo_dist.workers.models import RemoteModelWorker
 
-            shared = WorkerGroup(
-                process, RemoteModelWorker, plan, self.pgs,
-                init_kwargs=lambda r, members=members: {"parts": {m.name: (_class_name(m.worker()),
-                                                                           m.init_kwargs(ctx, r))
-                                                                  for m in members}},
-                num_cpus=share, num_gpus=0.0 if cpu else share, env=env)
-            self.process_groups.append(shared)
-            for m in members:
-                self.groups[m.name] = shared.view(m.name, roles=[m.name for m in members], deadlines=self._deadlines())
+                shared = WorkerGroup(  # named by its pool too: messages and startup.json tell the processes apart
+                    process if pool.name == GLOBAL else f"{process} ({pool.name} pool)", RemoteModelWorker, plan,
+                    pgs[pool.name],
+                    init_kwargs=lambda r, members=members, pctx=pctx: {
+                        "parts": {m.name: (_class_name(m.worker()), m.init_kwargs(pctx, r)) for m in members}},
+                    **resources)
+                self.process_groups.append(shared)
+                for m in members:
+                    self.groups[m.name] = shared.view(m.name, roles=[m.name for m in members],
+                                                      deadlines=self._deadlines())
         for role in self.roles:
-            if role.name in self.groups:
-                continue
-            if role.per_rank:
-                self.groups[role.name] = WorkerGroup(
-                    role.name, role.worker(), plan, self.pgs, init_kwargs=lambda r, role=role: role.init_kwargs(ctx, r),
-                    num_cpus=share, num_gpus=0.0 if cpu else share, env=env, deadlines=self._deadlines())
-            else:
+            if not role.per_rank:
                 self.groups[role.name] = WorkerGroup(role.name, role.worker(), None, None,
                                                      init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0,
                                                      deadlines=self._deadlines())
-            self.process_groups.append(self.groups[role.name])
+                self.process_groups.append(self.groups[role.name])
+
+    def _context(self, pool: str) -> RoleContext:
+        """The run's context for the roles of ``pool``: its ``world_size`` is the pool's ranks."""
+        size = self.plans[pool].world_size
+        return self.ctx if size == self.ctx.world_size else replace(self.ctx, world_size=size)
 
     def _load(self) -> None:
         ctx = self.ctx
@@ -384,7 +385,7 @@ class Workers:
                 group = self.groups[role.name]
                 addr, port = group.call("address")[0]
                 loading.append((group, group.submit("init_model", master_addr=addr, master_port=port, backend=backend,
-                                                    **role.model(ctx))))
+                                                    **role.model(self._context(role.pool_of(ctx.cfg))))))
         for group, refs in loading:
             # generous: trainer.worker_call_timeout_s (a first load may read a large model from a slow disk)
             notes = group.collect(refs, "model loading",

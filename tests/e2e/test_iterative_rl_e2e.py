@@ -6,7 +6,10 @@ policy after each retraining.
 Two runs share the assertions: 8 steps at once (checkpoints at steps 5 and 8), and a second run that
 resumes from step 5 (in the middle of an iteration: its samples so far are in the checkpoint) and
 goes through two reward-model updates (steps 6 and 8, the second drawing replay from a buffer that was
-restored and then grown after the resume) to step 8.
+restored and then grown after the resume) to step 8. The second run puts the reward model on a pool
+of its own (``reward_model.enable_resource_pool``, 2 ranks: its own processes and process group);
+the first has it in the training ranks' processes, so the comparison of the two also checks that
+where the reward model runs changes none of its scores and updates.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ VAL = "val-core/grpo_dist/reverse/acc/mean@1"
 STEPS, EVERY = 8, 2
 RESUME_AT = 5  # mid-iteration: the checkpoint holds the step's pending samples
 RESETS = (2, 4, 6, 8)
+OWN_POOL = ["reward_model.enable_resource_pool=true", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=2"]
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +80,7 @@ def runs(starting_reward_model, reverse_data, tmp_path_factory):
     p_full = run_main(iterative_args(policy, rm, reverse_data, full))
     t1 = time.perf_counter()
     assert p_full.returncode == 0, p_full.stdout[-2000:] + p_full.stderr[-4000:]
-    p_part = run_main(iterative_args(policy, rm, reverse_data, part)
+    p_part = run_main(iterative_args(policy, rm, reverse_data, part) + OWN_POOL
                       + ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={full / f'global_step_{RESUME_AT}'}"])
     t2 = time.perf_counter()
     assert p_part.returncode == 0, p_part.stdout[-2000:] + p_part.stderr[-4000:]
@@ -139,6 +143,25 @@ def test_resume_across_reward_model_updates_is_exact(runs):
     wb = load_file(str(runs["part"] / f"global_step_{STEPS}" / "huggingface" / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_reward_model_on_its_own_pool_scores_and_trains_as_the_colocated_one(runs):
+    """The resumed run's reward model ran in processes of its own (2 ranks, the training ranks' model
+    processes without it) and loaded the checkpoint the colocated one wrote; from the same inputs its
+    scores, its verifier agreement before and after each update and its losses are the colocated run's."""
+    from grpo_dist.utils import startup
+
+    full, part = startup.read(runs["full"])[0], startup.read(runs["part"])[0]
+    assert sorted(p for p in full["processes"] if p.startswith("models")) == ["models rank 0", "models rank 1"]
+    assert sorted(p for p in part["processes"] if p.startswith("models")) == [
+        "models (reward_model pool) rank 0", "models (reward_model pool) rank 1", "models rank 0", "models rank 1"]
+    a, b = runs["m"], runs["resumed"]
+    first = RESUME_AT + 1  # the same weights restored, so the same responses: the same scores, to the bit
+    assert {k: b[first][k] for k in a[first] if k.startswith("reward_model/")} == {
+        k: v for k, v in a[first].items() if k.startswith("reward_model/")}
+    for step in range(first + 1, STEPS + 1):  # (every reward_model/ metric: the resume test just above)
+        assert math.isclose(a[step]["reward_model/score/mean"], b[step]["reward_model/score/mean"], rel_tol=1e-4)
+    assert [s for s in b if "reward_model/train_loss" in b[s]] == [6, 8]  # it was trained on its own pool
 
 
 def test_the_checkpoint_holds_the_reward_model_the_replay_buffer_and_the_reset_reference(runs):
