@@ -214,14 +214,8 @@ def register_adv_estimator(
     check_name(name, "advantage estimator")
 
     def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
-        spec = AdvEstimatorSpec(
-            name=name,
-            fn=fn,
-            group_based=group_based,
-            needs_values=needs_values,
-            needs_step_rewards=needs_step_rewards,
-            needs_baseline_rollout=needs_baseline_rollout,
-        )
+        spec = AdvEstimatorSpec(name=name, fn=fn, group_based=group_based, needs_values=needs_values,
+                                needs_step_rewards=needs_step_rewards, needs_baseline_rollout=needs_baseline_rollout)
         add_spec(_REGISTRY, name, spec, "advantage estimator")
         return fn
 
