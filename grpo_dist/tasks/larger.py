@@ -21,10 +21,9 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 from pathlib import Path
 
-from grpo_dist.tasks.reverse import _lock
+from grpo_dist.tasks.reverse import _build_once
 
 DATA_SOURCE = "grpo_dist/larger"
 VERSION = "v1"
@@ -98,13 +97,5 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
 def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
     d = Path(cache) / f"larger-data-{VERSION}"
     paths = {"train": d / "train.parquet", "test": d / "test.parquet"}
-    if all(p.exists() for p in paths.values()):
-        return paths
-    with _lock(Path(cache) / ".larger-data.lock"):
-        if not all(p.exists() for p in paths.values()):
-            tmp = d.with_name(d.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            write_data(tmp)
-            shutil.rmtree(d, ignore_errors=True)
-            os.replace(tmp, d)
+    _build_once(d, paths.values(), Path(cache) / ".larger-data.lock", write_data)
     return paths

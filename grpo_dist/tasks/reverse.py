@@ -22,7 +22,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 DATA_SOURCE = "grpo_dist/reverse"
 VERSION = "v1"
@@ -45,6 +45,26 @@ def _lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_once(final: Path, markers: Iterable[Path], lock: Path, build: Callable[[Path], object],
+                note: str = "") -> None:
+    """Build the folder ``final`` once, also across processes: unless every one of ``markers`` exists,
+    take the file lock ``lock``, look again, and ``build`` into ``final.tmp`` that then replaces
+    ``final`` whole (a reader never sees half a build). ``note`` is printed before building."""
+    markers = list(markers)
+    if all(p.exists() for p in markers):
+        return
+    with _lock(lock):
+        if all(p.exists() for p in markers):
+            return
+        if note:
+            print(note, flush=True)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
 
 
 def make_prompt(digits: str) -> list[dict]:
@@ -176,17 +196,8 @@ def build_model(out_dir: Path, *, warmup_steps: int = 200, seed: int = 0, log_ev
 
 def ensure_model(cache: str | os.PathLike) -> Path:
     final = Path(cache) / f"tiny-reverse-{VERSION}"
-    if (final / "grpo_dist_task.json").exists():
-        return final
-    with _lock(Path(cache) / ".tiny-reverse.lock"):
-        if (final / "grpo_dist_task.json").exists():
-            return final
-        print(f"grpo_dist: building the embedded base model in {final} (one time, about a minute)", flush=True)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        build_model(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+    _build_once(final, [final / "grpo_dist_task.json"], Path(cache) / ".tiny-reverse.lock", build_model,
+                note=f"grpo_dist: building the embedded base model in {final} (one time, about a minute)")
     return final
 
 
@@ -231,32 +242,22 @@ def build_reward_model(out_dir: Path, policy_dir: Path, *, prompts: int = 512, n
 def ensure_reward_model(cache: str | os.PathLike) -> Path:
     """The embedded task's starting reward model (built once from the embedded base policy, cached)."""
     final = Path(cache) / f"tiny-reverse-rm-{RM_VERSION}"
-    if (final / "grpo_dist_reward_model.json").exists():
+    marker = final / "grpo_dist_reward_model.json"
+    if marker.exists():
         return final
     policy = ensure_model(cache)
-    with _lock(Path(cache) / ".tiny-reverse-rm.lock"):
-        if (final / "grpo_dist_reward_model.json").exists():
-            return final
-        print(f"grpo_dist: training a starting reward model in {final} (one time)", flush=True)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> None:
         tmp.mkdir(parents=True)
         build_reward_model(tmp, policy)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+
+    _build_once(final, [marker], Path(cache) / ".tiny-reverse-rm.lock", build,
+                note=f"grpo_dist: training a starting reward model in {final} (one time)")
     return final
 
 
 def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
     d = Path(cache) / f"reverse-data-{VERSION}"
     paths = {"train": d / "train.parquet", "test": d / "test.parquet"}
-    if all(p.exists() for p in paths.values()):
-        return paths
-    with _lock(Path(cache) / ".reverse-data.lock"):
-        if not all(p.exists() for p in paths.values()):
-            tmp = d.with_name(d.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            write_data(tmp)
-            shutil.rmtree(d, ignore_errors=True)
-            os.replace(tmp, d)
+    _build_once(d, paths.values(), Path(cache) / ".reverse-data.lock", write_data)
     return paths
