@@ -93,9 +93,6 @@ _register()
 # ------------------------------------------------------------------------------------------ data
 def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
     """train.parquet / test.parquet in verl's row format; test strings never appear in train."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rng = random.Random(seed)
     test: list[str] = []
     seen: set[str] = set()
@@ -109,10 +106,9 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
         d = _digits(rng)
         if d not in seen:
             train.append(d)
-    out = {}
-    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = {}
     for split, items in (("train", train), ("test", test)):
-        rows = [
+        rows[split] = [
             {
                 "data_source": DATA_SOURCE,
                 "prompt": make_prompt(d),
@@ -122,10 +118,29 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
             }
             for i, d in enumerate(items)
         ]
+    return _write_splits(out_dir, rows)
+
+
+def _write_splits(out_dir: Path, rows: dict[str, list[dict]]) -> dict[str, Path]:
+    """``out_dir/{split}.parquet`` for each split's rows; their paths by split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, split_rows in rows.items():
         path = out_dir / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        pq.write_table(pa.Table.from_pylist(split_rows), path)
         out[split] = path
     return out
+
+
+def _ensure_splits(folder: Path, lock: Path, write: Callable[[Path], object]) -> dict[str, Path]:
+    """``folder/train.parquet`` and ``folder/test.parquet``, written by ``write(folder)`` once
+    (:func:`_build_once`, under the file lock ``lock``)."""
+    paths = {"train": folder / "train.parquet", "test": folder / "test.parquet"}
+    _build_once(folder, paths.values(), lock, write)
+    return paths
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -257,7 +272,4 @@ def ensure_reward_model(cache: str | os.PathLike) -> Path:
 
 
 def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
-    d = Path(cache) / f"reverse-data-{VERSION}"
-    paths = {"train": d / "train.parquet", "test": d / "test.parquet"}
-    _build_once(d, paths.values(), Path(cache) / ".reverse-data.lock", write_data)
-    return paths
+    return _ensure_splits(Path(cache) / f"reverse-data-{VERSION}", Path(cache) / ".reverse-data.lock", write_data)
