@@ -29,6 +29,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from grpo_dist.core.registry import add_spec, check_name, find_spec
+
 __all__ = [
     "AdvantageInputs",
     "AdvantageParams",
@@ -209,24 +211,12 @@ def register_adv_estimator(
     Registering a second, different function under a name already taken raises ``ValueError``.
     Returns the function unchanged.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"advantage estimator name must be a non-empty string, got {name!r}")
+    check_name(name, "advantage estimator")
 
     def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
-        old = _REGISTRY.get(name)
-        if old is not None and old.fn is not fn:
-            raise ValueError(
-                f"advantage estimator {name!r} is already registered (to {old.fn.__qualname__}); "
-                "choose another name"
-            )
-        _REGISTRY[name] = AdvEstimatorSpec(
-            name=name,
-            fn=fn,
-            group_based=group_based,
-            needs_values=needs_values,
-            needs_step_rewards=needs_step_rewards,
-            needs_baseline_rollout=needs_baseline_rollout,
-        )
+        spec = AdvEstimatorSpec(name=name, fn=fn, group_based=group_based, needs_values=needs_values,
+                                needs_step_rewards=needs_step_rewards, needs_baseline_rollout=needs_baseline_rollout)
+        add_spec(_REGISTRY, name, spec, "advantage estimator")
         return fn
 
     return decorator
@@ -234,13 +224,7 @@ def register_adv_estimator(
 
 def get_adv_estimator(name: str) -> AdvEstimatorSpec:
     """The registered estimator ``name``; ``ValueError`` naming the valid names if there is none."""
-    spec = _REGISTRY.get(name) if isinstance(name, str) else None
-    if spec is None:
-        raise ValueError(
-            f"unknown advantage estimator {name!r} (algorithm.adv_estimator); "
-            f"valid names: {list_adv_estimators()}"
-        )
-    return spec
+    return find_spec(_REGISTRY, name, "advantage estimator", "algorithm.adv_estimator")
 
 
 def list_adv_estimators() -> list[str]:

@@ -83,6 +83,23 @@ def _chunks(shape: torch.Size, step: int):
             yield (*idx, slice(start, start + step))
 
 
+def _grad_of_logits(z_CV, labels_C, g_logp_C, g_entropy_C, es_C, temperature: float) -> torch.Tensor:
+    """``dL/dz`` [C, V] float32 of one chunk from the upstream gradients (module docstring)."""
+    s_CV, _, p_CV, ps_CV = _softmax_terms(z_CV, temperature)
+    del s_CV
+    g_CV = torch.zeros_like(p_CV)
+    if g_logp_C is not None:
+        g_C = g_logp_C.unsqueeze(-1)
+        g_CV -= g_C * p_CV
+        g_CV.scatter_add_(-1, labels_C.unsqueeze(-1), g_C)
+    if g_entropy_C is not None:
+        # -p (s - E[s]) = p E[s] - p s
+        g_CV += g_entropy_C.unsqueeze(-1) * (p_CV * es_C.unsqueeze(-1) - ps_CV)
+    if temperature != 1.0:
+        g_CV /= temperature
+    return g_CV
+
+
 class _LogprobEntropy(torch.autograd.Function):
     """(logp, H) per position from logits, chunked over the leading dimension (module docstring)."""
 
@@ -106,17 +123,8 @@ class _LogprobEntropy(torch.autograd.Function):
         logits_MV, labels_M, es_M = ctx.saved_tensors
         grad_MV = torch.empty(logits_MV.shape, dtype=logits_MV.dtype, device=logits_MV.device)
         for sl in _chunks(logits_MV.shape, ctx.step):
-            s_CV, _, p_CV, ps_CV = _softmax_terms(logits_MV[sl], ctx.temperature)
-            g_CV = torch.zeros_like(p_CV)
-            if g_logp_M is not None:
-                g_C = g_logp_M[sl].unsqueeze(-1)
-                g_CV -= g_C * p_CV
-                g_CV.scatter_add_(-1, labels_M[sl].unsqueeze(-1), g_C)
-            if g_entropy_M is not None:
-                # -p (s - E[s]) = p E[s] - p s
-                g_CV += g_entropy_M[sl].unsqueeze(-1) * (p_CV * es_M[sl].unsqueeze(-1) - ps_CV)
-            if ctx.temperature != 1.0:
-                g_CV /= ctx.temperature
+            g_CV = _grad_of_logits(logits_MV[sl], labels_M[sl], None if g_logp_M is None else g_logp_M[sl],
+                                   None if g_entropy_M is None else g_entropy_M[sl], es_M[sl], ctx.temperature)
             grad_MV[sl] = g_CV.to(grad_MV.dtype)
         return grad_MV, None, None, None, None
 
@@ -154,22 +162,6 @@ def token_logprobs_and_entropy(
     if not compute_entropy:
         return logp_M, None
     return logp_M, (entropy_M if entropy_requires_grad else entropy_M.detach())
-
-
-def _grad_of_logits(z_CV, labels_C, g_logp_C, g_entropy_C, es_C, temperature: float) -> torch.Tensor:
-    """``dL/dz`` [C, V] float32 of one chunk from the upstream gradients (module docstring)."""
-    s_CV, _, p_CV, ps_CV = _softmax_terms(z_CV, temperature)
-    del s_CV
-    g_CV = torch.zeros_like(p_CV)
-    if g_logp_C is not None:
-        g_C = g_logp_C.unsqueeze(-1)
-        g_CV -= g_C * p_CV
-        g_CV.scatter_add_(-1, labels_C.unsqueeze(-1), g_C)
-    if g_entropy_C is not None:
-        g_CV += g_entropy_C.unsqueeze(-1) * (p_CV * es_C.unsqueeze(-1) - ps_CV)
-    if temperature != 1.0:
-        g_CV /= temperature
-    return g_CV
 
 
 class _LinearLogprobEntropy(torch.autograd.Function):

@@ -79,6 +79,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from grpo_dist.core.losses import AggSpec, agg_loss, masked_mean, ppo_clip_policy_loss
+from grpo_dist.core.registry import add_spec, check_name, find_spec
 from grpo_dist.core.rollout_correction import (
     RolloutCorrectionParams,
     importance_weights,
@@ -255,18 +256,13 @@ def register_policy_loss(name: str, *, rollout_is_weights: bool = False) -> Call
     registering a different function under a name already taken raises ``ValueError``.
     Returns the function unchanged.
     """
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"policy loss name must be a non-empty string, got {name!r}")
+    check_name(name, "policy loss")
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         if not callable(fn):
             raise ValueError(f"policy loss {name!r} must be a function, got {type(fn).__name__}")
-        old = _REGISTRY.get(name)
-        if old is not None and old.fn is not fn:
-            raise ValueError(
-                f"policy loss {name!r} is already registered (to {old.fn.__qualname__}); choose another name"
-            )
-        _REGISTRY[name] = PolicyLossSpec(name=name, fn=fn, accepts_rollout_is_weights=rollout_is_weights)
+        add_spec(_REGISTRY, name, PolicyLossSpec(name=name, fn=fn, accepts_rollout_is_weights=rollout_is_weights),
+                 "policy loss")
         return fn
 
     return decorator
@@ -274,13 +270,7 @@ def register_policy_loss(name: str, *, rollout_is_weights: bool = False) -> Call
 
 def get_policy_loss(name: str) -> PolicyLossSpec:
     """The registered mode ``name``; ``ValueError`` naming the valid modes if there is none."""
-    spec = _REGISTRY.get(name) if isinstance(name, str) else None
-    if spec is None:
-        raise ValueError(
-            f"unknown policy loss mode {name!r} (actor_rollout_ref.actor.policy_loss.loss_mode); "
-            f"valid modes: {list_policy_losses()}"
-        )
-    return spec
+    return find_spec(_REGISTRY, name, "policy loss mode", "actor_rollout_ref.actor.policy_loss.loss_mode", "modes")
 
 
 def list_policy_losses() -> list[str]:

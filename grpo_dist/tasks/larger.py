@@ -21,10 +21,9 @@ from __future__ import annotations
 import os
 import random
 import re
-import shutil
 from pathlib import Path
 
-from grpo_dist.tasks.reverse import _lock
+from grpo_dist.tasks.reverse import _ensure_splits, _write_splits
 
 DATA_SOURCE = "grpo_dist/larger"
 VERSION = "v1"
@@ -73,13 +72,9 @@ def split_pairs(*, seed: int = 0) -> dict[str, list[tuple[int, int]]]:
 
 def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
     """train.parquet / test.parquet in verl's row format."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = {}
-    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = {}
     for split, items in split_pairs(seed=seed).items():
-        rows = [
+        rows[split] = [
             {
                 "data_source": DATA_SOURCE,
                 "prompt": make_prompt(a, b),
@@ -89,22 +84,8 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
             }
             for i, (a, b) in enumerate(items)
         ]
-        path = out_dir / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        out[split] = path
-    return out
+    return _write_splits(out_dir, rows)
 
 
 def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
-    d = Path(cache) / f"larger-data-{VERSION}"
-    paths = {"train": d / "train.parquet", "test": d / "test.parquet"}
-    if all(p.exists() for p in paths.values()):
-        return paths
-    with _lock(Path(cache) / ".larger-data.lock"):
-        if not all(p.exists() for p in paths.values()):
-            tmp = d.with_name(d.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            write_data(tmp)
-            shutil.rmtree(d, ignore_errors=True)
-            os.replace(tmp, d)
-    return paths
+    return _ensure_splits(Path(cache) / f"larger-data-{VERSION}", Path(cache) / ".larger-data.lock", write_data)

@@ -22,7 +22,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 DATA_SOURCE = "grpo_dist/reverse"
 VERSION = "v1"
@@ -45,6 +45,26 @@ def _lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_once(final: Path, markers: Iterable[Path], lock: Path, build: Callable[[Path], object],
+                note: str = "") -> None:
+    """Build the folder ``final`` once, also across processes: unless every one of ``markers`` exists,
+    take the file lock ``lock``, look again, and ``build`` into ``final.tmp`` that then replaces
+    ``final`` whole (a reader never sees half a build). ``note`` is printed before building."""
+    markers = list(markers)
+    if all(p.exists() for p in markers):
+        return
+    with _lock(lock):
+        if all(p.exists() for p in markers):
+            return
+        if note:
+            print(note, flush=True)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        build(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
 
 
 def make_prompt(digits: str) -> list[dict]:
@@ -73,9 +93,6 @@ _register()
 # ------------------------------------------------------------------------------------------ data
 def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
     """train.parquet / test.parquet in verl's row format; test strings never appear in train."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rng = random.Random(seed)
     test: list[str] = []
     seen: set[str] = set()
@@ -89,10 +106,9 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
         d = _digits(rng)
         if d not in seen:
             train.append(d)
-    out = {}
-    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = {}
     for split, items in (("train", train), ("test", test)):
-        rows = [
+        rows[split] = [
             {
                 "data_source": DATA_SOURCE,
                 "prompt": make_prompt(d),
@@ -102,10 +118,29 @@ def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
             }
             for i, d in enumerate(items)
         ]
+    return _write_splits(out_dir, rows)
+
+
+def _write_splits(out_dir: Path, rows: dict[str, list[dict]]) -> dict[str, Path]:
+    """``out_dir/{split}.parquet`` for each split's rows; their paths by split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, split_rows in rows.items():
         path = out_dir / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
+        pq.write_table(pa.Table.from_pylist(split_rows), path)
         out[split] = path
     return out
+
+
+def _ensure_splits(folder: Path, lock: Path, write: Callable[[Path], object]) -> dict[str, Path]:
+    """``folder/train.parquet`` and ``folder/test.parquet``, written by ``write(folder)`` once
+    (:func:`_build_once`, under the file lock ``lock``)."""
+    paths = {"train": folder / "train.parquet", "test": folder / "test.parquet"}
+    _build_once(folder, paths.values(), lock, write)
+    return paths
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -176,17 +211,8 @@ def build_model(out_dir: Path, *, warmup_steps: int = 200, seed: int = 0, log_ev
 
 def ensure_model(cache: str | os.PathLike) -> Path:
     final = Path(cache) / f"tiny-reverse-{VERSION}"
-    if (final / "grpo_dist_task.json").exists():
-        return final
-    with _lock(Path(cache) / ".tiny-reverse.lock"):
-        if (final / "grpo_dist_task.json").exists():
-            return final
-        print(f"grpo_dist: building the embedded base model in {final} (one time, about a minute)", flush=True)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        build_model(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+    _build_once(final, [final / "grpo_dist_task.json"], Path(cache) / ".tiny-reverse.lock", build_model,
+                note=f"grpo_dist: building the embedded base model in {final} (one time, about a minute)")
     return final
 
 
@@ -231,32 +257,19 @@ def build_reward_model(out_dir: Path, policy_dir: Path, *, prompts: int = 512, n
 def ensure_reward_model(cache: str | os.PathLike) -> Path:
     """The embedded task's starting reward model (built once from the embedded base policy, cached)."""
     final = Path(cache) / f"tiny-reverse-rm-{RM_VERSION}"
-    if (final / "grpo_dist_reward_model.json").exists():
+    marker = final / "grpo_dist_reward_model.json"
+    if marker.exists():
         return final
     policy = ensure_model(cache)
-    with _lock(Path(cache) / ".tiny-reverse-rm.lock"):
-        if (final / "grpo_dist_reward_model.json").exists():
-            return final
-        print(f"grpo_dist: training a starting reward model in {final} (one time)", flush=True)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> None:
         tmp.mkdir(parents=True)
         build_reward_model(tmp, policy)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+
+    _build_once(final, [marker], Path(cache) / ".tiny-reverse-rm.lock", build,
+                note=f"grpo_dist: training a starting reward model in {final} (one time)")
     return final
 
 
 def ensure_data(cache: str | os.PathLike) -> dict[str, Path]:
-    d = Path(cache) / f"reverse-data-{VERSION}"
-    paths = {"train": d / "train.parquet", "test": d / "test.parquet"}
-    if all(p.exists() for p in paths.values()):
-        return paths
-    with _lock(Path(cache) / ".reverse-data.lock"):
-        if not all(p.exists() for p in paths.values()):
-            tmp = d.with_name(d.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            write_data(tmp)
-            shutil.rmtree(d, ignore_errors=True)
-            os.replace(tmp, d)
-    return paths
+    return _ensure_splits(Path(cache) / f"reverse-data-{VERSION}", Path(cache) / ".reverse-data.lock", write_data)

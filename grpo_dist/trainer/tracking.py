@@ -21,6 +21,7 @@ works without an account); mlflow logs to ``MLFLOW_TRACKING_URI`` when it is set
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -52,6 +53,16 @@ def missing_backends(backends: Sequence[str]) -> str | None:
     pip = " ".join(p for _, p in missing)
     return (f"trainer.logger has {names} but the package is not installed here: pip install {pip} "
             "(or the [tracking] extra: pip install -e '.[tracking]'), or drop it from trainer.logger")
+
+
+def _import_backend(backend: str, module: str | None = None) -> Any:
+    """The package of the ``trainer.logger`` backend ``backend`` (or its ``module``), imported;
+    ``RuntimeError`` with the pip command when it is not installed."""
+    name, pip = BACKEND_PACKAGES[backend]
+    try:
+        return importlib.import_module(module or name)
+    except ImportError as exc:  # pragma: no cover - depends on installed extras
+        raise RuntimeError(f"trainer.logger has {backend!r} but {backend} is not installed: pip install {pip}") from exc
 
 
 def _trim_jsonl(path: Path, resume_step: int) -> None:
@@ -146,10 +157,7 @@ class ConsoleLogger:
 
 class TensorboardLogger:
     def __init__(self, out_dir: Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:  # pragma: no cover - depends on installed extras
-            raise RuntimeError("trainer.logger has 'tensorboard' but tensorboard is not installed: pip install tensorboard") from exc
+        SummaryWriter = _import_backend("tensorboard", "torch.utils.tensorboard").SummaryWriter
         self.w = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -167,11 +175,7 @@ class TensorboardLogger:
 
 class WandbLogger:
     def __init__(self, project: str, name: str, config: dict, out_dir: Path) -> None:
-        try:
-            import wandb
-        except ImportError as exc:  # pragma: no cover
-            raise RuntimeError("trainer.logger has 'wandb' but wandb is not installed: pip install wandb") from exc
-        self.wandb = wandb
+        self.wandb = wandb = _import_backend("wandb")
         directory = os.environ.get("WANDB_DIR") or str(out_dir)
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=project, name=name, config=config, dir=directory)
@@ -220,11 +224,7 @@ def mlflow_key(name: str) -> str:
 
 class MlflowLogger:
     def __init__(self, project: str, name: str, config: dict, out_dir: Path) -> None:
-        try:
-            import mlflow
-        except ImportError as exc:  # pragma: no cover
-            raise RuntimeError("trainer.logger has 'mlflow' but mlflow is not installed: pip install mlflow-skinny") from exc
-        self.mlflow = mlflow
+        self.mlflow = mlflow = _import_backend("mlflow")
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             import importlib.util
 
