@@ -6,6 +6,7 @@ which the end-to-end runs cover)."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import ray
@@ -46,6 +47,20 @@ def shells():
     return Policy, Frozen
 
 
+def gone(actor, timeout_s: float = 30.0) -> None:
+    """Wait until Ray reports ``actor`` dead (after ``ray.kill``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"the killed actor still answers after {timeout_s} s")
+
+
 def test_views_route_calls_to_their_role_in_one_process_per_rank(local_ray):
     Policy, Frozen = shells()
     plan = ResourcePlan(1, 2, "cpu", cpus_per_rank=1.0)
@@ -70,6 +85,7 @@ def test_views_route_calls_to_their_role_in_one_process_per_rank(local_ray):
             shared.view("critic", roles=["critic"]).call("step", 0)
         # a lost process stops every role it held, and the message says so
         ray.kill(shared.workers[1], no_restart=True)
+        gone(shared.workers[1])  # ray.kill returns before the process is gone: a call right after may still be served
         with pytest.raises(WorkerError) as err:
             frozen.call("step", 1)
         assert err.value.kind == "lost"
