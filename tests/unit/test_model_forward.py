@@ -122,6 +122,67 @@ def test_varlen_sdpa_attends_one_sequence_at_a_time(monkeypatch):
     assert all(mask is None and causal for _, mask, causal in seen)
 
 
+def _kernel_stand_in(window_api: bool, gqa_api: bool, calls: list):
+    """A CPU stand-in for torch's CUDA variable-length kernel with either keyword set: [N, H, D] inputs,
+    per-sequence SDPA, the causal flag read from ``window_size`` or ``is_causal``."""
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, **kw):
+        assert torch.equal(cu_q, cu_k) and max_q == max_k and cu_q.dtype == torch.int32
+        causal = kw["window_size"] == (-1, 0) if window_api else kw["is_causal"]
+        gqa = bool(kw.get("enable_gqa", False))
+        assert gqa_api or (not gqa and q.shape[1] == k.shape[1])  # heads repeated when it cannot share them
+        calls.append((q.shape, k.shape, causal, max_q))
+        cu = cu_q.tolist()
+        outs = [torch.nn.functional.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=causal, scale=scale,
+            enable_gqa=gqa).transpose(0, 1) for a, b in zip(cu, cu[1:])]
+        return torch.cat(outs, dim=0)
+
+    names = {"scale", "window_size" if window_api else "is_causal"} | ({"enable_gqa"} if gqa_api else set())
+    return kernel, frozenset(names)
+
+
+@pytest.mark.parametrize("window_api,gqa_api", [(True, True), (True, False), (False, False)])
+def test_packed_forward_through_the_cuda_kernel_equals_the_loop(monkeypatch, window_api, gqa_api):
+    """Where the CUDA kernel takes the query (monkeypatched here: CUDA, half precision), the packed
+    forward calls it once per layer with the row's boundaries, whichever keywords this torch's kernel has
+    (torch 2.10's ``is_causal``, 2.11's ``window_size``, with or without grouped-query heads), and gives
+    the per-sequence loop's log-probs and gradients."""
+    model = qwen2(VARLEN_SDPA).train()
+    ids, am, pos, m = batch([2, 7, 3, 5], [6, 1, 4, 2])
+    loop = policy_loss_and_grads(model, ids, am, pos, m, remove_padding=True)
+    calls: list = []
+    monkeypatch.setattr(attention, "_cuda_varlen", lambda: _kernel_stand_in(window_api, gqa_api, calls))
+    monkeypatch.setattr(attention, "_flash_fits", lambda q: True)
+    kernel = policy_loss_and_grads(model, ids, am, pos, m, remove_padding=True)
+    assert len(calls) == 2  # one call per layer (2 layers), none per sequence
+    n = int(am.sum())
+    assert all(qs[0] == n and causal and mx == int(am.sum(-1).max()) for qs, _, causal, mx in calls)
+    assert_same(loop, kernel, m)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or attention._cuda_varlen() is None,
+                    reason="needs CUDA and torch's variable-length attention kernel")
+def test_cuda_kernel_equals_the_loop_on_a_gpu(monkeypatch):
+    """On a GPU, in bf16: the packed forward through torch's variable-length kernel gives the
+    per-sequence loop's log-probs, entropies and gradients (to bf16 rounding)."""
+    model = qwen2(VARLEN_SDPA).train().to("cuda", torch.bfloat16)
+    ids, am, pos, m = (t.cuda() for t in batch([2, 7, 3, 5, 40], [6, 1, 4, 2, 30], P=40, R=30))
+    kernel = policy_loss_and_grads(model, ids, am, pos, m, remove_padding=True)
+    monkeypatch.setattr(attention, "_flash_fits", lambda q: False)
+    loop = policy_loss_and_grads(model, ids, am, pos, m, remove_padding=True)
+    (lp0, en0, g0), (lp1, en1, g1) = loop, kernel
+    assert (lp0 - lp1)[m].abs().max() < 0.05 and (en0 - en1)[m].abs().max() < 0.05
+    for name in g0:
+        err = (g1[name].float() - g0[name].float()).norm() / g0[name].float().norm().clamp_min(1e-6)
+        assert err < 0.05, name
+
+
+def test_flash_kernel_only_for_cuda_half_precision():
+    q = torch.zeros(1, 4, 10, 16)
+    assert not attention._flash_fits(q)  # CPU
+    assert not attention._flash_fits(q.bfloat16())
+
+
 @pytest.mark.parametrize("remove_padding", [False, True])
 @pytest.mark.parametrize("make", [lambda: qwen2(VARLEN_SDPA), lambda: qwen2(VARLEN_SDPA, tied=True),
                                   lambda: llama_tied(VARLEN_SDPA)], ids=["qwen2", "qwen2_tied", "llama_tied"])
