@@ -1,0 +1,180 @@
+"""``critic.*``: the value model trained alongside the policy (PPO with GAE; on when the advantage
+estimator needs values), with its ``model``, ``optim``, ``fsdp`` (and verl's earlier
+``model.fsdp_config``) and ``checkpoint`` subsections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II
+
+from grpo_dist.config.fields import F, Honoured, NoOp, Refused, S
+from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, LORA_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
+from grpo_dist.config.sections.engine import (
+    SPEED_ONLY,
+    ULYSSES,
+    FSDPEngineKeys,
+    FusedKernelOptions,
+    LoraConfig,
+    MegatronOptimKeys,
+    MTPConfig,
+    TiledMLPConfig,
+    load_weight_field,
+    lora_section,
+    megatron_section,
+    mtp_section,
+    off_feature,
+)
+from grpo_dist.config.sections.profiler import ProfilerConfig, profiler_section
+from grpo_dist.core.losses import LOSS_AGG_MODES
+from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
+
+
+CRITIC_READS_ACTOR_IDS = NoOp("the critic reads the actor's token ids (its prompts are never templated on their own)")
+
+
+@dataclass
+class CriticFSDPConfig(FSDPEngineKeys):
+    param_offload: bool = F(False, "keep the value model's parameters in CPU memory between uses")
+    optimizer_offload: bool = F(False, "keep the critic's optimizer state in CPU memory")
+    reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
+    model_dtype: str = F("float32", "dtype of the value model's master weights: float32 | bfloat16")
+    dtype: str = F("auto", "compute (mixed-precision) dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+
+
+@dataclass
+class CriticModelConfig:
+    path: str = F(
+        II("actor_rollout_ref.model.path"),
+        "value model: a Hugging Face directory (a causal LM gets a new scalar value head; one saved with "
+        "AutoModelForTokenClassification, num_labels=1, keeps its own); default: the actor's model",
+    )
+    tokenizer_path: Optional[str] = F(
+        II("actor_rollout_ref.model.path"),
+        "the critic's tokenizer in verl; the critic reads the actor's token ids here, so its model's vocabulary "
+        "must cover the actor's tokenizer (checked at start-up)", CRITIC_READS_ACTOR_IDS,
+    )
+    override_config: Dict[str, Any] = F(
+        {}, "fields set on the value model's Hugging Face config before it is built (attn_implementation picks the attention kernel)"
+    )
+    use_remove_padding: bool = F(
+        True, "run the value model's forwards on the real tokens only, packed into one row per micro-batch (same results, less compute)"
+    )
+    enable_gradient_checkpointing: Any = F(
+        "auto", "recompute the value model's activations in the backward pass: true | false | auto (on only when a "
+        "micro-batch's estimated activations would not fit in the rank's memory)"
+    )
+    trust_remote_code: bool = F(II("actor_rollout_ref.model.trust_remote_code"), "allow the value model directory's own Python code to run when loading it")
+    fsdp_config: CriticFSDPConfig = S(
+        CriticFSDPConfig, "FSDP2 settings of the value model, verl's early-2026 place for them (critic.fsdp is the current one; set either)"
+    )
+    custom_chat_template: Optional[str] = F(None, "the critic's chat template", CRITIC_READS_ACTOR_IDS)
+    hf_config_path: Optional[str] = F(None, "a Hugging Face config folder other than the value model's", Refused(
+        "a config from another folder is not built here; put the config.json beside the weights (critic.model.path)"))
+    external_lib: Optional[str] = F(None, "a Python module imported before the value model is built", Refused(
+        "importing a module into every worker is not built here; use critic.model.trust_remote_code=true for model "
+        "code shipped with the model folder"))
+    use_fused_kernels: bool = F(False, "verl's fused kernels", SPEED_ONLY)
+    fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", SPEED_ONLY)
+    use_liger: bool = F(False, "Liger kernels for the model's layers", SPEED_ONLY)
+    use_shm: bool = F(False, "copy the model to shared memory before loading", SPEED_ONLY)
+    enable_activation_offload: bool = F(False, "offload activations to the CPU in the backward", SPEED_ONLY)
+    tiled_mlp: TiledMLPConfig = S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)
+    lora_rank: int = F(0, "LoRA rank of the value model (early layout); 0 = full fine-tuning", off_feature(
+        "LoRA", "full fine-tuning is what runs; set it to 0"))
+    lora_alpha: int = F(16, "LoRA alpha (early layout)", LORA_ONLY)
+    target_modules: Any = F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)
+    exclude_modules: Optional[Any] = F(None, "modules that get none", LORA_ONLY)
+    lora_adapter_path: Optional[str] = F(None, "pretrained LoRA adapter to start from", LORA_ONLY)
+    lora: LoraConfig = lora_section()
+    mtp: MTPConfig = mtp_section()
+
+
+@dataclass
+class CriticOptimConfig(MegatronOptimKeys):
+    lr: float = F(1e-5, "peak learning rate of the critic's AdamW")
+    weight_decay: float = F(0.01, "AdamW weight decay")
+    betas: List[float] = F([0.9, 0.999], "AdamW betas")
+    lr_warmup_steps: int = F(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio")
+    lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
+    lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
+    min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
+    total_training_steps: int = F(-1, "schedule length; verl's trainer writes the run's step count here", SCHEDULE_LENGTH)
+    clip_grad: float = F(1.0, "clip the critic's global gradient norm to this value (verl's current key; critic.grad_clip is the early-2026 one: set either)")
+    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type; null = unset",
+                                    Honoured(alias_of=".lr_scheduler_type"))
+    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down to min_lr_ratio)")
+    zero_indexed_step: bool = F(True, "the cosine schedule counts steps from 0 (false: from 1)")
+    optimizer: str = F("AdamW", "optimizer class", ADAMW_ONLY)
+    optimizer_impl: str = F("torch.optim", "module of the optimizer class", ADAMW_ONLY)
+    override_optimizer_config: Optional[Dict[str, Any]] = F(None, "extra optimizer arguments", ADAMW_ONLY)
+
+
+@dataclass
+class CriticCheckpointConfig:
+    save_contents: List[str] = F(
+        ["model", "optimizer", "extra"],
+        "what the critic's checkpoint holds: model, optimizer, extra (schedule, RNG; all three always, for an exact "
+        "resume) and hf_model (also a Hugging Face export of the value model, critic/huggingface)",
+    )
+    load_contents: List[str] = F(
+        II("critic.checkpoint.save_contents"), "what resume loads: model, optimizer and extra (all three: resume is exact)"
+    )
+    async_save: bool = F(False, "write checkpoints in the background", NoOp(
+        "checkpoints are written at the step boundary; the files are the same"))
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = F(None, "train a critic (value model); null = on iff algorithm.adv_estimator needs values (gae)")
+    strategy: str = F("fsdp2", "training backend of the critic: fsdp2 (fsdp is accepted as an alias)", FSDP2_ONLY)
+    ppo_mini_batch_size: int = F(
+        II("actor_rollout_ref.actor.ppo_mini_batch_size"),
+        "prompts per critic optimizer step (x rollout.n responses), a global size; default: the actor's",
+    )
+    ppo_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per critic forward/backward on one rank (a memory knob: the update does not depend on it); null = auto, "
+        "as the actor's"
+    )
+    use_dynamic_bsz: bool = F(
+        II("actor_rollout_ref.actor.use_dynamic_bsz"),
+        "cut critic micro-batches by token budget (ppo_max_token_len_per_gpu); default: the actor's",
+    )
+    ppo_max_token_len_per_gpu: int = F(32768, "token budget of one critic micro-batch when use_dynamic_bsz is on")
+    forward_micro_batch_size_per_gpu: Optional[int] = F(
+        II("critic.ppo_micro_batch_size_per_gpu"), "responses per value forward on one rank; default: ppo_micro_batch_size_per_gpu"
+    )
+    forward_max_token_len_per_gpu: int = F(
+        II("critic.ppo_max_token_len_per_gpu"), "token budget of one value forward when use_dynamic_bsz is on; default: ppo_max_token_len_per_gpu"
+    )
+    ppo_epochs: int = F(II("actor_rollout_ref.actor.ppo_epochs"), "passes of the critic over each step's responses; default: the actor's")
+    shuffle: bool = F(
+        II("actor_rollout_ref.actor.shuffle"),
+        "shuffle the step's responses before cutting critic mini-batches, anew every epoch (seeded by "
+        "critic.data_loader_seed); default: the actor's"
+    )
+    cliprange_value: float = F(0.5, "value clip range c: a prediction is also scored at clip(v, v_old - c, v_old + c)")
+    loss_agg_mode: str = F(
+        II("actor_rollout_ref.actor.loss_agg_mode"),
+        "value-loss aggregation: " + " | ".join(LOSS_AGG_MODES) + "; default: the actor's",
+    )
+    grad_clip: float = F(1.0, "clip the critic's global gradient norm (verl's early-2026 key; critic.optim.clip_grad is the current one: set either)")
+    model: CriticModelConfig = S(CriticModelConfig, "the value model")
+    optim: CriticOptimConfig = S(CriticOptimConfig, "the critic's optimizer and learning-rate schedule")
+    fsdp: CriticFSDPConfig = S(CriticFSDPConfig, "FSDP2 settings of the value model (verl's current place; critic.model.fsdp_config is the early-2026 one; set either)")
+    checkpoint: CriticCheckpointConfig = S(CriticCheckpointConfig, "the critic's checkpoint contents")
+    data_loader_seed: int = F(42, "seed of the critic's mini-batch shuffle (critic.shuffle)")
+    ppo_micro_batch_size: Optional[int] = F(
+        None, "verl's former global micro-batch size: ppo_micro_batch_size_per_gpu = this / data-parallel ranks; null = unset")
+    forward_micro_batch_size: Optional[int] = F(
+        None, "verl's former global size of a value forward: forward_micro_batch_size_per_gpu = this / ranks; null = unset")
+    loss_scale_factor: Optional[float] = F(II("actor_rollout_ref.actor.loss_scale_factor"),
+                                           "divisor of seq-mean-token-sum-norm; default: the actor's")
+    rollout_n: int = F(II("actor_rollout_ref.rollout.n"), "verl's copy of rollout.n", COPY_OF_N)
+    ulysses_sequence_parallel_size: int = F(1, "Ulysses sequence-parallel ranks", ULYSSES)
+    profiler: ProfilerConfig = profiler_section("critic")
+    nccl_timeout: int = F(II("actor_rollout_ref.nccl_timeout"), "seconds a collective of the critic may wait (verl's Megatron layout)",
+                          ONE_TIMEOUT)
+    megatron: Dict[str, Any] = megatron_section("critic")
+    load_weight: bool = load_weight_field("critic")

@@ -1,0 +1,200 @@
+"""``actor_rollout_ref.rollout.*``: response generation (engine, sampling, sizes, the old-log-prob
+forward, weight sync), with ``val_kwargs``, ``engine_kwargs`` and verl's multi-turn and agent-loop
+subsections (accepted at their defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from omegaconf import II
+
+from grpo_dist.config.fields import F, Honoured, NoOp, Refused, S
+from grpo_dist.config.sections.engine import (
+    CheckpointEngineConfig,
+    DisaggregationConfig,
+    LayerNameMapConfig,
+    MTPConfig,
+    PrometheusConfig,
+    QATConfig,
+    TraceConfig,
+    layer_name_map_section,
+    mtp_section,
+    off_feature,
+    qat_section,
+)
+from grpo_dist.config.sections.profiler import ProfilerConfig, profiler_section
+from grpo_dist.rollout import ENGINES
+
+
+ENGINE_SPEED = NoOp("a speed or memory setting of the rollout engine; the samples are the same")
+
+
+@dataclass
+class ValKwargsConfig:
+    n: int = F(1, "samples per validation prompt")
+    temperature: float = F(0.0, "validation sampling temperature (0 = greedy)")
+    top_p: float = F(1.0, "validation nucleus sampling")
+    top_k: int = F(-1, "validation top-k (-1 = off)")
+    do_sample: bool = F(False, "sample during validation (false = greedy)")
+
+
+@dataclass
+class EngineKwargsConfig:
+    vllm: Dict[str, Any] = F(
+        {}, "keyword arguments added to vLLM's LLM(...) (e.g. swap_space, enable_prefix_caching); null values are dropped"
+    )
+    sglang: Dict[str, Any] = F({}, "SGLang's engine arguments", off_feature(
+        "SGLang as a rollout engine", "use rollout.name=vllm (its arguments: engine_kwargs.vllm); leave it {}"))
+    trtllm: Dict[str, Any] = F({}, "TensorRT-LLM's engine arguments", off_feature(
+        "TensorRT-LLM as a rollout engine", "use rollout.name=vllm (its arguments: engine_kwargs.vllm); leave it {}"))
+
+
+_MULTI_TURN_ONLY = NoOp("read only by multi-turn rollouts (rollout.multi_turn.enable), which are accepted only off here")
+
+
+@dataclass
+class MultiTurnConfig:
+    enable: bool = F(False, "multi-turn rollouts with tools or interactions", off_feature(
+        "a multi-turn rollout (tools, interactions)", "single-turn rollouts run with rollout.mode=sync or async; leave it false"))
+    max_assistant_turns: Optional[int] = F(None, "assistant turns per multi-turn rollout", _MULTI_TURN_ONLY)
+    tool_config_path: Optional[str] = F(None, "tools of multi-turn rollouts", _MULTI_TURN_ONLY)
+    function_tool_path: Optional[str] = F(None, "function tools of multi-turn rollouts", _MULTI_TURN_ONLY)
+    max_user_turns: Optional[int] = F(None, "user turns per multi-turn rollout", _MULTI_TURN_ONLY)
+    max_parallel_calls: int = F(1, "tool calls run at once", _MULTI_TURN_ONLY)
+    max_tool_response_length: int = F(256, "longest tool response kept", _MULTI_TURN_ONLY)
+    tool_response_truncate_side: str = F("middle", "where a long tool response is cut", _MULTI_TURN_ONLY)
+    interaction_config_path: Optional[str] = F(None, "interactions of multi-turn rollouts", _MULTI_TURN_ONLY)
+    use_inference_chat_template: bool = F(False, "chat template of multi-turn inference", _MULTI_TURN_ONLY)
+    tokenization_sanity_check_mode: str = F("strict", "tokenization check of multi-turn rollouts", _MULTI_TURN_ONLY)
+    format: str = F("hermes", "the tool-call format", _MULTI_TURN_ONLY)
+    num_repeat_rollouts: Optional[int] = F(None, "repeated multi-turn rollouts", _MULTI_TURN_ONLY)
+
+
+@dataclass
+class CustomAsyncServerConfig:
+    path: Optional[str] = F(None, "file of a custom async rollout server", off_feature(
+        "a custom async rollout server", "leave it null"))
+    name: Optional[str] = F(None, "class of a custom async rollout server", off_feature(
+        "a custom async rollout server", "leave it null"))
+
+
+@dataclass
+class AgentConfig:
+    num_workers: int = F(8, "verl's agent-loop workers (any value >= 1)", NoOp(
+        "a parallelism knob of verl's async server; single-turn rollouts here run on the rollout ranks' engines"))
+    default_agent_loop: str = F("single_turn_agent", "the agent loop", Refused(
+        "agent loops other than verl's single-turn one (tool_agent needs multi-turn rollouts) are not built here; "
+        "use single_turn_agent",
+        accept=("single_turn_agent",)))
+    agent_loop_config_path: Optional[str] = F(None, "custom agent loops", off_feature("custom agent loops", "leave it null"))
+    custom_async_server: CustomAsyncServerConfig = S(CustomAsyncServerConfig, "a custom async rollout server")
+
+
+@dataclass
+class RolloutConfig:
+    name: str = F("vllm", "rollout engine: " + " | ".join(ENGINES) + " (" + "; ".join(f"{e.name}: {e.help}" for e in ENGINES.values()) + ")",
+                  Honoured(refuse=(
+                      ("sglang", "the SGLang engine is not built here; use vllm (the same sampling) or hf"),
+                      ("trtllm", "the TensorRT-LLM engine is not built here; use vllm (the same sampling) or hf"))))
+    mode: str = F("sync", "sync | async (verl's agent-loop mode)", NoOp(
+        "for single-turn rollouts verl's agent-loop mode gives the same responses as sync; both run the same "
+        "generation path here", values=("sync", "async"), otherwise="use sync or async"))
+    n: int = F(8, "responses sampled per prompt (the GRPO group size)")
+    temperature: float = F(1.0, "sampling temperature")
+    top_p: float = F(1.0, "nucleus sampling")
+    top_k: int = F(-1, "top-k sampling (-1 = off)")
+    do_sample: bool = F(True, "sample (false = greedy)")
+    prompt_length: int = II("data.max_prompt_length")
+    response_length: int = II("data.max_response_length")
+    dtype: str = F("auto", "engine dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    gpu_memory_utilization: float = F(0.5, "fraction of device memory the engine may take")
+    kv_cache_gib: Any = F(
+        "auto", "KV-cache size in GiB of each vLLM engine on CPU (vLLM's VLLM_CPU_KVCACHE_SPACE), or auto: enough for a "
+        "rank's share of a step (x1.25) within 25 % of the node's available memory shared by its engines, at most 8 GiB"
+    )
+    tensor_model_parallel_size: int = F(
+        1,
+        "ranks per rollout engine: each group of this many consecutive ranks of a node runs one vLLM engine, a "
+        "shard on each (vLLM's external launcher); the step's prompts are split over the engines; 1 = an engine per rank",
+    )
+    max_num_seqs: int = F(1024, "most sequences the engine batches at once")
+    max_num_batched_tokens: int = F(8192, "most tokens the engine schedules in one iteration")
+    enable_chunked_prefill: bool = F(
+        True,
+        "let vLLM prefill long prompts in chunks (passed to vLLM on GPU; always off on CPU, where chunked prefill "
+        "breaks per-request sampling seeds)",
+    )
+    max_model_len: Optional[int] = F(None, "engine context length; null = prompt_length + response_length")
+    enforce_eager: bool = F(True, "disable CUDA graphs in the engine")
+    free_cache_engine: bool = F(True, "release the engine's KV cache while the actor trains (where supported)")
+    update_weights_bucket_megabytes: int = F(512, "weight sync: most MiB of weights gathered and sent at once (one flat buffer per bucket)")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = F(
+        None, "responses per old-log-prob forward on one rank; null = auto: as many as the rank's memory holds (all of them on small jobs)"
+    )
+    log_prob_use_dynamic_bsz: bool = F(II("actor_rollout_ref.actor.use_dynamic_bsz"),
+                                       "cut old-log-prob forwards by token budget; default: the actor's use_dynamic_bsz")
+    log_prob_max_token_len_per_gpu: int = F(II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
+                                            "token budget of one old-log-prob forward; default: the actor's ppo_max_token_len_per_gpu")
+    log_prob_micro_batch_size: Optional[int] = F(
+        None, "verl's former global size: log_prob_micro_batch_size_per_gpu = this / data-parallel ranks; null = unset")
+    seed: int = F(0, "engine sampling seed (each rollout rank adds its rank)")
+    calculate_log_probs: bool = F(False, "also return the rollout engine's log-prob of every sampled token (batch key rollout_log_probs) and, when the old-log-prob forward runs, log training/rollout_probs_diff_{max,mean,std} against the actor's; costs 10-20 % of vLLM's generation time on CPU, and the hf engine keeps every step's scores (responses x vocab float32 per token)")
+    val_kwargs: ValKwargsConfig = S(ValKwargsConfig, "sampling for validation")
+    checkpoint_engine: CheckpointEngineConfig = S(CheckpointEngineConfig, "how the engine receives new weights")
+    load_format: str = F("dummy", "how the engine first loads weights: dummy (random) | auto | safetensors | ...", NoOp(
+        "the engine loads the model folder and then receives the actor's weights, so the first rollout samples from "
+        "the actor's weights either way"))
+    layered_summon: bool = F(False, "gather the actor's weights layer by layer for the sync", NoOp(
+        "the weight sync already gathers and sends in buckets (update_weights_bucket_megabytes)"))
+    logprobs_mode: str = F("processed_logprobs", "which log-probs the engine returns", NoOp(
+        "the engine's log-probs are those of the distribution it samples from (after temperature, top-k and top-p)",
+        values=("processed_logprobs",), otherwise="raw log-probs from the engine are not built; use processed_logprobs"))
+    enable_prefix_caching: bool = F(True, "let the engine reuse the KV cache of shared prompt prefixes", ENGINE_SPEED)
+    cudagraph_capture_sizes: Optional[List[int]] = F(None, "batch sizes captured as CUDA graphs", ENGINE_SPEED)
+    disable_log_stats: bool = F(True, "silence the engine's periodic statistics", NoOp("the engine's own logging"))
+    multi_stage_wake_up: bool = F(False, "wake the engine's weights and KV cache in two stages (memory)", ENGINE_SPEED)
+    scheduling_policy: str = F("fcfs", "the engine's request scheduling", ENGINE_SPEED)
+    skip_tokenizer_init: bool = F(True, "start the engine without a tokenizer", NoOp(
+        "prompts reach the engine as token ids and responses leave it as token ids"))
+    data_parallel_size: int = F(1, "engine replicas inside one rollout group", off_feature(
+        "data parallelism inside the engine", "every rank runs its own engine; leave it at 1"))
+    pipeline_model_parallel_size: int = F(1, "pipeline-parallel stages of the engine", off_feature(
+        "pipeline parallelism in the engine", "leave it at 1"))
+    expert_parallel_size: int = F(1, "expert-parallel ranks of the engine (MoE)", off_feature(
+        "expert parallelism in the engine", "leave it at 1"))
+    nnodes: int = F(0, "nodes of a separate rollout pool; 0 = colocated with the actor", off_feature(
+        "a separate rollout pool", "the rollout runs on the actor's ranks (hybrid engine); leave it at 0"))
+    n_gpus_per_node: int = F(II("trainer.n_gpus_per_node"), "devices per node of the separate rollout pool", NoOp(
+        "read only with a separate rollout pool (rollout.nnodes > 0), which is accepted only off here"))
+    over_sample_rate: float = F(0, "start more prompts than needed and keep the first finished", off_feature(
+        "over-sampling the rollout", "leave it at 0"))
+    ignore_eos: bool = F(False, "keep generating past the end-of-sequence token", off_feature(
+        "generating past the end-of-sequence token", "leave it false"))
+    full_determinism: bool = F(False, "deterministic engine kernels", off_feature(
+        "forcing deterministic engine kernels", "leave it false"))
+    quantization: Optional[str] = F(None, "quantize the engine's weights (e.g. fp8)", off_feature(
+        "a quantized rollout engine", "the engine runs in rollout.dtype; leave it null"))
+    quantization_config_file: Optional[str] = F(None, "the engine's quantization settings", NoOp(
+        "read only with rollout.quantization, which is accepted only off here"))
+    enable_rollout_routing_replay: bool = F(False, "record the engine's MoE routing for the trainer", off_feature(
+        "MoE routing replay", "leave it false"))
+    moe_load_balance_metrics_interval: int = F(0, "steps between MoE load-balance metrics; 0 = off", off_feature(
+        "MoE load-balance metrics", "leave it at 0"))
+    skip_rollout: bool = F(False, "replay dumped rollouts instead of generating (verl early 2026)", off_feature(
+        "replaying dumped rollouts", "leave it false"))
+    skip_dump_dir: str = F("/tmp/rollout_dump", "folder of dumped rollouts (verl early 2026)", NoOp(
+        "read only with skip_rollout, which is accepted only off here"))
+    disaggregation: DisaggregationConfig = S(DisaggregationConfig, "prefill/decode disaggregation (not built here)",
+                                             NoOp("read only with disaggregation.enabled, which is accepted only off here"))
+    prometheus: PrometheusConfig = S(PrometheusConfig, "Prometheus export of the engine's metrics (not built here)",
+                                     NoOp("read only with prometheus.enable, which is accepted only off here"))
+    trace: TraceConfig = S(TraceConfig, "rollout tracing (not built here)",
+                           NoOp("read only with trace.backend set, which is accepted only null here"))
+    profiler: ProfilerConfig = profiler_section("rollout")
+    mtp: MTPConfig = mtp_section()
+    layer_name_map: LayerNameMapConfig = layer_name_map_section()
+    qat: QATConfig = qat_section()
+    engine_kwargs: EngineKwargsConfig = S(EngineKwargsConfig, "extra constructor arguments of the rollout engine")
+    multi_turn: MultiTurnConfig = S(MultiTurnConfig, "multi-turn (tool-calling) rollouts: not built; accepted only at verl's defaults (off)")
+    agent: AgentConfig = S(AgentConfig, "verl's agent loop (rollout.mode=async): the single-turn loop only")
