@@ -31,6 +31,23 @@ def fsdp_dtypes(fsdp, device: str) -> dict:
                 param_offload=bool(fsdp.param_offload or fsdp.offload_policy))
 
 
+def optimizer_fields(cfg: GRPOConfig, key: str, optim, total_training_steps: int) -> dict:
+    """The optimizer and learning-rate schedule fields of a model role's settings, from its ``optim``
+    section (``key`` names it: the scheduler type is read through its former spelling too)."""
+    return dict(
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=tuple(optim.betas),
+        lr_warmup_steps=optim.lr_warmup_steps,
+        lr_warmup_steps_ratio=optim.lr_warmup_steps_ratio,
+        total_training_steps=total_training_steps,
+        lr_scheduler_type=setting(cfg, f"{key}.lr_scheduler_type"),
+        min_lr_ratio=optim.min_lr_ratio,
+        num_cycles=optim.num_cycles,
+        zero_indexed_step=optim.zero_indexed_step,
+    )
+
+
 def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> ActorSettings:
     a = cfg.actor_rollout_ref.actor
     shape = step_shape(cfg)
@@ -63,16 +80,7 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         kl_loss_agg_mode=a.kl_loss_agg_mode,
         temperature=cfg.actor_rollout_ref.rollout.temperature or 1.0,
         grad_clip=setting(cfg, "actor_rollout_ref.actor.grad_clip"),
-        lr=a.optim.lr,
-        weight_decay=a.optim.weight_decay,
-        betas=tuple(a.optim.betas),
-        lr_warmup_steps=a.optim.lr_warmup_steps,
-        lr_warmup_steps_ratio=a.optim.lr_warmup_steps_ratio,
-        total_training_steps=total_training_steps,
-        lr_scheduler_type=setting(cfg, "actor_rollout_ref.actor.optim.lr_scheduler_type"),
-        min_lr_ratio=a.optim.min_lr_ratio,
-        num_cycles=a.optim.num_cycles,
-        zero_indexed_step=a.optim.zero_indexed_step,
+        **optimizer_fields(cfg, "actor_rollout_ref.actor.optim", a.optim, total_training_steps),
         **fsdp_dtypes(a.fsdp_config, device),
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         enable_gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
@@ -140,16 +148,7 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
         loss_agg_mode=c.loss_agg_mode,
         norm_constant=float(cfg.actor_rollout_ref.rollout.response_length if scale is None else scale),
         grad_clip=critic_grad_clip(cfg),
-        lr=c.optim.lr,
-        weight_decay=c.optim.weight_decay,
-        betas=tuple(c.optim.betas),
-        lr_warmup_steps=c.optim.lr_warmup_steps,
-        lr_warmup_steps_ratio=c.optim.lr_warmup_steps_ratio,
-        total_training_steps=total_training_steps,
-        lr_scheduler_type=setting(cfg, "critic.optim.lr_scheduler_type"),
-        min_lr_ratio=c.optim.min_lr_ratio,
-        num_cycles=c.optim.num_cycles,
-        zero_indexed_step=c.optim.zero_indexed_step,
+        **optimizer_fields(cfg, "critic.optim", c.optim, total_training_steps),
         **fsdp_dtypes(fsdp, device),
         attn_implementation=attn,
         override_config=override,

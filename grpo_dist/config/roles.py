@@ -9,9 +9,9 @@ Both users of the table iterate these rows and keep no role list of their own:
 - the driver (:mod:`grpo_dist.trainer.roles`) adds to each row how its workers are built (the Ray
   class, constructor and ``init_model`` arguments, set-up calls) and places and starts them.
 
-Why the table is split in two: ``config/`` sits below ``trainer/`` in the package's layers
-(``tests/unit/test_layering.py``), so ``--check`` may not import the driver's rows, whose building
-functions need the trainer's settings builders. The part both need — names, predicates, pools,
+Why the table is split in two: ``config/`` sits below ``workers/`` and ``trainer/`` in the package's
+layers (``tests/unit/test_layering.py``), so ``--check`` may not import the driver's rows, whose building
+parts name the worker classes and Ray's worker groups. The part both need — names, predicates, pools,
 shares, descriptions, and what is checkpointed — is plain configuration arithmetic and lives here;
 :mod:`grpo_dist.trainer.roles` looks up its building part by the row's name, and a row here without a
 building part there fails at import.
