@@ -168,27 +168,28 @@ def compose_jobs(args):
 
 
 def print_plans(jobs, full: bool = True) -> int:
-    """``--check``: the plan of every job; exit 0 (every job validated already)."""
-    from grpo_dist.config.plan import build_plan
-    from grpo_dist.trainer.build import check_cpu_ranks, machine_notes, usable_cores
+    """``--check``: the plan of every job, printed from its run specification (the object a run starts
+    from); exit 0 (every job validated already)."""
+    from grpo_dist.config.spec import resolve
 
     for job in jobs:
+        spec = resolve(job.cfg)
         notes = []
         try:
             if full:  # the run happens on this machine's files; --check=config may be elsewhere
-                cores = usable_cores(job.cfg)  # the same count and rule as the run (build.check_cpu_resources)
-                check_cpu_ranks(job.cfg, cores)
-                notes = machine_notes(job.cfg, cores)
+                cores = spec.usable_cores()  # the same count and rule as the run (spec.check_cpu_resources)
+                spec.check_cpu_ranks(cores)
+                notes = spec.machine_notes(cores)
         except ValueError as exc:
             print(f"grpo_dist: configuration error: {exc}", file=sys.stderr)
             return 2
         head = f"sweep job #{job.num}: {job.label or '(no overrides)'}" if job.sweep else "run"
         print(f"grpo_dist --check: {head}: the configuration is valid")
-        for line in build_plan(job.cfg, count_rows=full).lines():
+        for line in spec.check_plan(count_rows=full).lines():
             print(f"  {line}")
         for note in notes:
             print(f"  note        {note}")
-        out = job.cfg.trainer.default_local_dir
+        out = spec.launch.out_dir
         where = "" if out == job.output_dir else f"; Hydra's .hydra/ and log in {job.output_dir}"
         print(f"  output      {out} (checkpoints, metrics{', Hydra' + chr(39) + 's .hydra/ and log' if not where else ''}){where}")
     return 0

@@ -415,11 +415,12 @@ def _close_log_files(folder: str) -> None:
             h.close()
 
 
-def run_job(job: Job, task: Callable[[GRPOConfig, Callable[[], None]], int]) -> int:
+def run_job(job: Job, task: Callable[[Any, Callable[[], None]], int]) -> int:
     """Run one job as Hydra's ``run_job`` does: create its output directory, change into it when
     ``hydra.job.chdir``, configure logging (``hydra.job_logging``, ``hydra.verbose``), set
-    ``hydra.job.env_set`` and call ``task(cfg, write_files)``; the task calls ``write_files`` (the
-    ``.hydra/`` files) once it owns the output directory (after taking its lock), so a refused run
+    ``hydra.job.env_set`` and call ``task(spec, write_files)`` (``spec``: the job's run specification,
+    :func:`grpo_dist.config.spec.resolve`d there, in the job's folder and environment); the task calls
+    ``write_files`` (the ``.hydra/`` files) once it owns the output directory (after taking its lock), so a refused run
     never overwrites a running one's files. The working directory is restored afterwards.
 
     A start that fails before ``write_files`` has written the files (a full disk, bad data, another
@@ -455,7 +456,9 @@ def run_job(job: Job, task: Callable[[GRPOConfig, Callable[[], None]], int]) -> 
             print(f"grpo_dist: error: {msg}", file=sys.stderr, flush=True)
             return rc
         with env_override(dict(full.hydra.job.env_set)):
-            rc = task(job.cfg, write_files)
+            from grpo_dist.config.spec import resolve
+
+            rc = task(resolve(job.cfg), write_files)
             return rc
     finally:
         for h in logging.getLogger().handlers:

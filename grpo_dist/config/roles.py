@@ -9,9 +9,9 @@ Both users of the table iterate these rows and keep no role list of their own:
 - the driver (:mod:`grpo_dist.trainer.roles`) adds to each row how its workers are built (the Ray
   class, constructor and ``init_model`` arguments, set-up calls) and places and starts them.
 
-Why the table is split in two: ``config/`` sits below ``trainer/`` in the package's layers
-(``tests/unit/test_layering.py``), so ``--check`` may not import the driver's rows, whose building
-functions need the trainer's settings builders. The part both need — names, predicates, pools,
+Why the table is split in two: ``config/`` sits below ``workers/`` and ``trainer/`` in the package's
+layers (``tests/unit/test_layering.py``), so ``--check`` may not import the driver's rows, whose building
+parts name the worker classes and Ray's worker groups. The part both need — names, predicates, pools,
 shares, descriptions, and what is checkpointed — is plain configuration arithmetic and lives here;
 :mod:`grpo_dist.trainer.roles` looks up its building part by the row's name, and a row here without a
 building part there fails at import.
@@ -200,14 +200,14 @@ def device_shares(processes: list[tuple[str | None, list]]) -> list[float]:
     return [equal if s is None else s for s in named]
 
 
-def placement(cfg: GRPOConfig, rows: list) -> list[tuple[Pool, list]]:
+def placement(cfg: GRPOConfig, rows: list, pool_of: Callable[[object], str] | None = None) -> list[tuple[Pool, list]]:
     """The ``per_rank`` ones of ``rows`` (active rows: :class:`RoleSpec` or anything with ``per_rank``
-    and ``pool_of``) grouped by pool, the training ranks' pool first, the others in the order their
-    first row comes."""
+    and ``pool_of``, or with ``pool_of`` given: the pool's name of a row) grouped by pool, the training
+    ranks' pool first, the others in the order their first row comes."""
     by_pool: dict[str, list] = {GLOBAL: []}
     for r in rows:
         if r.per_rank:
-            by_pool.setdefault(r.pool_of(cfg), []).append(r)
+            by_pool.setdefault(pool_of(r) if pool_of is not None else r.pool_of(cfg), []).append(r)
     return [(pool(cfg, name), members) for name, members in by_pool.items() if members]
 
 

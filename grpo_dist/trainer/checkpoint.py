@@ -259,7 +259,7 @@ def what_a_rerun_does(settings: Any) -> str:
     """What running the same command again will do, from the checkpoints on disk now: resume from step N
     (the newest checkpoint whose files match its manifest's sizes, as :func:`resume_target` would pick,
     less the checksums), or start from the beginning. ``settings``: the run's
-    :class:`~grpo_dist.trainer.plan.ResumeSettings` (``default_local_dir``, ``resume_mode``,
+    :class:`~grpo_dist.config.launch.ResumeSettings` (``default_local_dir``, ``resume_mode``,
     ``resume_from_path``), or just the checkpoint folder (``resume_mode=auto``)."""
     if isinstance(settings, (str, os.PathLike)):
         root, mode, path = Path(settings), "auto", None

@@ -19,14 +19,14 @@ the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch i
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grpo_dist.batch import Batch
-from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.spec import RunSpec
 from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
 from grpo_dist.core.kl import make_kl_controller
@@ -35,13 +35,14 @@ from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
-from grpo_dist.trainer import build, checkpoint, validation
+from grpo_dist.trainer import checkpoint, validation
+from grpo_dist.trainer.dynamic_sampling import step_sampler
 from grpo_dist.trainer.iterative import IterativeRL
 from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
                                        throughput_metrics, token_count)
-from grpo_dist.trainer.plan import driver_plan
 from grpo_dist.trainer.reward_stage import RewardStage
-from grpo_dist.trainer.roles import Workers, create_workers
+from grpo_dist.trainer.roles import Workers, create_workers, startup_lines
+from grpo_dist.trainer.schedule import actor_update_due
 from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
@@ -53,16 +54,17 @@ from grpo_dist.workers.common import unwrap_timed
 
 
 class GRPOTrainer:
-    """The loop. It reads its numbers from ``plan`` (:func:`grpo_dist.trainer.plan.driver_plan`); ``cfg``
-    only goes to the role table, which builds the workers' settings from it."""
+    """The loop. It reads its numbers from ``plan`` (the run specification's
+    :meth:`~grpo_dist.config.spec.RunSpec.driver_plan`); ``spec`` itself only goes to the role table, which
+    builds the workers' settings from it."""
 
-    def __init__(self, cfg: GRPOConfig, *, model_path: str, tokenizer: Any, tokenizer_path: str,
+    def __init__(self, spec: RunSpec, *, model_path: str, tokenizer: Any, tokenizer_path: str,
                  train_data: PromptDataset, val_data: PromptDataset | None, device: str, out_dir: str,
                  stop: StopSignal | None = None) -> None:
         """``stop``: the run's SIGTERM handling, installed by the caller before anything started (a
         new, uninstalled one when None)."""
-        self.cfg, self.device, self.out_dir = cfg, device, Path(out_dir)
-        self.plan = p = driver_plan(cfg, device, len(train_data))
+        self.spec, self.device, self.out_dir = spec, device, Path(out_dir)
+        self.plan = p = spec.driver_plan(device, len(train_data))
         self.model_path, self.tokenizer, self.tokenizer_path = model_path, tokenizer, tokenizer_path
         self.train_data, self.val_data, self.pad_id = train_data, val_data, train_data.pad_id
         self.shape, self.total_steps = p.shape, p.total_steps
@@ -78,7 +80,7 @@ class GRPOTrainer:
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite = NonfiniteGuard(p.max_consecutive_nonfinite_steps)
         self.stop = stop if stop is not None else StopSignal(out_dir=str(self.out_dir))
-        self.rc, self.sampling = p.rollout_correction, p.step_sampling
+        self.rc, self.sampling = p.rollout_correction, step_sampler(p.step_sampling)
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
         self.on_policy, self.old_logp_forward = p.on_policy, p.old_logp_forward
 
@@ -86,13 +88,13 @@ class GRPOTrainer:
     def start_workers(self, workers: Workers | None = None) -> None:
         """Start the run's workers, or finish starting those ``workers`` (:func:`~grpo_dist.trainer.roles.create_workers`)."""
         world, dev = self.shape.world_size, self.device
-        self.workers = workers or create_workers(self.cfg, dev, self.model_path, self.tokenizer_path)
-        self.workers.start(self.total_steps, build.reward_decoder(self.cfg, self.tokenizer))
+        self.workers = workers or create_workers(self.spec, dev, self.model_path, self.tokenizer_path)
+        self.workers.start(self.total_steps, self.spec.reward_decoder(self.tokenizer))
         w = self.workers
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")
         p = self.plan
-        self.rewards = RewardStage.from_plan(self.cfg, p, self.reward, w.get("reward_model"), world_size=world,
+        self.rewards = RewardStage.from_plan(self.spec, p, self.reward, w.get("reward_model"), world_size=world,
                                              tokenizer=self.tokenizer, tokenizer_path=self.tokenizer_path)
         self.summary.rewards = self.rewards.counts
         self.iterative = IterativeRL.from_plan(p, w.get("reward_model"), actor=self.actor, reference=self.ref, device=dev,
@@ -100,7 +102,7 @@ class GRPOTrainer:
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes)
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
-        for line in build.startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, self.sync.transport,
+        for line in startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, self.sync.transport,
                                         w.model_notes):
             print(f"grpo_dist: {line}", flush=True)
 
@@ -215,7 +217,7 @@ class GRPOTrainer:
                     critic_metrics, busy_s = self.update_critic(batch)
                 timer.add("update_critic/worker", busy_s)
                 m.update(critic_metrics)
-            if build.actor_update_due(self.global_step, p.critic_warmup):
+            if actor_update_due(self.global_step, p.critic_warmup):
                 with timer("update_actor"):
                     actor_metrics, busy_s = self.update_actor(batch)
                 timer.add("update_actor/worker", busy_s)
@@ -309,7 +311,7 @@ class GRPOTrainer:
         self.stop.training()
         self.summary.first_step = self.global_step
         tracker = Tracker(logger_names(t.loggers), out_dir=self.out_dir, project=t.project_name,
-                          experiment=t.experiment_name, config=asdict(self.cfg), resume_step=self.global_step,
+                          experiment=t.experiment_name, config=self.spec.as_dict(), resume_step=self.global_step,
                           progress_bar=t.progress_bar and not t.val_only)
         if t.val_only:
             try:

@@ -20,7 +20,7 @@ these prompts"), so it is tested with stand-ins (tests/unit/test_dynamic_samplin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -29,9 +29,10 @@ from grpo_dist.core.group_filter import groups_with_spread
 
 if TYPE_CHECKING:  # the batch container (tensordict) is loaded with the training loop, not with the run's plan
     from grpo_dist.batch import Batch
+    from grpo_dist.config.sampling import FilterGroups
 
 __all__ = ["FILTER_METRICS", "ON_EXHAUSTED", "DynamicSamplingError", "DynamicSampling", "SingleBatch", "metric_values",
-           "merge_stats"]
+           "merge_stats", "step_sampler"]
 
 Generate = Callable[[list, int], "tuple[Batch, dict[str, float]]"]
 """``generate(items, k)``: generation batch ``k`` (0, 1, ...) of the step for the prompts ``items``,
@@ -196,3 +197,8 @@ class DynamicSampling:
             "training/filter_groups/exhausted": float(exhausted),
         }
         return out, metrics
+
+
+def step_sampler(settings: FilterGroups | None) -> DynamicSampling | SingleBatch:
+    """The step's sampling protocol for the run's ``algorithm.filter_groups`` (None: one batch per step)."""
+    return SingleBatch() if settings is None else DynamicSampling(**asdict(settings))

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.driver_plan import IterativeSettings
 from grpo_dist.core.reward_model import replay_count, verifier_agreement
 from grpo_dist.rewards.replay import ReplayBuffer, SampleRows, concat_rows, take
 from grpo_dist.trainer.metrics import Timer
@@ -56,28 +56,6 @@ __all__ = ["IterativeSettings", "IterativeRL", "STATE_DIR"]
 
 STATE_DIR = "iterative_rl"
 """Folder of a checkpoint holding the protocol's state."""
-
-
-@dataclass(frozen=True)
-class IterativeSettings:
-    steps_per_iteration: int
-    replay_fraction: float = 0.1
-    heldout_fraction: float = 0.1
-    buffer_size: int = 8192
-    mini_batch_size: int = 64
-    """Rows per reward-model optimizer step over all ranks (rounded up to a multiple of the ranks)."""
-    world_size: int = 1
-    seed: int = 0
-    label_threshold: float | None = 0.5
-    """A rule score at or above it is labelled 1, below it 0; None: the score clamped to [0, 1]
-    (:func:`grpo_dist.core.reward_model.verifier_labels`; the reward stage writes the labels)."""
-
-    def __post_init__(self) -> None:
-        if self.steps_per_iteration < 1 or self.mini_batch_size < 1 or self.world_size < 1:
-            raise ValueError("steps_per_iteration, mini_batch_size and world_size must be >= 1")
-        for name in ("replay_fraction", "heldout_fraction"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
 
 class IterativeRL:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from grpo_dist.batch import Batch
-from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.spec import RunSpec
 from grpo_dist.core.reward_model import verifier_labels
 from grpo_dist.distributed.worker_group import WorkerGroup
 from grpo_dist.rewards.combine import RewardCombine, combine_scores
@@ -86,18 +86,17 @@ class RewardStage:
         self.counts = ScoreCounts()  # every score of the run, and the failed ones (on_error=zero)
 
     @classmethod
-    def from_plan(cls, cfg: GRPOConfig, plan: Any, rule: WorkerGroup, rm: WorkerGroup | None, *, world_size: int,
+    def from_plan(cls, spec: RunSpec, plan: Any, rule: WorkerGroup, rm: WorkerGroup | None, *, world_size: int,
                   tokenizer: Any, tokenizer_path: str) -> "RewardStage":
         """The stage of a run: the combination, process separator and iterative switch from the driver's
-        plan (:class:`grpo_dist.trainer.plan.DriverPlan`); the reward model's folder and ranks from ``cfg``
+        plan (:class:`grpo_dist.config.driver_plan.DriverPlan`); the reward model's folder and ranks from ``spec``
         (``world_size``, the training ranks, are its ranks unless it has a pool of its own)."""
         from grpo_dist.core.advantages import get_adv_estimator
-        from grpo_dist.trainer import build
 
-        rm_path = build.reward_model_path(cfg) if rm is not None else ""
-        reencode = rm is not None and build.reward_model_reencodes(cfg, rm_path, tokenizer_path) is not None
+        rm_path = spec.reward_model_path() if rm is not None else ""
+        reencode = rm is not None and spec.reward_model_reencodes(rm_path, tokenizer_path) is not None
         return cls(rule, needs_step_rewards=get_adv_estimator(plan.estimator).needs_step_rewards,
-                   overlong=plan.overlong, rm=rm, world_size=build.reward_model_world_size(cfg) if rm is not None
+                   overlong=plan.overlong, rm=rm, world_size=spec.reward_model_world_size if rm is not None
                    else world_size, combine=plan.reward_combine,
                    process_separator=plan.process_separator, iterative=plan.iterative is not None,
                    label_threshold=plan.iterative.label_threshold if plan.iterative is not None else None,

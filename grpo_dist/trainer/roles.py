@@ -29,9 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from grpo_dist.config.roles import GLOBAL, MODELS, ROLE_SPECS, RoleSpec, device_shares, placement, rank_processes  # noqa: F401
-from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.states import setting
+from grpo_dist.config.roles import GLOBAL, MODELS, ROLE_SPECS, RoleSpec, device_shares, rank_processes  # noqa: F401
+from grpo_dist.config.spec import RunSpec
 from grpo_dist.distributed.worker_group import (
     CallDeadlines,
     ResourcePlan,
@@ -42,7 +41,6 @@ from grpo_dist.distributed.worker_group import (
 )
 from grpo_dist.rollout.tp import engine_of as tp_engine_of
 from grpo_dist.rollout.tp import init_args as tp_init_args
-from grpo_dist.trainer import build
 from grpo_dist.utils import startup
 
 #: glibc malloc settings of CPU worker processes: keep freed memory in the process instead of handing
@@ -61,7 +59,7 @@ CPU_WORKER_MALLOC_ENV = {
 class RoleContext:
     """What the rows need to build their workers' arguments (fixed for a run)."""
 
-    cfg: GRPOConfig
+    spec: RunSpec
     device: str  # "cpu" | "cuda"
     model_path: str
     tokenizer_path: str
@@ -89,8 +87,8 @@ class Role:
         init_kwargs: the constructor's keyword arguments for rank ``r`` (``ctx.world_size`` is the
             role's pool's).
         model: ``init_model``'s keyword arguments (besides the process-group address and backend);
-            None for roles that hold no FSDP2 model. This names the role's settings builder
-            (:mod:`grpo_dist.trainer.build`).
+            None for roles that hold no FSDP2 model. This names the role's settings builder (a method of
+            the run's :class:`~grpo_dist.config.spec.RunSpec`, from :mod:`grpo_dist.config.role_settings`).
         hf_export: folder of the checkpoint that receives a Hugging Face export (``export_hf``) when
             one is asked for; None: the role exports nothing.
         setup: called once every group exists, to start what several of the role's ranks must do at
@@ -112,17 +110,28 @@ class Role:
     device_share = property(lambda self: self.spec.device_share)
     checkpoint = property(lambda self: self.spec.checkpoint)
 
-    def saves(self, cfg: GRPOConfig) -> bool:
+    def saves(self, run: RunSpec) -> bool:
         """Whether this run's checkpoints hold this role."""
-        return self.spec.saves(cfg)
+        return self.name in run.checkpointed
 
-    def pool_of(self, cfg: GRPOConfig) -> str:
-        """The pool this role's workers run on in this configuration."""
-        return self.spec.pool_of(cfg)
+    def pool_of(self, run: RunSpec) -> str:
+        """The pool this role's workers run on in this run."""
+        return run.role_pools[self.name]
 
 
 def _rank_kwargs(ctx: RoleContext, rank: int) -> dict:
     return dict(rank=rank, world_size=ctx.world_size, device=ctx.device, num_threads=ctx.num_threads)
+
+
+def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str,
+                  model_notes: dict[str, str] | None = None) -> list[str]:
+    """What the run says once its workers are up: ranks, nodes, device, the actor's compute dtype,
+    weight-sync transport, what the "auto" memory settings chose (each model role's, and the CPU KV
+    cache), and a warning (``cpu_half_precision_warning``) when there is one."""
+    lines = [f"{world} rank(s) on {len(set(placement['actor_rank_nodes']))} node(s), device {device}, "
+             f"{compute} compute, weight sync {transport}"]
+    lines += [f"{role}: {note}" for role, note in (model_notes or {}).items()]
+    return lines + ([f"warning: {warning}"] if warning else [])
 
 
 # ---- the workers (lazy imports) ----------------------------------------------------------------
@@ -171,53 +180,48 @@ def _class_name(cls: type) -> str:
 # ---- their arguments ---------------------------------------------------------------------------
 def _timeout(ctx: RoleContext) -> dict:
     """The process group's collective timeout (verl's ``actor_rollout_ref.nccl_timeout``, every FSDP role)."""
-    return dict(timeout_s=float(ctx.cfg.actor_rollout_ref.nccl_timeout))
+    return dict(timeout_s=ctx.spec.nccl_timeout_s)
 
 
 def _actor_model(ctx: RoleContext) -> dict:
-    return dict(model_path=ctx.model_path, settings=build.actor_settings(ctx.cfg, ctx.device, ctx.total_steps),
+    return dict(model_path=ctx.model_path, settings=ctx.spec.actor_settings(ctx.device, ctx.total_steps),
                 **_timeout(ctx))
 
 
 def _reference_model(ctx: RoleContext) -> dict:
-    return dict(model_path=ctx.model_path, **build.reference_kwargs(ctx.cfg, ctx.device), **_timeout(ctx))
+    return dict(model_path=ctx.model_path, **ctx.spec.reference_kwargs(ctx.device), **_timeout(ctx))
 
 
 def _critic_model(ctx: RoleContext) -> dict:
-    return dict(model_path=build.critic_model_path(ctx.cfg, ctx.model_path),
-                settings=build.critic_settings(ctx.cfg, ctx.device, ctx.total_steps), **_timeout(ctx))
+    return dict(model_path=ctx.spec.critic_model_path(ctx.model_path),
+                settings=ctx.spec.critic_settings(ctx.device, ctx.total_steps), **_timeout(ctx))
 
 
 def _reward_model_model(ctx: RoleContext) -> dict:
-    path = build.reward_model_path(ctx.cfg)
-    return dict(model_path=path, settings=build.reward_model_settings(ctx.cfg, ctx.device, path, ctx.tokenizer_path))
+    path = ctx.spec.reward_model_path()
+    return dict(model_path=path, settings=ctx.spec.reward_model_settings(ctx.device, path, ctx.tokenizer_path))
 
 
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
-    r = ctx.cfg.actor_rollout_ref.rollout
-    tp = r.tensor_model_parallel_size
-    engine_kwargs = build.engine_kwargs(ctx.cfg, ctx.model_path, ctx.device, ctx.kv_cache_gib)
+    spec = ctx.spec
+    tp = spec.rollout_tp
+    engine_kwargs = spec.engine_kwargs(ctx.model_path, ctx.device, ctx.kv_cache_gib)
     # every rank of a tensor-parallel engine must sample alike: the seed is the engine's
-    return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=r.name, tp=tp,
-                engine_kwargs={**engine_kwargs, "seed": r.seed + tp_engine_of(rank, tp)})
+    return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=spec.rollout_engine, tp=tp,
+                engine_kwargs={**engine_kwargs, "seed": spec.rollout_seed + tp_engine_of(rank, tp)})
 
 
 def _rollout_setup(ctx: RoleContext, group: WorkerGroup) -> list:
     """Tensor parallelism: the ranks of each engine build their shards together, meeting at the
     rendezvous their first rank offers."""
-    tp = ctx.cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    tp = ctx.spec.rollout_tp
     if tp == 1:
         return []
     return group.submit("init_engine", per_rank=tp_init_args(group.call("address"), tp))
 
 
 def _reward_kwargs(ctx: RoleContext, rank: int) -> dict:
-    cfg = ctx.cfg
-    rm = cfg.reward_model
-    return dict(tokenizer_path=ctx.tokenizer_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                custom_path=setting(cfg, "custom_reward_function.path"),
-                custom_name=setting(cfg, "custom_reward_function.name") or "compute_score",
-                num_workers=setting(cfg, "reward_model.num_workers"), timeout_s=rm.timeout_s, on_error=rm.on_error)
+    return ctx.spec.reward_worker_kwargs(ctx.tokenizer_path)
 
 
 def _reward_setup(ctx: RoleContext, group: WorkerGroup) -> list:
@@ -241,17 +245,17 @@ ROLES: tuple[Role, ...] = tuple(Role(spec, **_PARTS[spec.name]) for spec in ROLE
 assert len(ROLES) == len(_PARTS), "a building part without a row in grpo_dist.config.roles.ROLE_SPECS"
 
 
-def active_roles(cfg: GRPOConfig, roles: tuple[Role, ...] = ROLES) -> list[Role]:
-    """The rows this configuration needs."""
-    return [r for r in roles if r.enabled(cfg)]
+def active_roles(spec: RunSpec, roles: tuple[Role, ...] = ROLES) -> list[Role]:
+    """The rows this run needs."""
+    return [r for r in roles if r.name in spec.roles]
 
 
-def create_workers(cfg: GRPOConfig, device: str, model_path: str, tokenizer_path: str) -> Workers:
+def create_workers(spec: RunSpec, device: str, model_path: str, tokenizer_path: str) -> Workers:
     """The run's workers, created (:meth:`Workers.create`): their processes import what they need while
     the driver reads the data; :meth:`Workers.start` then loads their models."""
-    world = build.step_shape(cfg).world_size
-    threads = build.worker_threads(cfg, device, world, cluster_cpus)
-    workers = Workers(RoleContext(cfg, device, model_path, tokenizer_path, 0, world, threads))
+    world = spec.shape.world_size
+    threads = spec.worker_threads(device, world, cluster_cpus)
+    workers = Workers(RoleContext(spec, device, model_path, tokenizer_path, 0, world, threads))
     workers.create()
     return workers
 
@@ -262,18 +266,17 @@ class Workers:
 
     def __init__(self, ctx: RoleContext, roles: tuple[Role, ...] = ROLES) -> None:
         self.ctx = ctx
-        self.roles = active_roles(ctx.cfg, roles)
+        self.roles = active_roles(ctx.spec, roles)
         self.groups: dict[str, WorkerGroup] = {}
         self.process_groups: list[WorkerGroup] = []
         """One group per kind of worker process (the shared model process, not its per-role views)."""
         self.pgs: list = []
-        t = ctx.cfg.trainer
-        self.pools = placement(ctx.cfg, self.roles)
+        self.pools = ctx.spec.placement(self.roles)
         """The ``per_rank`` roles of each pool, as ``(pool, roles)``, the training ranks' pool first."""
         self.plans = {p.name: ResourcePlan(p.nnodes, p.per_node, ctx.device, cpus_per_rank=1.0, keys=p.keys)
                       for p, _ in self.pools}
         """Each pool's bundles, by the pool's name."""
-        self._timeouts = (t.worker_call_timeout_s, t.worker_call_timeout_factor, t.worker_call_timeout_min_s)
+        self._timeouts = ctx.spec.call_deadlines
         self.model_notes: dict[str, str] = {}
         """Per role, the line its workers' ``init_model`` returned (the auto memory choices)."""
 
@@ -317,11 +320,10 @@ class Workers:
         torch, vLLM, transformers) in their own processes while the caller goes on; nothing here needs the
         data or the number of steps (:meth:`start` hands it to ``init_model``)."""
         ctx = self.ctx
-        r = ctx.cfg.actor_rollout_ref.rollout
-        if ctx.device == "cpu" and r.name == "vllm":  # one KV-cache size for every engine, said at start-up
-            gib, why = build.kv_cache_gib(ctx.cfg, ctx.model_path)
+        if ctx.device == "cpu" and ctx.spec.rollout_engine == "vllm":  # one KV-cache size for every engine, said at start-up
+            gib, why = ctx.spec.kv_cache_gib(ctx.model_path)
             self.ctx = ctx = replace(ctx, kv_cache_gib=gib)
-            if r.kv_cache_gib == "auto":
+            if ctx.spec.kv_cache_auto:
                 self.model_notes["rollout"] = f"KV cache {gib:g} GiB per engine (auto: {why})"
         pgs = {}
         for pool, _ in self.pools:  # every pool placed before any worker is created
@@ -385,13 +387,13 @@ class Workers:
                 group = self.groups[role.name]
                 addr, port = group.call("address")[0]
                 loading.append((group, group.submit("init_model", master_addr=addr, master_port=port, backend=backend,
-                                                    **role.model(self._context(role.pool_of(ctx.cfg))))))
+                                                    **role.model(self._context(role.pool_of(ctx.spec))))))
         for group, refs in loading:
             # generous: trainer.worker_call_timeout_s (a first load may read a large model from a slow disk)
             notes = group.collect(refs, "model loading",
                                   timeout_s=group.deadlines.limit("init_model") if group.deadlines else None)
             if notes and isinstance(notes[0], str):  # what a role's "auto" memory choices chose (rank 0's)
-                self.model_notes[group.role] = notes[0] + build.whole_sequence_note(ctx.cfg, group.role)
+                self.model_notes[group.role] = notes[0] + ctx.spec.whole_sequence_note(group.role)
         # every constructor has run (an engine that failed to start says so here, naming its role)
         self.nodes = {name: group.call("node_id") for name, group in self.groups.items()}
         for group in self.process_groups:  # where each process's start-up went (the run's startup.json)
@@ -416,12 +418,12 @@ class Workers:
         """Every checkpointed role into ``directory/<role>``; with ``export_hf`` the exporting roles'
         Hugging Face folders too."""
         for role in self.roles:
-            if role.saves(self.ctx.cfg):
+            if role.saves(self.ctx.spec):
                 self.groups[role.name].call("save_checkpoint", str(directory / role.name))
             if export_hf and role.hf_export:
                 self.groups[role.name].call("export_hf", str(directory / role.hf_export), self.ctx.tokenizer_path)
 
     def load(self, directory: Path) -> None:
         for role in self.roles:
-            if role.saves(self.ctx.cfg):
+            if role.saves(self.ctx.spec):
                 self.groups[role.name].call("load_checkpoint", str(directory / role.name))

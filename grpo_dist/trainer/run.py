@@ -23,9 +23,23 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from grpo_dist.config.schema import GRPOConfig
+if TYPE_CHECKING:
+    from grpo_dist.config.spec import RunSpec
+
+
+def choose_device(name: str, cluster_gpus: float) -> str:
+    """The workers' device kind, ``"cuda"`` or ``"cpu"``, from ``trainer.device`` and what the Ray
+    cluster offers (the driver itself may have no GPU)."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if cluster_gpus > 0 or torch.cuda.is_available() else "cpu"
+    if name == "cuda" and cluster_gpus <= 0:
+        raise ValueError("trainer.device = 'cuda' is not valid here: the Ray cluster has no GPUs; run it where the GPUs "
+                         "are (`--check` validates it for them on any machine), or use trainer.device=cpu")
+    return name
 
 
 def _fail(msg: str, code: int = 1) -> int:
@@ -66,23 +80,22 @@ class LastWord:
 LAST_WORD_WAIT_S = 30.0
 
 
-def run(cfg: GRPOConfig, on_start: Callable[[], None] | None = None) -> int:
-    """Train with a validated configuration; ``on_start`` runs once the output directory is this run's
+def run(spec: RunSpec, on_start: Callable[[], None] | None = None) -> int:
+    """Train the run ``spec`` (:func:`grpo_dist.config.spec.resolve` of a validated configuration); ``on_start`` runs once the output directory is this run's
     (its lock taken), before any worker starts (the command line writes Hydra's files there)."""
-    from grpo_dist.trainer.plan import launch_plan
     from grpo_dist.trainer.stop import StopSignal
     from grpo_dist.utils import startup
     from grpo_dist.utils.run_log import DriverLogs
 
     startup.run_begins()
-    lp = launch_plan(cfg)
+    lp = spec.launch
     # Installed before anything starts, so that a SIGTERM during start-up ends the run with one message.
     stop = StopSignal(lp.preemption_grace_s, str(lp.out_dir), resume_settings=lp.resume)
     stop.install()
     # The libraries' log records leave the console (quiet) from here on, into the run's log file once it is open.
     logs = DriverLogs(lp.log_level).start()
     try:
-        return _run(cfg, lp, stop, on_start, logs)
+        return _run(spec, lp, stop, on_start, logs)
     except BaseException as exc:  # what start-up raised before the workers' clean-up took over
         said = failure_message(exc, stop, lp.resume, log_file=logs.path)
         if said is None:
@@ -138,11 +151,10 @@ def _defined_here(cls: type) -> bool:
     return any(c.__module__.split(".")[0] == "grpo_dist" for c in cls.__mro__)
 
 
-def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -> int:
+def _run(spec: RunSpec, lp, stop, on_start: Callable[[], None] | None, logs) -> int:
     from grpo_dist import tasks
     from grpo_dist.config.validate import logger_names
     from grpo_dist.data.readers import DataError, as_path_list
-    from grpo_dist.trainer import build
     from grpo_dist.trainer.tracking import missing_backends
     from grpo_dist.utils import startup
     from grpo_dist.utils.run_lock import RunLock, RunLockError
@@ -157,7 +169,7 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
         files = ([tasks.resolve(p) for p in as_path_list(lp.train_files)],
                  [tasks.resolve(p) for p in as_path_list(lp.val_files)])
         startup.mark("model and data files")  # an embedded task's model is built here on first use
-        note = build.check_cpu_resources(cfg, model_path)
+        note = spec.check_cpu_resources(model_path)
         if note:
             print(f"grpo_dist: warning: {note}", file=sys.stderr, flush=True)
         missing = missing_backends(logger_names(lp.loggers))
@@ -189,20 +201,19 @@ def _run(cfg: GRPOConfig, lp, stop, on_start: Callable[[], None] | None, logs) -
               "(trainer.log_level=info or GRPO_DIST_LOG_LEVEL=info shows them here)", flush=True)
     startup.mark("output folder")
     try:
-        return _run_locked(cfg, lp, out_dir, stop, model_path=model_path, tok_path=tok_path, files=files, t0=t0,
+        return _run_locked(spec, lp, out_dir, stop, model_path=model_path, tok_path=tok_path, files=files, t0=t0,
                            logs=logs, on_start=on_start)
     finally:
         lock.release()
 
 
-def _tokenizer_and_data(cfg: GRPOConfig, lp, logs, *, model_path: str, tok_path: str, files) -> tuple:
+def _tokenizer_and_data(spec: RunSpec, lp, logs, *, model_path: str, tok_path: str, files) -> tuple:
     """The tokenizer, the checks that need it, the training and validation data, and the custom reward
     function's trial on the first training row: ``(tokenizer, train, val)``. Done while the workers'
     processes import their libraries; a ``DataError`` or ``ValueError`` is the user's to fix."""
     from transformers import AutoTokenizer
 
     from grpo_dist.data.dataset import PromptDataset
-    from grpo_dist.trainer import build
     from grpo_dist.utils import startup
 
     logs.take_over_library_loggers()  # transformers prints through a handler of its own
@@ -210,7 +221,7 @@ def _tokenizer_and_data(cfg: GRPOConfig, lp, logs, *, model_path: str, tok_path:
     if lp.chat_template:
         tokenizer.chat_template = lp.chat_template
     startup.mark("tokenizer loaded")
-    build.check_model_fits(cfg, model_path, tokenizer)
+    spec.check_model_fits(model_path, tokenizer)
     sample = dict(sample_seed=lp.sample_seed, sample_randomly=lp.sample_shuffle)
     train_files, val_files = files
     train = PromptDataset.from_files(train_files, tokenizer, **lp.dataset, max_samples=lp.train_max_samples, **sample,
@@ -234,7 +245,7 @@ def _write_failure(out_dir: Path, exc: OSError) -> str:
     return write_failure("trainer.default_local_dir", out_dir, exc)
 
 
-def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_path, files, t0: float, logs,
+def _run_locked(spec: RunSpec, lp, out_dir: Path, stop, *, model_path, tok_path, files, t0: float, logs,
                 on_start: Callable[[], None] | None) -> int:
     from grpo_dist.data.readers import DataError
     from grpo_dist.distributed.worker_group import (
@@ -245,7 +256,7 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_pat
         shutdown_ray,
         write_timeline,
     )
-    from grpo_dist.trainer import build, checkpoint
+    from grpo_dist.trainer import checkpoint
     from grpo_dist.trainer.roles import create_workers
     from grpo_dist.utils import startup
 
@@ -280,18 +291,18 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_pat
     trainer = workers = None
     failure = LastWord()  # said once the workers and Ray are gone: their late log lines come before it
     try:
-        device = build.choose_device(lp.device, cluster_gpus())
+        device = choose_device(lp.device, cluster_gpus())
         # The workers' processes start now and import their libraries (seconds: torch, vLLM) while this
         # process loads the tokenizer and reads the data; a fault found there stops them, one message.
         try:
-            workers = create_workers(cfg, device, model_path, tok_path)
+            workers = create_workers(spec, device, model_path, tok_path)
             startup.mark("workers created")
         except WorkerError as exc:
             _keep_report(logs, exc)
             failure.set(*(failure_message(exc, stop, lp.resume, starting=True, log_file=log_file) or (str(exc), 1)))
         if not failure:
             try:
-                tokenizer, train, val = _tokenizer_and_data(cfg, lp, logs, model_path=model_path, tok_path=tok_path,
+                tokenizer, train, val = _tokenizer_and_data(spec, lp, logs, model_path=model_path, tok_path=tok_path,
                                                             files=files)
             except (DataError, ValueError, FileNotFoundError) as exc:
                 if os.environ.get("GRPO_DIST_DEBUG"):
@@ -299,7 +310,7 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_pat
                 failure.set(str(exc), 2)
         if not failure:  # the run's files, once its data passed (a start refused for its data leaves none)
             try:
-                save_config(cfg, out_dir)
+                save_config(spec, out_dir)
                 if on_start is not None:
                     on_start()
             except OSError as exc:
@@ -308,7 +319,7 @@ def _run_locked(cfg: GRPOConfig, lp, out_dir: Path, stop, *, model_path, tok_pat
             from grpo_dist.trainer.driver import GRPOTrainer
 
             startup.mark("driver's modules")  # the loop's (torch, tensordict)
-            trainer = GRPOTrainer(cfg, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
+            trainer = GRPOTrainer(spec, model_path=model_path, tokenizer=tokenizer, tokenizer_path=tok_path,
                                   train_data=train, val_data=val, device=device, out_dir=str(out_dir), stop=stop)
             try:
                 trainer.start_workers(workers)
@@ -377,7 +388,7 @@ def _write_startup(out_dir: Path) -> None:
 def worker_failure_message(exc, resume_settings, *, starting: bool = False, log_file=None) -> str:
     """What a user reads when a worker failed: the failure, then what helps. A rerun gets past a lost or
     frozen worker, and the message says what it will do (resume from step N, or start from the
-    beginning: ``resume_settings`` is the run's :class:`~grpo_dist.trainer.plan.ResumeSettings`, or its
+    beginning: ``resume_settings`` is the run's :class:`~grpo_dist.config.launch.ResumeSettings`, or its
     checkpoint folder); a fault in code or data (a reward function's bad value, a refused checkpoint, an
     error raised in a worker) would be met again, so the message says what to fix. ``log_file`` (quiet mode):
     the run's log file, which holds what the worker wrote, its traceback included; else Ray's logs do."""
@@ -425,16 +436,14 @@ def without_ray_boilerplate(text: str) -> str:
     return text
 
 
-def save_config(cfg: GRPOConfig, out_dir: Path) -> None:
+def save_config(spec: RunSpec, out_dir: Path) -> None:
     """The resolved configuration of the run, beside its metrics (it holds no secrets: keys such as
     wandb's API key are read from the environment by their libraries, never from the config)."""
-    from dataclasses import asdict
-
     import yaml
 
     from grpo_dist.utils.disk import write_text_atomic
 
-    write_text_atomic(out_dir / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_text_atomic(out_dir / "config.yaml", yaml.safe_dump(spec.as_dict(), sort_keys=False))
 
 
 def _print_summary(s, total_s: float) -> None:

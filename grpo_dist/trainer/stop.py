@@ -66,7 +66,7 @@ class StopSignal:
         margin_s: how long before the end of the grace period the run gives up on a checkpoint, to
             leave time for its clean-up; None: ``min(30 s, grace_s / 10)``.
         clock: seconds, monotonic (tests pass a fake one).
-        resume_settings: the run's :class:`~grpo_dist.trainer.plan.ResumeSettings`: the messages then say
+        resume_settings: the run's :class:`~grpo_dist.config.launch.ResumeSettings`: the messages then say
             what a rerun will do from the checkpoints on disk (resume from step N, or start from the
             beginning); None: from the checkpoints this object was told of.
     """

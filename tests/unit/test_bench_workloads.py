@@ -117,7 +117,7 @@ def test_precision_reaches_every_dtype_key(precision, dtype, tmp_path):
     """--precision bf16 makes grpo_dist compute and roll out in bf16 (TRL gets bf16=True, the bare
     programs bf16 too); auto is float32 on the CPU, as grpo_dist's own default there."""
     from grpo_dist.config.loader import compose, to_typed
-    from grpo_dist.trainer.build import compute_dtype
+    from grpo_dist.config.facts import compute_dtype
 
     for w in common.workloads(False, "cpu", "vllm", precision):
         assert w["precision"] == ("bf16" if dtype == "bfloat16" else "fp32")

@@ -28,10 +28,12 @@ class Recorder:
         self.calls: list[dict] = []
         self.rcs = list(rcs or [])
 
-    def __call__(self, cfg, on_start=None):
+    def __call__(self, spec, on_start=None):
+        """Stands in for ``grpo_dist.trainer.run.run``: records the configuration the job's run specification
+        was resolved from (a test may look inside the spec; the package may not)."""
         if on_start is not None:
             on_start()
-        self.calls.append(dict(cfg=cfg, cwd=os.getcwd(), env=dict(os.environ),
+        self.calls.append(dict(cfg=spec._cfg, cwd=os.getcwd(), env=dict(os.environ),
                                root_level=logging.getLogger().level,
                                handlers=[type(h).__name__ for h in logging.getLogger().handlers]))
         logging.getLogger("grpo_dist.test").info("job %s ran", len(self.calls))

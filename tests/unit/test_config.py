@@ -61,7 +61,7 @@ def test_overrides_reach_typed_config():
 
 
 def test_kl_loss_agg_mode_reaches_the_actor_objective():
-    from grpo_dist.trainer.build import actor_settings
+    from grpo_dist.config.role_settings import actor_settings
     from grpo_dist.training.objective import PolicyObjective
 
     default = actor_settings(load(), "cpu", total_training_steps=10)

@@ -142,7 +142,7 @@ def _config(*overrides: str):
 
 def test_config_key_is_validated_and_mapped_onto_the_actor_settings(registry):
     from grpo_dist.config.loader import ConfigError
-    from grpo_dist.trainer.build import actor_settings
+    from grpo_dist.config.role_settings import actor_settings
 
     assert _config().actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
     with pytest.raises(ConfigError) as info:

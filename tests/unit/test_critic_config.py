@@ -7,8 +7,10 @@ import pytest
 
 from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import ConfigError
+from grpo_dist.config.spec import resolve
 from grpo_dist.config.validate import critic_enabled, validate_config
-from grpo_dist.trainer import build
+from grpo_dist.config import role_settings
+from grpo_dist.trainer import schedule
 from tests.verl_ppo_scripts import SCRIPTS, script_args
 
 GAE = "algorithm.adv_estimator=gae"
@@ -34,8 +36,8 @@ def test_the_critic_is_on_exactly_when_the_estimator_needs_values():
 def test_the_critic_role_row_follows_the_same_rule():
     from grpo_dist.trainer.roles import active_roles
 
-    assert "critic" not in [r.name for r in active_roles(load())]
-    roles = active_roles(load(GAE))
+    assert "critic" not in [r.name for r in active_roles(resolve(load()))]
+    roles = active_roles(resolve(load(GAE)))
     assert "critic" in [r.name for r in roles]
     critic = next(r for r in roles if r.name == "critic")
     assert critic.per_rank and critic.checkpoint and critic.model is not None
@@ -77,14 +79,14 @@ def test_verls_defaults():
 @pytest.mark.parametrize("prefix", ["critic.fsdp", "critic.model.fsdp_config"])
 def test_either_fsdp_layout_reaches_the_workers(prefix):
     cfg = load(GAE, f"{prefix}.param_offload=true", f"{prefix}.model_dtype=bfloat16", f"{prefix}.reshard_after_forward=false")
-    s = build.critic_settings(cfg, "cpu", 10)
+    s = role_settings.critic_settings(cfg, "cpu", 10)
     assert s.param_offload is True and s.model_dtype == "bfloat16" and s.reshard_after_forward is False
     assert s.optimizer_offload is False
 
 
 def test_the_two_layouts_combine_and_contradictions_are_refused():
     cfg = load(GAE, "critic.fsdp.param_offload=true", "critic.model.fsdp_config.optimizer_offload=true")
-    s = build.critic_settings(cfg, "cpu", 10)
+    s = role_settings.critic_settings(cfg, "cpu", 10)
     assert s.param_offload and s.optimizer_offload
     with pytest.raises(ConfigError) as e:
         load(GAE, "critic.fsdp.model_dtype=bfloat16", "critic.model.fsdp_config.model_dtype=float16")
@@ -93,7 +95,7 @@ def test_the_two_layouts_combine_and_contradictions_are_refused():
 
 @pytest.mark.parametrize("key", ["critic.grad_clip", "critic.optim.clip_grad"])
 def test_either_grad_clip_key(key):
-    assert build.critic_settings(load(GAE, f"{key}=0.3"), "cpu", 10).grad_clip == 0.3
+    assert role_settings.critic_settings(load(GAE, f"{key}=0.3"), "cpu", 10).grad_clip == 0.3
 
 
 def test_contradicting_grad_clip_keys_are_refused():
@@ -153,15 +155,15 @@ def test_critic_settings_map_the_keys():
                "critic.optim.lr_warmup_steps_ratio=0.1", "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
                "+critic.model.override_config.attn_implementation=eager", "+critic.model.override_config.rope_theta=5000.0",
                "critic.model.enable_gradient_checkpointing=false", "trainer.seed=5")
-    s = build.critic_settings(cfg, "cpu", 20)
+    s = role_settings.critic_settings(cfg, "cpu", 20)
     assert s.ppo_mini_batch_size_per_gpu == 8 * 4 // 2 and s.ppo_micro_batch_size_per_gpu == 2
     assert s.forward_micro_batch_size_per_gpu == 2 and s.use_dynamic_bsz is False
     assert (s.cliprange_value, s.lr, s.lr_warmup_steps_ratio, s.total_training_steps) == (0.2, 3e-4, 0.1, 20)
     assert s.attn_implementation == "eager" and s.override_config == {"rope_theta": 5000.0}
     assert s.export_hf is True and s.enable_gradient_checkpointing is False and s.seed == 5
     assert s.norm_constant == float(cfg.data.max_response_length)
-    assert s.param_dtype == "float32" and build.critic_settings(cfg, "cuda", 20).param_dtype == "bfloat16"
-    dyn = build.critic_settings(load(GAE, "critic.use_dynamic_bsz=true", "critic.ppo_micro_batch_size_per_gpu=2",
+    assert s.param_dtype == "float32" and role_settings.critic_settings(cfg, "cuda", 20).param_dtype == "bfloat16"
+    dyn = role_settings.critic_settings(load(GAE, "critic.use_dynamic_bsz=true", "critic.ppo_micro_batch_size_per_gpu=2",
                                      "critic.forward_max_token_len_per_gpu=77"), "cpu", 20)
     assert dyn.use_dynamic_bsz and dyn.ppo_micro_batch_size_per_gpu is None and dyn.forward_micro_batch_size_per_gpu is None
     assert dyn.forward_max_token_len_per_gpu == 77
@@ -169,11 +171,11 @@ def test_critic_settings_map_the_keys():
 
 def test_critic_model_path_resolution(tmp_path):
     cfg = load(GAE)
-    assert build.critic_model_path(cfg, "/resolved/actor") == "/resolved/actor"  # the actor's, already resolved
+    assert role_settings.critic_model_path(cfg, "/resolved/actor") == "/resolved/actor"  # the actor's, already resolved
     other = tmp_path / "value_model"
     other.mkdir()
     cfg = load(GAE, f"critic.model.path={other}")
-    assert build.critic_model_path(cfg, "/resolved/actor") == str(other)
+    assert role_settings.critic_model_path(cfg, "/resolved/actor") == str(other)
 
 
 # ------------------------------------------------------------------------------------------- warm-up
@@ -183,13 +185,13 @@ def test_warmup_matches_verls_rule(critic_warmup):
     first step; the driver's global_step counts finished steps (0 during the first step)."""
     for finished in range(8):
         verl_global_steps = finished + 1
-        assert build.actor_update_due(finished, critic_warmup) == (critic_warmup <= verl_global_steps)
+        assert schedule.actor_update_due(finished, critic_warmup) == (critic_warmup <= verl_global_steps)
 
 
 def test_warmup_in_words():
     # 0 and 1: the actor trains from the first step; 3: steps 1 and 2 train only the critic
-    assert build.actor_update_due(0, 0) and build.actor_update_due(0, 1)
-    assert [build.actor_update_due(done, 3) for done in range(4)] == [False, False, True, True]
+    assert schedule.actor_update_due(0, 0) and schedule.actor_update_due(0, 1)
+    assert [schedule.actor_update_due(done, 3) for done in range(4)] == [False, False, True, True]
 
 
 # ----------------------------------------------------------------------------------- verl's scripts
@@ -204,7 +206,7 @@ def test_verl_ppo_script_validates_at_its_own_sizes(name):
     cfg = load(*script_args(SCRIPTS[name], cpu=False, **PATHS))
     assert cfg.algorithm.adv_estimator == "gae" and critic_enabled(cfg)
     assert cfg.critic.model.path == "/m" and cfg.trainer.critic_warmup == 0
-    s = build.critic_settings(cfg, "cuda", 100)
+    s = role_settings.critic_settings(cfg, "cuda", 100)
     assert s.lr == 1e-5 and s.param_offload is False and s.optimizer_offload is False
     # verl's rule: the critic's mini-batch is the actor's (256 prompts x n responses over 8 ranks)
     assert s.ppo_mini_batch_size_per_gpu == 256 * cfg.actor_rollout_ref.rollout.n // 8

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from grpo_dist.batch import Batch
-from grpo_dist.trainer import build
+from grpo_dist.config import facts, sampling
+from grpo_dist.config.spec import resolve
 from grpo_dist.trainer.driver import GRPOTrainer
 from grpo_dist.workers.common import Timed
 
@@ -87,7 +88,7 @@ def scored_rollout(cfg):
             "position_ids": torch.arange(P + R).expand(4, P + R).contiguous(),
             "response_mask": mask, "scores": scores, "token_level_scores": tls,
         }
-        if build.train_sampling(cfg).logprobs:
+        if sampling.train_sampling(cfg).logprobs:
             tensors["rollout_log_probs"] = torch.full((4, R), math.log(ROLLOUT_P)) * mask
         return Batch.from_dict(tensors, {"uid": ["p0", "p0", "p1", "p1"]}), {}
 
@@ -96,7 +97,7 @@ def scored_rollout(cfg):
 
 def step(tmp_path, *overrides):
     cfg = config(*overrides)
-    trainer = GRPOTrainer(cfg, model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
+    trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
     trainer.scored_rollout = scored_rollout(cfg)
@@ -110,7 +111,7 @@ DIFF = ("training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "
 
 def test_on_policy_step_with_rollout_log_probs_compares_them_with_the_trainers(tmp_path):
     cfg = config("actor_rollout_ref.rollout.calculate_log_probs=true")
-    assert build.on_policy(cfg) and build.old_log_prob_forward(cfg)
+    assert facts.on_policy(cfg) and facts.old_log_prob_forward(cfg)
     trainer, m = step(tmp_path, "actor_rollout_ref.rollout.calculate_log_probs=true")
     assert trainer.actor.calls == ["compute_log_prob", "update_policy"]
     # |0.5 - 0.4| on every response token
@@ -122,7 +123,7 @@ def test_on_policy_step_with_rollout_log_probs_compares_them_with_the_trainers(t
 
 
 def test_on_policy_step_without_rollout_log_probs_skips_the_forward(tmp_path):
-    assert not build.old_log_prob_forward(config())
+    assert not facts.old_log_prob_forward(config())
     trainer, m = step(tmp_path)
     assert trainer.actor.calls == ["update_policy"]
     assert not any(k in m for k in DIFF) and "timing_s/old_log_prob" not in m
@@ -131,8 +132,8 @@ def test_on_policy_step_without_rollout_log_probs_skips_the_forward(tmp_path):
 
 def test_off_policy_step_runs_the_forward_and_sends_old_log_probs(tmp_path):
     over = ["actor_rollout_ref.actor.ppo_epochs=2"]  # a second pass over the batch: off-policy
-    assert not build.on_policy(config(*over)) and build.old_log_prob_forward(config(*over))
-    assert not build.on_policy(config("data.train_batch_size=4"))  # so are 2 mini-batches
+    assert not facts.on_policy(config(*over)) and facts.old_log_prob_forward(config(*over))
+    assert not facts.on_policy(config("data.train_batch_size=4"))  # so are 2 mini-batches
     trainer, m = step(tmp_path, *over)
     assert trainer.actor.calls == ["compute_log_prob", "update_policy"]
     torch.testing.assert_close(trainer.actor.update_rows["old_log_probs"], torch.full((4, R), math.log(ACTOR_P)))
@@ -141,7 +142,7 @@ def test_off_policy_step_runs_the_forward_and_sends_old_log_probs(tmp_path):
 
 def test_truncated_importance_sampling_turns_the_rollout_log_probs_on_and_weights_the_update(tmp_path):
     over = ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0"]
-    assert build.rollout_log_probs(config(*over)) and build.old_log_prob_forward(config(*over))
+    assert facts.rollout_log_probs(config(*over)) and facts.old_log_prob_forward(config(*over))
     trainer, m = step(tmp_path, *over)
     assert trainer.actor.calls == ["compute_log_prob", "update_policy"]
     assert [m[k] for k in DIFF] == pytest.approx([0.1, 0.1, 0.0], abs=1e-6)
@@ -153,7 +154,7 @@ def test_truncated_importance_sampling_turns_the_rollout_log_probs_on_and_weight
 
 def test_bypass_mode_uses_the_rollout_log_probs_as_the_old_ones(tmp_path):
     over = ["algorithm.rollout_correction.bypass_mode=true"]
-    assert not build.on_policy(config(*over)) and not build.old_log_prob_forward(config(*over))
+    assert not facts.on_policy(config(*over)) and not facts.old_log_prob_forward(config(*over))
     trainer, m = step(tmp_path, *over)
     assert trainer.actor.calls == ["update_policy"]
     rows = trainer.actor.update_rows
@@ -178,7 +179,7 @@ class Rewards:
 
 def test_remax_takes_one_greedy_response_per_prompt_as_the_baseline_of_its_responses(tmp_path):
     cfg = config("algorithm.adv_estimator=remax")
-    trainer = GRPOTrainer(cfg, model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
+    trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
     trainer.rewards, trainer.sync = Rewards(), (lambda: {})

@@ -8,10 +8,12 @@ import pytest
 from grpo_dist.config.fields import Honoured, NoOp, Refused
 from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import ConfigError, GRPOConfig
+from grpo_dist.config.spec import resolve
 from grpo_dist.config.states import leaf_states, noop_notes, setting
 from grpo_dist.config.validate import validate_config
-from grpo_dist.trainer import build
-from grpo_dist.trainer.plan import driver_plan, launch_plan
+from grpo_dist.config import role_settings
+from grpo_dist.config.driver_plan import driver_plan
+from grpo_dist.config.launch import launch_plan
 
 
 def load(*overrides: str):
@@ -169,8 +171,8 @@ def test_knobs_with_no_effect_are_accepted_at_any_value_and_noted_once():
 
 def test_ulysses_does_not_change_the_data_parallel_size():
     """verl's data-parallel size is ranks / sp; here every rank is data-parallel (same global mini-batch)."""
-    base = build.actor_settings(load("trainer.n_gpus_per_node=2", "trainer.device=cpu"), "cpu", 10)
-    sp = build.actor_settings(load("trainer.n_gpus_per_node=2", "trainer.device=cpu",
+    base = role_settings.actor_settings(load("trainer.n_gpus_per_node=2", "trainer.device=cpu"), "cpu", 10)
+    sp = role_settings.actor_settings(load("trainer.n_gpus_per_node=2", "trainer.device=cpu",
                                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"), "cpu", 10)
     assert base == sp and base.ppo_mini_batch_size_per_gpu == 16 * 8 // 2
 
@@ -187,7 +189,7 @@ def test_added_keys_the_schema_has_or_entries_of_mappings_are_fine():
     cfg = load("+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16",
                "++trainer.total_epochs=3", "+critic.model.override_config.attn_implementation=eager",
                "+ray_kwargs.ray_init.runtime_env.env_vars.MY_FLAG=1")
-    assert build.actor_settings(cfg, "cpu", 10).reduce_dtype == "bfloat16"
+    assert role_settings.actor_settings(cfg, "cpu", 10).reduce_dtype == "bfloat16"
     assert launch_plan(cfg).ray_init["runtime_env"]["env_vars"] == {"MY_FLAG": "1"}
 
 
@@ -196,7 +198,7 @@ def test_verls_default_values_are_accepted():
     cfg = load("actor_rollout_ref.actor.fsdp_config.model_dtype=fp32", "actor_rollout_ref.actor.fsdp_config.dtype=bf16",
                "data.seed=null", "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32", "actor_rollout_ref.actor.strategy=fsdp",
                "actor_rollout_ref.rollout.load_format=dummy", "data.return_raw_chat=true")
-    s = build.actor_settings(cfg, "cpu", 10)
+    s = role_settings.actor_settings(cfg, "cpu", 10)
     assert (s.model_dtype, s.param_dtype) == ("float32", "bfloat16")
 
 
@@ -206,8 +208,8 @@ def test_verls_default_values_are_accepted():
      "lr_scheduler_type"),
 ])
 def test_two_spellings_of_one_setting(new, old, value, attr):
-    assert getattr(build.actor_settings(load(f"{new}={value}"), "cpu", 10), attr) == value
-    assert getattr(build.actor_settings(load(f"{old}={value}"), "cpu", 10), attr) == value
+    assert getattr(role_settings.actor_settings(load(f"{new}={value}"), "cpu", 10), attr) == value
+    assert getattr(role_settings.actor_settings(load(f"{old}={value}"), "cpu", 10), attr) == value
     other = 0.7 if isinstance(value, float) else "constant"
     if other != "constant":  # constant is the default: not a contradiction
         msg = refused(f"{new}={value}", f"{old}={other}")
@@ -221,7 +223,7 @@ def test_the_current_reward_layout_maps_onto_the_existing_keys(tmp_path):
                "reward.reward_manager.name=prime")
     from grpo_dist.trainer.roles import ROLES, RoleContext
 
-    kwargs = next(r for r in ROLES if r.name == "reward").init_kwargs(RoleContext(cfg, "cpu", "/m", "/t", 10, 1, 1), 0)
+    kwargs = next(r for r in ROLES if r.name == "reward").init_kwargs(RoleContext(resolve(cfg), "cpu", "/m", "/t", 10, 1, 1), 0)
     assert (kwargs["custom_path"], kwargs["custom_name"], kwargs["num_workers"]) == (str(f), "my_score", 3)
     assert launch_plan(cfg).custom_reward == (str(f), "my_score")
     msg = refused(f"reward.custom_reward_function.path={f}", "custom_reward_function.path=/other.py")
@@ -231,7 +233,7 @@ def test_the_current_reward_layout_maps_onto_the_existing_keys(tmp_path):
 def test_global_micro_batch_sizes_are_divided_by_the_ranks():
     cfg = load("trainer.n_gpus_per_node=2", "trainer.device=cpu", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
                "actor_rollout_ref.rollout.log_prob_micro_batch_size=16", "actor_rollout_ref.ref.log_prob_micro_batch_size=4")
-    assert build.actor_settings(cfg, "cpu", 10).ppo_micro_batch_size_per_gpu == 4
+    assert role_settings.actor_settings(cfg, "cpu", 10).ppo_micro_batch_size_per_gpu == 4
     p = driver_plan(cfg, "cpu", 4096)
     assert p.old_logp_batching == (8, None) and p.ref_logp_batching == (2, None)
     msg = refused("actor_rollout_ref.actor.ppo_micro_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
@@ -290,14 +292,14 @@ def test_reward_fn_key_selects_the_column_handed_to_the_reward_function():
 
 
 def test_actor_checkpoint_contents():
-    s = build.actor_settings(load("actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"), "cpu", 10)
+    s = role_settings.actor_settings(load("actor_rollout_ref.actor.checkpoint.save_contents=[model,hf_model]"), "cpu", 10)
     assert s.save_contents == s.load_contents == ("model",)  # load follows save; hf_model is an export
     cfg = load("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]",
                "actor_rollout_ref.actor.checkpoint.load_contents=[model]")
-    assert build.actor_settings(cfg, "cpu", 10).load_contents == ("model",)
+    assert role_settings.actor_settings(cfg, "cpu", 10).load_contents == ("model",)
     old = load("actor_rollout_ref.actor.checkpoint.contents=[model,optimizer,extra,hf_model]")  # the former spelling
     assert driver_plan(old, "cpu", 4096).export_hf_every_checkpoint
-    assert build.actor_settings(old, "cpu", 10).save_contents == ("model", "optimizer", "extra")
+    assert role_settings.actor_settings(old, "cpu", 10).save_contents == ("model", "optimizer", "extra")
     assert "lacks model" in refused("actor_rollout_ref.actor.checkpoint.save_contents=[optimizer,extra]")
     assert "lacks model" in refused("actor_rollout_ref.actor.checkpoint.load_contents=[optimizer]")
     assert "'weights'" in refused("actor_rollout_ref.actor.checkpoint.save_contents=[model,weights]")
@@ -322,15 +324,15 @@ def test_shuffle_is_global_seeded_and_the_same_for_any_rank_count():
     p = driver_plan(load("actor_rollout_ref.actor.shuffle=true", "actor_rollout_ref.actor.ppo_epochs=2",
                          "actor_rollout_ref.actor.data_loader_seed=5"), "cpu", 4096)
     assert p.actor_shuffle == (2, 5) and p.critic_shuffle == (2, 42)
-    assert build.actor_settings(load("actor_rollout_ref.actor.shuffle=true"), "cpu", 10).epochs_in_rows
+    assert role_settings.actor_settings(load("actor_rollout_ref.actor.shuffle=true"), "cpu", 10).epochs_in_rows
 
 
 def test_nccl_timeout_reaches_every_fsdp_role():
     from grpo_dist.trainer.roles import RoleContext, active_roles
 
     cfg = load("algorithm.adv_estimator=gae", "actor_rollout_ref.nccl_timeout=1200")
-    ctx = RoleContext(cfg, "cpu", "/m", "/t", 10, 1, 1)
-    got = {r.name: r.model(ctx)["timeout_s"] for r in active_roles(cfg) if r.model is not None}
+    ctx = RoleContext(resolve(cfg), "cpu", "/m", "/t", 10, 1, 1)
+    got = {r.name: r.model(ctx)["timeout_s"] for r in active_roles(ctx.spec) if r.model is not None}
     assert got == {"actor": 1200.0, "reference": 1200.0, "critic": 1200.0}
 
 

@@ -54,16 +54,18 @@ def load(overrides):
 
 
 def build_everything(cfg, device: str) -> None:
-    """Everything a run builds from its configuration: the launch plan (files, tokenizer, dataset,
-    Ray), the driver's plan, and every active role's constructor and model arguments."""
-    from grpo_dist.trainer import build, plan, roles
+    """Everything a run builds from its configuration: the run specification (with the launch plan: files,
+    tokenizer, dataset, Ray), the driver's plan, the CPU checks, and every active role's constructor and
+    model arguments."""
+    from grpo_dist.config.spec import resolve
+    from grpo_dist.trainer import roles
 
-    plan.launch_plan(cfg)
-    driver = plan.driver_plan(cfg, device, train_size=4096)
-    build.check_cpu_ranks(cfg, 2)
-    ctx = roles.RoleContext(cfg, device, "/model", "/tokenizer", driver.total_steps, driver.shape.world_size, 1)
+    spec = resolve(cfg)
+    driver = spec.driver_plan(device, train_size=4096)
+    spec.check_cpu_ranks(2)
+    ctx = roles.RoleContext(spec, device, "/model", "/tokenizer", driver.total_steps, driver.shape.world_size, 1)
     roles.Workers(ctx)  # placement and call deadlines (nothing starts until .start())
-    for role in roles.active_roles(cfg):
+    for role in roles.active_roles(spec):
         role.init_kwargs(ctx, 0)
         if role.model is not None:
             role.model(ctx)

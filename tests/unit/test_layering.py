@@ -341,7 +341,7 @@ DRIVER_GUARD_LINES = 600
 WHERE_TO_MOVE = (
     "keep it the step recipe and move the rest out: a protocol with several steps becomes its own object "
     "(like trainer/weight_sync.py, trainer/dynamic_sampling.py), settings and values derived from the config go "
-    "to the run plan (trainer/plan.py), role wiring to trainer/roles.py, sharded worker calls to trainer/updates.py, "
+    "to the run plan (config/driver_plan.py), role wiring to trainer/roles.py, sharded worker calls to trainer/updates.py, "
     "rollout output -> batch to rollout/assemble.py, metrics to trainer/metrics.py"
 )
 

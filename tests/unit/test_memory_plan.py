@@ -154,22 +154,22 @@ def load(*overrides: str):
 
 
 def test_defaults_are_auto_and_explicit_values_keep_their_meaning():
-    from grpo_dist.trainer import build
+    from grpo_dist.config import role_settings
 
-    s = build.actor_settings(load(), "cpu", 10)
+    s = role_settings.actor_settings(load(), "cpu", 10)
     assert s.enable_gradient_checkpointing == "auto" and s.ppo_micro_batch_size_per_gpu == "auto"
     assert s.use_remove_padding and s.max_seq_len == 64 + 24 and s.max_response_len == 24
-    s = build.actor_settings(load("actor_rollout_ref.model.enable_gradient_checkpointing=true",
+    s = role_settings.actor_settings(load("actor_rollout_ref.model.enable_gradient_checkpointing=true",
                                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"), "cpu", 10)
     assert s.enable_gradient_checkpointing is True and s.ppo_micro_batch_size_per_gpu == 4
-    s = build.actor_settings(load("actor_rollout_ref.actor.use_dynamic_bsz=true"), "cpu", 10)
+    s = role_settings.actor_settings(load("actor_rollout_ref.actor.use_dynamic_bsz=true"), "cpu", 10)
     assert s.ppo_micro_batch_size_per_gpu is None and s.use_dynamic_bsz
-    c = build.critic_settings(load("algorithm.adv_estimator=gae"), "cpu", 10)
+    c = role_settings.critic_settings(load("algorithm.adv_estimator=gae"), "cpu", 10)
     assert c.enable_gradient_checkpointing == "auto" and c.ppo_micro_batch_size_per_gpu == "auto" and c.use_remove_padding
-    c = build.critic_settings(load("algorithm.adv_estimator=gae", "critic.model.use_remove_padding=false",
+    c = role_settings.critic_settings(load("algorithm.adv_estimator=gae", "critic.model.use_remove_padding=false",
                                    "critic.model.enable_gradient_checkpointing=false"), "cpu", 10)
     assert c.enable_gradient_checkpointing is False and not c.use_remove_padding
-    r = build.reference_kwargs(load("actor_rollout_ref.model.use_fused_kernels=true",
+    r = role_settings.reference_kwargs(load("actor_rollout_ref.model.use_fused_kernels=true",
                                     "actor_rollout_ref.model.logprob_chunk_size=64"), "cpu")
     assert r["use_fused_kernels"] and r["logprob_chunk_size"] == 64
 
@@ -179,7 +179,7 @@ def test_ulysses_is_not_assumed_to_divide_the_memory_of_a_sequence():
     so the notice says so, the auto memory choices are sized for the whole prompt + response on every
     rank, and their start-up line says the setting divided nothing."""
     from grpo_dist.config.states import noop_notes
-    from grpo_dist.trainer import build
+    from grpo_dist.config import preflight, role_settings
 
     sp = ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "critic.ulysses_sequence_parallel_size=2",
           "algorithm.adv_estimator=gae")
@@ -190,16 +190,16 @@ def test_ulysses_is_not_assumed_to_divide_the_memory_of_a_sequence():
         assert "a sequence is NOT split across ranks here" in n
         assert "activation memory of the full prompt + response, which this setting would have divided by sp" in n
     plain = load("algorithm.adv_estimator=gae")
-    assert build.actor_settings(cfg, "cpu", 10) == build.actor_settings(plain, "cpu", 10)
-    assert build.actor_settings(cfg, "cpu", 10).max_seq_len == 64 + 24  # whole sequences, not (64 + 24) / 4
-    assert build.critic_settings(cfg, "cpu", 10) == build.critic_settings(plain, "cpu", 10)
-    assert build.whole_sequence_note(cfg, "actor") == (
+    assert role_settings.actor_settings(cfg, "cpu", 10) == role_settings.actor_settings(plain, "cpu", 10)
+    assert role_settings.actor_settings(cfg, "cpu", 10).max_seq_len == 64 + 24  # whole sequences, not (64 + 24) / 4
+    assert role_settings.critic_settings(cfg, "cpu", 10) == role_settings.critic_settings(plain, "cpu", 10)
+    assert preflight.whole_sequence_note(cfg, "actor") == (
         " (sized for whole sequences of up to 88 tokens on every rank: actor_rollout_ref.actor.ulysses_sequence_parallel_size"
         " = 4 does not split them here, so a rank needs the memory verl would spread over 4)")
-    assert "critic.ulysses_sequence_parallel_size = 2" in build.whole_sequence_note(cfg, "critic")
-    assert build.whole_sequence_note(cfg, "reference") == build.whole_sequence_note(plain, "actor") == ""
+    assert "critic.ulysses_sequence_parallel_size = 2" in preflight.whole_sequence_note(cfg, "critic")
+    assert preflight.whole_sequence_note(cfg, "reference") == preflight.whole_sequence_note(plain, "actor") == ""
     fsdp = load("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=2")
-    assert "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size = 2" in build.whole_sequence_note(fsdp, "reference")
+    assert "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size = 2" in preflight.whole_sequence_note(fsdp, "reference")
 
 
 @pytest.mark.parametrize("override,key", [
@@ -249,15 +249,15 @@ def test_kv_cache_auto_by_hand():
 def test_kv_cache_of_the_default_run(tmp_path):
     """The no-argument run's CPU engine: sized from the embedded model and one rank's share of a step."""
     from grpo_dist import tasks
-    from grpo_dist.trainer import build
+    from grpo_dist.config import engine
     from grpo_dist.training.memory import GIB
 
     cfg = load()
     model = tasks.resolve(cfg.actor_rollout_ref.model.path)
-    gib, why = build.kv_cache_gib(cfg, model, available=20 * GIB)
+    gib, why = engine.kv_cache_gib(cfg, model, available=20 * GIB)
     assert gib == 0.25 and "256 sequences x 88 tokens" in why  # 32 prompts x 8 responses, 64 + 24 tokens
-    assert build.kv_cache_gib(load("actor_rollout_ref.rollout.kv_cache_gib=1.5"), model) == (1.5, "set")
-    assert build.engine_kwargs(cfg, model, "cpu", 0.5)["kv_cache_gib"] == 0.5
+    assert engine.kv_cache_gib(load("actor_rollout_ref.rollout.kv_cache_gib=1.5"), model) == (1.5, "set")
+    assert engine.engine_kwargs(cfg, model, "cpu", 0.5)["kv_cache_gib"] == 0.5
 
 
 @pytest.mark.parametrize("drop", [None, "head_dim", "tie_word_embeddings", "num_key_value_heads"])
@@ -270,7 +270,7 @@ def test_the_model_shape_read_from_config_json_is_transformers_config(tiny_model
 
     from transformers import AutoConfig
 
-    from grpo_dist.trainer import build
+    from grpo_dist.config import engine
     from grpo_dist.training.memory import ModelShape
 
     model = tmp_path / "m"
@@ -281,6 +281,6 @@ def test_the_model_shape_read_from_config_json_is_transformers_config(tiny_model
         del raw[drop]
     (model / "config.json").write_text(json.dumps(raw))
     expected = ModelShape.from_config(AutoConfig.from_pretrained(model))
-    assert build.model_shape(str(model), False) == expected
+    assert engine.model_shape(str(model), False) == expected
     if drop == "head_dim":  # Qwen2's default: hidden // heads
         assert expected.head_dim == raw["hidden_size"] // 4

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from grpo_dist.trainer import build
+from grpo_dist.config import engine, preflight, role_settings
 from tests.configs import cfg_of
 
 OVERRIDE = "+actor_rollout_ref.model.override_config.max_position_embeddings=512"
@@ -18,14 +18,14 @@ OVERRIDE = "+actor_rollout_ref.model.override_config.max_position_embeddings=512
 
 def test_every_builder_of_the_policy_gets_the_fields():
     cfg = cfg_of(OVERRIDE)
-    assert build.actor_settings(cfg, "cpu", 10).override_config == {"max_position_embeddings": 512}
-    assert build.reference_kwargs(cfg, "cpu")["override_config"] == {"max_position_embeddings": 512}
-    assert build.engine_kwargs(cfg, "/m", "cpu")["hf_overrides"] == {"max_position_embeddings": 512}
+    assert role_settings.actor_settings(cfg, "cpu", 10).override_config == {"max_position_embeddings": 512}
+    assert role_settings.reference_kwargs(cfg, "cpu")["override_config"] == {"max_position_embeddings": 512}
+    assert engine.engine_kwargs(cfg, "/m", "cpu")["hf_overrides"] == {"max_position_embeddings": 512}
     hf = cfg_of(OVERRIDE, "actor_rollout_ref.rollout.name=hf")
-    assert build.engine_kwargs(hf, "/m", "cpu")["config_overrides"] == {"max_position_embeddings": 512}
+    assert engine.engine_kwargs(hf, "/m", "cpu")["config_overrides"] == {"max_position_embeddings": 512}
     plain = cfg_of()
-    assert build.actor_settings(plain, "cpu", 10).override_config is None
-    assert build.engine_kwargs(plain, "/m", "cpu")["hf_overrides"] is None
+    assert role_settings.actor_settings(plain, "cpu", 10).override_config is None
+    assert engine.engine_kwargs(plain, "/m", "cpu")["hf_overrides"] is None
 
 
 def test_vllm_receives_them_as_hf_overrides(monkeypatch):
@@ -39,10 +39,10 @@ def test_vllm_receives_them_as_hf_overrides(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     from grpo_dist.rollout.vllm_engine import VLLMEngine
 
-    VLLMEngine(**build.engine_kwargs(cfg_of(OVERRIDE), "/m", "cpu"))
+    VLLMEngine(**engine.engine_kwargs(cfg_of(OVERRIDE), "/m", "cpu"))
     assert seen["hf_overrides"] == {"max_position_embeddings": 512}
     seen.clear()
-    VLLMEngine(**build.engine_kwargs(cfg_of(), "/m", "cpu"))
+    VLLMEngine(**engine.engine_kwargs(cfg_of(), "/m", "cpu"))
     assert "hf_overrides" not in seen
     with pytest.raises(ValueError, match="hf_overrides"):
         VLLMEngine("/m", extra_kwargs={"hf_overrides": {}})  # one owner: model.override_config
@@ -55,8 +55,8 @@ def test_the_context_check_reads_the_overridden_length(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     sizes = ["data.max_prompt_length=200", "data.max_response_length=100"]
     with pytest.raises(ValueError, match="max_position_embeddings = 256"):
-        build.check_model_fits(cfg_of(*sizes), str(tiny_model_dir), tok)
-    build.check_model_fits(cfg_of(*sizes, OVERRIDE), str(tiny_model_dir), tok)
+        preflight.check_model_fits(cfg_of(*sizes), str(tiny_model_dir), tok)
+    preflight.check_model_fits(cfg_of(*sizes, OVERRIDE), str(tiny_model_dir), tok)
 
 
 def test_the_hf_engine_builds_the_policy_with_them(tiny_model_dir):

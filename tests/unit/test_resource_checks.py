@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_dist.config.loader import compose, to_typed
-from grpo_dist.trainer.build import check_cpu_ranks
+from grpo_dist.config.preflight import check_cpu_ranks
 
 
 def cfg(*overrides):
@@ -37,7 +37,7 @@ def hand_floor_gib(params, ranks, *, kv=1.0, reference=True):
 
 
 def test_memory_floor_matches_the_hand_count():
-    from grpo_dist.trainer.build import cpu_memory_estimate
+    from grpo_dist.config.memory import cpu_memory_estimate
 
     c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true")
     got, parts = cpu_memory_estimate(c, 2, params=500_000_000)
@@ -48,15 +48,15 @@ def test_memory_floor_matches_the_hand_count():
 
 
 def test_too_little_memory_is_refused_naming_what_fits(monkeypatch):
-    from grpo_dist.trainer import build
+    from grpo_dist.config import memory, preflight
 
     c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.use_kl_loss=true")
     params = 500_000_000  # 8 ranks: 7.45 + 1.86 + 8 x (1.86 + 1) + 26 x 0.35 = 41.3 GiB
-    monkeypatch.setattr(build, "machine_cores", lambda: 16)
-    monkeypatch.setattr(build, "available_memory_gib", lambda: 24.0)
-    monkeypatch.setattr(build, "model_parameter_count", lambda path: params)
+    monkeypatch.setattr(preflight, "machine_cores", lambda: 16)
+    monkeypatch.setattr(memory, "available_memory_gib", lambda: 24.0)
+    monkeypatch.setattr(memory, "model_parameter_count", lambda path: params)
     with pytest.raises(ValueError) as err:
-        build.check_cpu_resources(c, "/model")
+        memory.check_cpu_resources(c, "/model")
     msg = str(err.value)
     assert "8 CPU rank(s) of a 500 M-parameter model need at least 41.3 GiB" in msg
     assert "24.0 GiB available" in msg
@@ -66,45 +66,45 @@ def test_too_little_memory_is_refused_naming_what_fits(monkeypatch):
 
 
 def test_close_to_the_memory_available_warns_and_far_below_is_quiet(monkeypatch):
-    from grpo_dist.trainer import build
+    from grpo_dist.config import memory
 
     c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true")
     floor = hand_floor_gib(10**9, 2)  # 22.6 GiB
-    note = build.check_cpu_memory(c, 10**9, available_gib=floor / 0.9)
+    note = memory.check_cpu_memory(c, 10**9, available_gib=floor / 0.9)
     assert note and "may be killed for memory" in note and "kv_cache_gib" in note
-    assert build.check_cpu_memory(c, 10**9, available_gib=floor / 0.5) is None
+    assert memory.check_cpu_memory(c, 10**9, available_gib=floor / 0.5) is None
     # not checked: unknown sizes, a Ray cluster, a GPU run
-    assert build.check_cpu_memory(c, None, available_gib=1.0) is None
+    assert memory.check_cpu_memory(c, None, available_gib=1.0) is None
     on_cluster = cfg("trainer.device=cpu", "ray_kwargs.ray_init.address=auto")
-    assert build.check_cpu_memory(on_cluster, 10**9, available_gib=1.0) is None
+    assert memory.check_cpu_memory(on_cluster, 10**9, available_gib=1.0) is None
 
 
 def test_even_one_rank_that_does_not_fit_says_so():
-    from grpo_dist.trainer import build
+    from grpo_dist.config import memory
 
     c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2")
     with pytest.raises(ValueError, match="even one rank does not fit"):
-        build.check_cpu_memory(c, 7 * 10**9, available_gib=16.0)
+        memory.check_cpu_memory(c, 7 * 10**9, available_gib=16.0)
 
 
 def test_cores_come_from_the_cpu_affinity(monkeypatch):
     import os
 
-    from grpo_dist.trainer import build
+    from grpo_dist.config import memory, preflight
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    assert build.machine_cores() == 2
-    monkeypatch.setattr(build, "model_parameter_count", lambda path: None)
+    assert preflight.machine_cores() == 2
+    monkeypatch.setattr(memory, "model_parameter_count", lambda path: None)
     with pytest.raises(ValueError, match="this machine has 2 cores"):
-        build.check_cpu_resources(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=8"), "/model")
+        memory.check_cpu_resources(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=8"), "/model")
 
 
 def test_parameter_count_from_safetensors_headers(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from grpo_dist.trainer.build import model_parameter_count
+    from grpo_dist.config.memory import model_parameter_count
 
     save_file({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}, str(tmp_path / "model-1.safetensors"))
     save_file({"c": torch.zeros(2, 2, 2)}, str(tmp_path / "model-2.safetensors"))
@@ -119,36 +119,37 @@ def test_check_and_run_count_the_cores_of_the_cpu_affinity(monkeypatch):
     import os
 
     from grpo_dist import main as main_mod
-    from grpo_dist.trainer import build
+    from grpo_dist.config import memory, preflight
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setattr(build.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
     too_many = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=4")
-    assert build.usable_cores(too_many) == 2
+    assert preflight.usable_cores(too_many) == 2
     with pytest.raises(ValueError, match=r"= 4 CPU ranks, but this machine has 2 cores this process may use"):
-        build.check_cpu_resources(too_many, "unused")  # the run's check
+        memory.check_cpu_resources(too_many, "unused")  # the run's check
 
     class Job:  # what --check prints the plan of
         cfg, sweep, num, label, output_dir = too_many, None, 0, "", too_many.trainer.default_local_dir
 
     assert main_mod.print_plans([Job()], full=True) == 2  # --check refuses it too
     fits = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2")
-    assert build.worker_threads(fits, "cpu", 2, cluster_cpus=lambda: 64) == 1  # 2 cores / 2 ranks, not 64 / 2
-    assert build.worker_threads(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=1"), "cpu", 1, lambda: 64) == 2
+    assert preflight.worker_threads(fits, "cpu", 2, cluster_cpus=lambda: 64) == 1  # 2 cores / 2 ranks, not 64 / 2
+    assert preflight.worker_threads(cfg("trainer.device=cpu", "trainer.n_gpus_per_node=1"), "cpu", 1, lambda: 64) == 2
     limited = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "ray_kwargs.ray_init.num_cpus=1")
     with pytest.raises(ValueError, match="has 1 cores this process may use"):
-        build.check_cpu_ranks(limited, build.usable_cores(limited))
+        preflight.check_cpu_ranks(limited, preflight.usable_cores(limited))
 
 
 def test_check_on_a_machine_without_gpus_validates_a_gpu_config_for_its_cluster(monkeypatch, capsys):
     """`--check` of a GPU launch script on a laptop or a login node: trainer.device=cuda is checked for the
     GPUs the config names, with a note; the auto device refuses CPU ranks it cannot hold, saying so."""
     from grpo_dist.main import main
-    from grpo_dist.trainer import build
+    from grpo_dist.config import preflight
+    import grpo_dist.trainer.run as run_module
 
-    monkeypatch.setattr(build.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(build, "machine_cores", lambda: 2)
+    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(preflight, "machine_cores", lambda: 2)
     gpu = ["--check", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", "data.train_batch_size=64"]
     assert main(gpu + ["trainer.device=cuda"]) == 0
     out = capsys.readouterr().out
@@ -159,4 +160,4 @@ def test_check_on_a_machine_without_gpus_validates_a_gpu_config_for_its_cluster(
     assert "16 CPU ranks" in err and "trainer.device=cuda" in err and "--check` then validates for its GPUs" in err
     # a real run of trainer.device=cuda where Ray has no GPUs: one message
     with pytest.raises(ValueError, match="the Ray cluster has no GPUs; run it where the GPUs are"):
-        build.choose_device("cuda", 0)
+        run_module.choose_device("cuda", 0)

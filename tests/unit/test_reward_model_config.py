@@ -9,6 +9,7 @@ import pytest
 
 from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import ConfigError
+from grpo_dist.config.spec import resolve
 from grpo_dist.config.validate import reward_model_micro_batch, reward_model_spec, validate_config
 from tests.verl_ppo_scripts import RM_SCRIPTS, script_args
 
@@ -137,7 +138,7 @@ def test_role_rows_follow_the_configuration():
     from grpo_dist.trainer.roles import ROLES, active_roles
 
     def rows(cfg):
-        return {r.name: r for r in active_roles(cfg)}
+        return {r.name: r for r in active_roles(resolve(cfg))}
 
     plain = rows(load())
     assert "reward_model" not in plain
@@ -145,12 +146,12 @@ def test_role_rows_follow_the_configuration():
     r = rows(cfg)
     rm = r["reward_model"]
     assert rm.per_rank and rm.model is not None
-    assert not rm.saves(cfg) and not r["reference"].saves(cfg)  # a frozen reward model is its folder
+    assert not rm.saves(resolve(cfg)) and not r["reference"].saves(resolve(cfg))  # a frozen reward model is its folder
     cfg = load(*ITER)
     r = rows(cfg)
-    assert r["reward_model"].saves(cfg) and r["reference"].saves(cfg)  # trained, and a reset reference
+    assert r["reward_model"].saves(resolve(cfg)) and r["reference"].saves(resolve(cfg))  # trained, and a reset reference
     cfg = load(*ITER, "reward_model.iterative.reset_reference=false")
-    assert not rows(cfg)["reference"].saves(cfg)
+    assert not rows(cfg)["reference"].saves(resolve(cfg))
     assert [r.name for r in ROLES].index("reward_model") < [r.name for r in ROLES].index("rollout")
 
 
@@ -181,7 +182,7 @@ def test_the_scripts_set_keys_of_the_reward_model():
 def test_a_reward_model_folder_that_cannot_be_read_stops_at_start_up_naming_it(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from grpo_dist.trainer import build
+    from grpo_dist.config import preflight
 
     broken = tmp_path / "rm"
     broken.mkdir()
@@ -189,7 +190,7 @@ def test_a_reward_model_folder_that_cannot_be_read_stops_at_start_up_naming_it(t
     cfg = load("reward_model.enable=true", f"reward_model.model.path={broken}")
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     with pytest.raises(ValueError) as e:
-        build.check_model_fits(cfg, str(tiny_model_dir), tok)
+        preflight.check_model_fits(cfg, str(tiny_model_dir), tok)
     msg = str(e.value)
     assert msg.startswith(f"the reward model {broken} (reward_model.model.path) cannot be loaded")
 
@@ -211,10 +212,10 @@ def rm_start_up(tiny_model_dir, rm_dir):
     """The start-up checks of a run scoring with the reward model in ``rm_dir`` (no worker starts)."""
     from transformers import AutoTokenizer
 
-    from grpo_dist.trainer import build
+    from grpo_dist.config import preflight
 
     cfg = load("reward_model.enable=true", f"reward_model.model.path={rm_dir}")
-    build.check_model_fits(cfg, str(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir))
+    preflight.check_model_fits(cfg, str(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir))
 
 
 def test_a_causal_lm_folder_is_refused_as_a_reward_model_before_the_workers_start(tmp_path, tiny_model_dir):
@@ -300,7 +301,7 @@ def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_mode
 
     from transformers import AutoTokenizer
 
-    from grpo_dist.trainer import build
+    from grpo_dist.config import preflight, role_settings
     from grpo_dist.utils.tiny_model import build_tiny_model
 
     other = with_reward_head(build_tiny_model(tmp_path / "other_lm", vocab=list("0123456789abc"), max_position_embeddings=256),
@@ -310,17 +311,17 @@ def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_mode
     tok = AutoTokenizer.from_pretrained(policy)
     common = ("reward_model.enable=true", f"reward_model.model.path={other}", f"actor_rollout_ref.model.path={policy}")
     cfg = load(*common)
-    build.check_model_fits(cfg, str(policy), tok)  # an outcome reward model is re-encoded
-    assert build.reward_model_reencodes(cfg, str(other), str(policy)) == str(policy)
+    preflight.check_model_fits(cfg, str(policy), tok)  # an outcome reward model is re-encoded
+    assert role_settings.reward_model_reencodes(cfg, str(other), str(policy)) == str(policy)
     cfg = load(*common, "reward_model.process.enable=true", "algorithm.adv_estimator=grpo_process")
     with pytest.raises(ValueError, match="a process reward model reads the policy's own tokens"):
-        build.check_model_fits(cfg, str(policy), tok)
+        preflight.check_model_fits(cfg, str(policy), tok)
     cfg = load(*common, "reward_model.model.input_tokenizer=null")
-    assert build.reward_model_reencodes(cfg, str(other), str(policy)) is None
+    assert role_settings.reward_model_reencodes(cfg, str(other), str(policy)) is None
 
 
 def test_the_iterative_label_threshold_reaches_the_plan():
-    from grpo_dist.trainer.plan import driver_plan
+    from grpo_dist.config.driver_plan import driver_plan
 
     assert driver_plan(load(*ITER), "cpu", 4096).iterative.label_threshold == 0.5
     assert driver_plan(load(*ITER, "reward_model.iterative.label_threshold=1.0"), "cpu", 4096).iterative.label_threshold == 1.0

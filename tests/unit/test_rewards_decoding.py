@@ -133,11 +133,12 @@ print(json.dumps({{"scores": r.scores_B.tolist(), "transformers": sorted(m for m
 @pytest.mark.parametrize("remote", ["", "actor_rollout_ref.model.trust_remote_code=true", "data.trust_remote_code=true"])
 def test_the_reward_worker_gets_the_decoder_unless_the_tokenizer_runs_its_own_code(tiny_tokenizer, remote):
     from grpo_dist.config.loader import compose, to_typed
-    from grpo_dist.trainer import build
+    from grpo_dist.config import sampling
+    from grpo_dist.config.spec import resolve
     from grpo_dist.trainer.roles import ROLES, RoleContext
 
     cfg = to_typed(compose([remote] if remote else []))
-    spec = build.reward_decoder(cfg, tiny_tokenizer)
+    spec = sampling.reward_decoder(cfg, tiny_tokenizer)
     assert (spec is None) == bool(remote)
     calls = []
 
@@ -147,5 +148,5 @@ def test_the_reward_worker_gets_the_decoder_unless_the_tokenizer_runs_its_own_co
             return ["ref"]
 
     role = next(r for r in ROLES if r.name == "reward")
-    assert role.setup(RoleContext(cfg, "cpu", "/m", "/t", 10, 1, 1, reward_decoder=spec), Group()) == ["ref"]
+    assert role.setup(RoleContext(resolve(cfg), "cpu", "/m", "/t", 10, 1, 1, reward_decoder=spec), Group()) == ["ref"]
     assert calls == [("load_tokenizer", (spec,))]

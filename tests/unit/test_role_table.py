@@ -10,6 +10,7 @@ import pytest
 from grpo_dist.config import roles as table
 from grpo_dist.config.plan import build_plan
 from grpo_dist.config.schema import ConfigError
+from grpo_dist.config.spec import resolve
 from tests.configs import cfg_of
 
 RM = ("reward_model.enable=true", "reward_model.model.path=/rm")
@@ -27,7 +28,7 @@ def row(name: str, share: float | None = None, process: str | None = None):
 def workers(cfg):
     from grpo_dist.trainer.roles import Workers
 
-    return Workers(SimpleNamespace(cfg=cfg, device="cpu"))  # placement only: nothing starts before create()
+    return Workers(SimpleNamespace(spec=resolve(cfg), device="cpu"))  # placement only: nothing starts before create()
 
 
 # ------------------------------------------------------------------------------------------- one table
@@ -91,17 +92,18 @@ def test_the_workers_place_each_pool_with_its_own_world_size():
     w = workers(cfg)
     assert {name: (p.nnodes, p.devices_per_node, p.keys) for name, p in w.plans.items()} == {
         "global": (1, 2, "trainer"), "reward_model": (1, 3, "reward_model")}
-    w.ctx = RoleContext(cfg, "cpu", "/m", "/t", 10, 2, 1)
+    w.ctx = RoleContext(resolve(cfg), "cpu", "/m", "/t", 10, 2, 1)
     rows = {r.name: r for r in w.roles}
     assert rows["reward_model"].init_kwargs(w._context("reward_model"), 2)["world_size"] == 3
     assert rows["actor"].init_kwargs(w._context("global"), 1)["world_size"] == 2
-    assert rows["reward_model"].pool_of(cfg) == "reward_model" and rows["actor"].pool_of(cfg) == "global"
+    assert rows["reward_model"].pool_of(w.ctx.spec) == "reward_model" and rows["actor"].pool_of(w.ctx.spec) == "global"
     assert list(workers(cfg_of(*TWO, *RM)).plans) == ["global"]
 
 
 def test_the_reward_models_sizes_follow_its_ranks():
     from grpo_dist.config.validate import reward_model_micro_batch, reward_model_world_size
-    from grpo_dist.trainer.plan import driver_plan, launch_plan
+    from grpo_dist.config.driver_plan import driver_plan
+    from grpo_dist.config.launch import launch_plan
 
     it = ("reward_model.iterative.enable=true", "reward_model.iterative.mini_batch_size=12")
     own = cfg_of(*TWO, *OWN, *it, "reward_model.micro_batch_size=12")

@@ -10,7 +10,9 @@ import types
 import pytest
 
 from grpo_dist.config.schema import ConfigError
-from grpo_dist.trainer import build, roles
+from grpo_dist.config import engine, sampling
+from grpo_dist.config.spec import resolve
+from grpo_dist.trainer import roles
 from tests.configs import cfg_of
 
 R = "actor_rollout_ref.rollout."
@@ -20,10 +22,10 @@ R = "actor_rollout_ref.rollout."
 def worker_inputs(cfg) -> dict:
     """Everything the rollout workers are given for a step: their constructor arguments (every rank)
     and the sampling settings of training, validation and a baseline rollout."""
-    ctx = roles.RoleContext(cfg, "cpu", "/m", "/m", 10, 2, 1)
+    ctx = roles.RoleContext(resolve(cfg), "cpu", "/m", "/m", 10, 2, 1)
     return dict(ranks=[roles._rollout_kwargs(ctx, r) for r in range(2)],
-                train=build.train_sampling(cfg, seed=123), val=build.val_sampling(cfg),
-                baseline=build.baseline_sampling(cfg), engine=build.engine_kwargs(cfg, "/m", "cuda"))
+                train=sampling.train_sampling(cfg, seed=123), val=sampling.val_sampling(cfg),
+                baseline=sampling.baseline_sampling(cfg), engine=engine.engine_kwargs(cfg, "/m", "cuda"))
 
 
 @pytest.mark.parametrize("extra", [[], [R + "name=hf"], [R + "calculate_log_probs=true", R + "n=4"]])
@@ -91,7 +93,7 @@ def engine_args(cfg, fake_vllm, *, gpu: bool, monkeypatch) -> dict:
     from grpo_dist.rollout.vllm_engine import VLLMEngine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-    kwargs = build.engine_kwargs(cfg, "/m", "cuda" if gpu else "cpu")
+    kwargs = engine.engine_kwargs(cfg, "/m", "cuda" if gpu else "cpu")
     VLLMEngine(**kwargs)
     return dict(fake_vllm)
 

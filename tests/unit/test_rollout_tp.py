@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_dist.config.schema import ConfigError
+from grpo_dist.config.spec import resolve
 from grpo_dist.rollout.assemble import shard_prompts
 from grpo_dist.rollout.base import SamplingSettings
 from grpo_dist.rollout.tp import engine_of, engine_outputs, engine_shares, init_args, tp_groups
@@ -74,7 +75,7 @@ class FakeGroup:
 
 def test_rollout_role_builds_tensor_parallel_engines_together():
     cfg = cfg_of(R + "tensor_model_parallel_size=2", "trainer.n_gpus_per_node=4", R + "seed=10")
-    ctx = roles.RoleContext(cfg, "cpu", "/m", "/m", 10, 4, 1)
+    ctx = roles.RoleContext(resolve(cfg), "cpu", "/m", "/m", 10, 4, 1)
     kwargs = [roles._rollout_kwargs(ctx, r) for r in range(4)]
     assert [k["tp"] for k in kwargs] == [2] * 4
     assert [k["engine_kwargs"]["seed"] for k in kwargs] == [10, 10, 11, 11]  # one seed per engine
@@ -83,7 +84,7 @@ def test_rollout_role_builds_tensor_parallel_engines_together():
     assert roles._rollout_setup(ctx, group) == ["ref"] * 4
     assert group.submitted == [("init_engine", [(0, "h", 5000), (1, "h", 5000), (0, "h", 5002), (1, "h", 5002)])]
     # one engine per rank: built by the constructor, nothing to set up
-    one = roles.RoleContext(cfg_of("trainer.n_gpus_per_node=2"), "cpu", "/m", "/m", 10, 2, 1)
+    one = roles.RoleContext(resolve(cfg_of("trainer.n_gpus_per_node=2")), "cpu", "/m", "/m", 10, 2, 1)
     assert roles._rollout_setup(one, FakeGroup([])) == []
     assert [roles._rollout_kwargs(one, r)["engine_kwargs"]["seed"] for r in range(2)] == [0, 1]
 

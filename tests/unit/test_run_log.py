@@ -19,6 +19,7 @@ import pytest
 import ray
 
 from grpo_dist.config.loader import compose, to_typed
+from grpo_dist.config.spec import resolve
 from grpo_dist.config.validate import validate_config
 from grpo_dist.distributed import worker_group
 from grpo_dist.distributed.worker_group import RayStartError, WorkerError
@@ -217,7 +218,7 @@ def test_a_run_names_its_log_file_once_and_hands_it_to_ray(tiny_model_dir, rever
 
     monkeypatch.setattr(worker_group, "init_ray", stop_here)
     out = tmp_path / "o"
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, out)))
     captured = capsys.readouterr()
     one_message(captured.err, 1, code, "stopped here by the test")
     log = out / "logs" / "run.log"
@@ -228,7 +229,7 @@ def test_a_run_names_its_log_file_once_and_hands_it_to_ray(tiny_model_dir, rever
     assert log.read_text().startswith("==== ")
 
     monkeypatch.setenv(run_log.ENV_LEVEL, "info")
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o2"))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o2")))
     captured = capsys.readouterr()
     assert "logs go to" not in captured.out and not (tmp_path / "o2" / "logs").exists()
     assert got[1]["worker_log"] is None and got[1]["log_level"] == "info"
@@ -279,7 +280,7 @@ def test_a_failed_worker_leaves_its_report_in_the_file_the_message_names(tiny_mo
 
     monkeypatch.setattr(roles, "create_workers", lambda *args: None)  # no Ray here: the stand-in trainer has none
     out = tmp_path / "o"
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, out)))
     log = out / "logs" / "run.log"
     one_message(capsys.readouterr().err, 1, code, "bad sampling params", f"the worker's own is in {log}")
     text = log.read_text()

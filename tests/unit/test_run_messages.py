@@ -14,6 +14,7 @@ import pytest
 import ray
 
 from grpo_dist.config.loader import compose, to_typed
+from grpo_dist.config.spec import resolve
 from grpo_dist.distributed import worker_group
 from grpo_dist.distributed.worker_group import RayStartError, WorkerError, classify
 from grpo_dist.rewards.manager import RewardError
@@ -147,7 +148,7 @@ def publish_checkpoint(out, step: int):
 def test_the_rerun_hint_says_what_a_rerun_will_do(tmp_path):
     """Where no checkpoint exists, a rerun starts over, and the message says so instead of promising a
     resume; a damaged newest checkpoint is passed over as resume would; resume_mode=disable starts over."""
-    from grpo_dist.trainer.plan import ResumeSettings
+    from grpo_dist.config.launch import ResumeSettings
 
     lost = WorkerError("actor worker rank 1 failed during update_policy: ActorDiedError", kind="lost")
     msg = worker_failure_message(lost, tmp_path)
@@ -321,7 +322,7 @@ def test_run_reports_ray_start_failure_and_releases_the_lock(tiny_model_dir, rev
 
     monkeypatch.setattr(worker_group, "init_ray", failing)
     before = signal.getsignal(signal.SIGTERM)
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o")))
     one_message(capsys.readouterr().err, 1, code, "could not start a local Ray instance", "no space left")
     assert not (tmp_path / "o" / ".grpo_dist.lock").exists()
     assert signal.getsignal(signal.SIGTERM) is before  # the run's handler is gone with the run
@@ -336,7 +337,7 @@ def test_sigterm_during_start_up_is_one_message_and_exit_143(tiny_model_dir, rev
 
     monkeypatch.setattr(worker_group, "init_ray", slow_start)
     t0 = time.monotonic()
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o")))
     assert time.monotonic() - t0 < 25
     one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up; no checkpoint was taken",
                 f"this run has no checkpoint in {tmp_path / 'o'} yet")
@@ -358,7 +359,7 @@ def test_sigterm_after_ray_took_the_handler_is_still_the_runs(tiny_model_dir, re
 
     monkeypatch.setattr(worker_group, "init_ray", init_like_ray)
     monkeypatch.setattr(worker_group, "cluster_gpus", signal_then_wait)
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o")))
     one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up")
     assert not rays_handler_ran
 
@@ -379,7 +380,7 @@ def test_damaged_checkpoint_is_reported_before_ray_starts(tiny_model_dir, revers
         raise RayStartError("could not start a local Ray instance: stop here")
 
     monkeypatch.setattr(worker_group, "init_ray", record_then_fail)
-    run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    run(resolve(tiny_cfg(tiny_model_dir, reverse_data, out)))
     early = said_before_ray["captured"]
     assert f"skipping the damaged checkpoint {out / 'global_step_2'}: actor/shard.bin has 1 bytes" in early.err
     assert f"resuming from {out / 'global_step_1'} (step 1)" in early.out
@@ -397,7 +398,7 @@ def test_checkpoint_without_manifest_stops_the_run_before_ray_starts(tiny_model_
         checkpoint.publish(out, tmp, step, {"global_step": step}, None)
     (out / "global_step_2" / checkpoint.MANIFEST_FILE).unlink()
     monkeypatch.setattr(worker_group, "init_ray", lambda **kw: pytest.fail("Ray was started"))
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, out)))
     one_message(capsys.readouterr().err, 2, code, f"{out / 'global_step_2'}, cannot be verified: it has no manifest.json",
                 f"trainer.resume_mode=resume_path trainer.resume_from_path={out / 'global_step_2'}",
                 f"move it out of trainer.default_local_dir={out}")
@@ -412,8 +413,8 @@ def test_damaged_resume_path_is_refused_before_ray_starts(tiny_model_dir, revers
     ckpt = checkpoint.publish(out, tmp, 3, {"global_step": 3}, None)
     (ckpt / checkpoint.STATE_FILE).unlink()
     monkeypatch.setattr(worker_group, "init_ray", lambda **kw: pytest.fail("Ray was started"))
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, out, "trainer.resume_mode=resume_path",
-                        f"trainer.resume_from_path={ckpt}"))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, out, "trainer.resume_mode=resume_path",
+                        f"trainer.resume_from_path={ckpt}")))
     one_message(capsys.readouterr().err, 2, code, f"trainer.resume_from_path={ckpt} is damaged",
                 "trainer_state.json is missing")
 
@@ -431,7 +432,7 @@ def test_sigterm_inside_rays_wait_is_the_stop_message(tiny_model_dir, reverse_da
 
     monkeypatch.setattr(worker_group, "init_ray", lambda **kw: False)
     monkeypatch.setattr(worker_group, "cluster_gpus", wait_like_ray)
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o"))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o")))
     one_message(capsys.readouterr().err, 143, code, "stopped on SIGTERM during start-up; no checkpoint was taken",
                 f"this run has no checkpoint in {tmp_path / 'o'} yet: rerun the same command to start from the beginning")
 
@@ -461,7 +462,7 @@ def test_ctrl_c_names_what_a_rerun_does(tiny_model_dir, reverse_data, tmp_path, 
     monkeypatch.setattr(worker_group, "cluster_gpus", lambda: 0)
     monkeypatch.setattr(driver, "GRPOTrainer", Trainer)
     monkeypatch.setattr("grpo_dist.trainer.roles.create_workers", lambda *args: None)  # no Ray here
-    code = run(tiny_cfg(tiny_model_dir, reverse_data, out))
+    code = run(resolve(tiny_cfg(tiny_model_dir, reverse_data, out)))
     one_message(capsys.readouterr().err, 130, code, "interrupted by SIGINT (Ctrl-C) during step 2; no checkpoint was "
                 f"taken; rerun the same command to resume from step 1 ({out / 'global_step_1'})")
 
@@ -478,7 +479,7 @@ def test_the_default_deadlines_name_a_frozen_worker_within_two_minutes(monkeypat
     from tests.configs import cfg_of
 
     cfg = cfg_of()
-    workers = Workers(SimpleNamespace(cfg=cfg, device="cpu"))
+    workers = Workers(SimpleNamespace(spec=resolve(cfg), device="cpu"))
     clock = [1000.0]
     answers = {"s": 0.0}  # how long the next call takes; None: the worker is frozen
 

@@ -176,9 +176,10 @@ def test_the_workers_import_while_the_driver_reads_the_data(tiny_model_dir, reve
 
 
 def run_cfg(cfg) -> int:
+    from grpo_dist.config.spec import resolve
     from grpo_dist.trainer.run import run
 
-    return run(cfg)
+    return run(resolve(cfg))
 
 
 # ---- the custom reward function, tried once before any worker loads a model ------------------------------------------
@@ -426,7 +427,7 @@ def test_what_the_driver_loads_before_ray_starts_leaves_out_the_training_loops_l
     import subprocess
     import sys
 
-    code = ("import sys, grpo_dist.main, grpo_dist.trainer.run, grpo_dist.trainer.plan, grpo_dist.trainer.roles, "
+    code = ("import sys, grpo_dist.main, grpo_dist.trainer.run, grpo_dist.config.launch, grpo_dist.config.driver_plan, grpo_dist.trainer.roles, "
             "grpo_dist.trainer.checkpoint, grpo_dist.trainer.tracking, grpo_dist.rewards.custom, "
             "grpo_dist.distributed.worker_group; "
             "print(sorted(m for m in ('tensordict', 'transformers', 'grpo_dist.batch') if m in sys.modules))")

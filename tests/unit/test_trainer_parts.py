@@ -146,7 +146,7 @@ def test_cpu_half_precision_warning(native_bf16, monkeypatch):
     import torch
 
     from grpo_dist.config.loader import compose, to_typed
-    from grpo_dist.trainer.build import cpu_half_precision_warning
+    from grpo_dist.config.preflight import cpu_half_precision_warning
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native_bf16)
 

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from grpo_dist.config.loader import compose, to_typed
-from grpo_dist.trainer.build import engine_kwargs
+from grpo_dist.config.engine import engine_kwargs
 
 
 def cfg(*overrides):

@@ -50,7 +50,7 @@ def test_the_script_validates_at_cpu_sizes(name):
 def test_what_the_scripts_set_has_an_effect_or_is_said_to_have_none():
     """The GSPO script's knobs that do nothing here are named at start-up; the current scripts' uv
     launcher reaches Ray."""
-    from grpo_dist.trainer.plan import launch_plan
+    from grpo_dist.config.launch import launch_plan
 
     gspo = load(verl_scripts.script_args(verl_scripts.EARLY_GSPO, cpu=False, **PATHS))
     notes = " ".join(noop_notes(gspo))

@@ -1,0 +1,212 @@
+"""What the driver's loop uses (sizes, sampling, the algorithm's numbers, checkpoints, logging), derived
+from the configuration once; the loop reads no configuration afterwards."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_dist.config import facts
+from grpo_dist.config.facts import StepShape, compute_dtype
+from grpo_dist.config.preflight import cpu_half_precision_warning
+from grpo_dist.config.role_settings import forward_batching, reference_kwargs
+from grpo_dist.config.roles import reward_model_trained
+from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
+from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.validate import overlong_buffer, reward_model_world_size
+from grpo_dist.core.rollout_correction import RolloutCorrectionParams
+from grpo_dist.rewards.combine import RewardCombine
+from grpo_dist.rewards.shaping import OverlongBuffer
+from grpo_dist.rollout.base import SamplingSettings
+
+__all__ = ["DriverPlan", "IterativeSettings", "driver_plan", "total_steps"]
+
+
+@dataclass(frozen=True)
+class IterativeSettings:
+    steps_per_iteration: int
+    replay_fraction: float = 0.1
+    heldout_fraction: float = 0.1
+    buffer_size: int = 8192
+    mini_batch_size: int = 64
+    """Rows per reward-model optimizer step over all ranks (rounded up to a multiple of the ranks)."""
+    world_size: int = 1
+    seed: int = 0
+    label_threshold: float | None = 0.5
+    """A rule score at or above it is labelled 1, below it 0; None: the score clamped to [0, 1]
+    (:func:`grpo_dist.core.reward_model.verifier_labels`; the reward stage writes the labels)."""
+
+    def __post_init__(self) -> None:
+        if self.steps_per_iteration < 1 or self.mini_batch_size < 1 or self.world_size < 1:
+            raise ValueError("steps_per_iteration, mini_batch_size and world_size must be >= 1")
+        for name in ("replay_fraction", "heldout_fraction"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class DriverPlan:
+    """What the driver's loop uses, derived from the configuration."""
+
+    shape: StepShape
+    total_steps: int
+    # data
+    prompts_per_draw: int
+    data_seed: int | None
+    data_shuffle: bool
+    max_prompt_length: int
+    response_length: int
+    val_batch_size: int | None
+    # sampling
+    step_sampling: FilterGroups | None
+    """DAPO's dynamic sampling (``algorithm.filter_groups``); None: one generation batch per step."""
+    train_sampling: SamplingSettings
+    baseline_sampling: SamplingSettings
+    val_sampling: SamplingSettings
+    rollout_seed: int
+    rollout_tp: int
+    """``rollout.tensor_model_parallel_size``: ranks per rollout engine (prompts go to engines)."""
+    free_cache_engine: bool
+    # the algorithm
+    estimator: str
+    gamma: float
+    lam: float
+    norm_adv_by_std: bool
+    use_kl_in_reward: bool
+    kl_penalty: str
+    kl_ctrl: tuple[str, float, float, int]
+    """``(type, kl_coef, target_kl, horizon)`` of the in-reward KL controller."""
+    use_kl_loss: bool
+    rollout_correction: RolloutCorrectionParams
+    rollout_log_probs: bool
+    on_policy: bool
+    """One optimizer step on fresh samples: no old log-probs needed (``facts.on_policy``)."""
+    old_logp_forward: bool
+    """Whether a step runs the actor's old-log-prob forward (``facts.old_log_prob_forward``)."""
+    overlong: OverlongBuffer | None
+    # learned reward model (reward_model.*)
+    reward_combine: RewardCombine
+    """How a reward model's and the rule-based scores make the reward (``reward_model.combine``)."""
+    process_separator: str | None
+    """A process reward model's step separator; None: an outcome reward model (or none)."""
+    iterative: IterativeSettings | None
+    """Iterative RL's numbers (``reward_model.iterative.*``); None when it is off."""
+    reset_reference: bool
+    """Iterative RL resets the reference to the policy after each reward-model update."""
+    reference_dtype: str
+    """The reference's compute dtype (what a reset sends)."""
+    # forwards and updates
+    old_logp_batching: tuple[int | None, int | None]
+    ref_logp_batching: tuple[int | None, int | None]
+    logit_temperature: float
+    actor_mini_batch_prompts: int
+    actor_epochs: int
+    actor_shuffle: tuple[int, int] | None
+    """``(ppo_epochs, data_loader_seed)`` when ``actor.shuffle``, for ``trainer.updates.sharded_update``."""
+    critic_mini_batch_prompts: int
+    critic_shuffle: tuple[int, int] | None
+    balance_batch: bool
+    critic_warmup: int
+    # weight sync
+    sync_dtype: str
+    sync_bucket_bytes: int
+    # the loop, checkpoints, logging
+    max_consecutive_nonfinite_steps: int
+    checkpoint_root: str
+    export_hf_every_checkpoint: bool
+    max_ckpt_to_keep: int | None
+    loggers: Any
+    project_name: str
+    experiment_name: str
+    progress_bar: bool
+    val_before_train: bool
+    val_only: bool
+    log_val_generations: int
+    test_freq: int
+    save_freq: int
+    compute_dtype: str
+    startup_warning: str | None
+
+
+def total_steps(cfg: GRPOConfig, steps_per_epoch: int) -> int:
+    """``trainer.total_training_steps`` when set, else ``total_epochs`` x steps per epoch (verl's rule)."""
+    t = cfg.trainer
+    return t.total_training_steps or t.total_epochs * steps_per_epoch
+
+
+def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
+    """The driver's plan for ``train_size`` training prompts on ``device`` (cpu | cuda)."""
+    d, arr, alg, t = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    actor, rollout, critic = arr.actor, arr.rollout, cfg.critic
+    shape = facts.step_shape(cfg)
+    per_draw = facts.prompts_per_draw(cfg)
+    kc = alg.kl_ctrl
+    save, _load = facts.checkpoint_contents(cfg)
+    rmc = cfg.reward_model
+    it = rmc.iterative
+    return DriverPlan(
+        shape=shape,
+        total_steps=total_steps(cfg, train_size // per_draw if per_draw else 0),
+        prompts_per_draw=per_draw,
+        data_seed=d.seed,
+        data_shuffle=d.shuffle,
+        max_prompt_length=d.max_prompt_length,
+        response_length=rollout.response_length,
+        val_batch_size=d.val_batch_size,
+        step_sampling=step_sampling(cfg),
+        train_sampling=train_sampling(cfg),
+        baseline_sampling=baseline_sampling(cfg),
+        val_sampling=val_sampling(cfg),
+        rollout_seed=rollout.seed,
+        rollout_tp=rollout.tensor_model_parallel_size,
+        free_cache_engine=rollout.free_cache_engine,
+        estimator=alg.adv_estimator,
+        gamma=alg.gamma,
+        lam=alg.lam,
+        norm_adv_by_std=alg.norm_adv_by_std_in_grpo,
+        use_kl_in_reward=alg.use_kl_in_reward,
+        kl_penalty=alg.kl_penalty,
+        kl_ctrl=(kc.type, kc.kl_coef, kc.target_kl, kc.horizon),
+        use_kl_loss=actor.use_kl_loss,
+        rollout_correction=facts.rollout_correction(cfg),
+        rollout_log_probs=facts.rollout_log_probs(cfg),
+        on_policy=facts.on_policy(cfg),
+        old_logp_forward=facts.old_log_prob_forward(cfg),
+        overlong=overlong_buffer(cfg),
+        reward_combine=RewardCombine(rmc.combine, rmc.rm_weight, rmc.rule_weight, bool(cfg.custom_reward_function.path)),
+        process_separator=rmc.process.step_separator if rmc.process.enable else None,
+        iterative=IterativeSettings(
+            steps_per_iteration=it.steps_per_iteration, replay_fraction=it.replay_fraction,
+            heldout_fraction=it.heldout_fraction, buffer_size=it.buffer_size, mini_batch_size=it.mini_batch_size,
+            world_size=reward_model_world_size(cfg), seed=t.seed, label_threshold=it.label_threshold)
+        if reward_model_trained(cfg) else None,
+        reset_reference=it.reset_reference,
+        reference_dtype=reference_kwargs(cfg, device)["param_dtype"],
+        old_logp_batching=forward_batching(rollout, shape.world_size),
+        ref_logp_batching=forward_batching(arr.ref, shape.world_size),
+        logit_temperature=rollout.temperature or 1.0,
+        actor_mini_batch_prompts=actor.ppo_mini_batch_size,
+        actor_epochs=actor.ppo_epochs,
+        actor_shuffle=(actor.ppo_epochs, actor.data_loader_seed) if actor.shuffle else None,
+        critic_mini_batch_prompts=critic.ppo_mini_batch_size,
+        critic_shuffle=(critic.ppo_epochs, critic.data_loader_seed) if critic.shuffle else None,
+        balance_batch=t.balance_batch,
+        critic_warmup=t.critic_warmup,
+        sync_dtype=compute_dtype(rollout.dtype, device),
+        sync_bucket_bytes=int(rollout.checkpoint_engine.update_weights_bucket_megabytes) * 2**20,
+        max_consecutive_nonfinite_steps=t.max_consecutive_nonfinite_steps,
+        checkpoint_root=t.default_local_dir,
+        export_hf_every_checkpoint="hf_model" in save,
+        max_ckpt_to_keep=t.max_actor_ckpt_to_keep,
+        loggers=t.logger,
+        project_name=t.project_name,
+        experiment_name=t.experiment_name,
+        progress_bar=t.progress_bar,
+        val_before_train=t.val_before_train,
+        val_only=t.val_only,
+        log_val_generations=t.log_val_generations,
+        test_freq=t.test_freq,
+        save_freq=t.save_freq,
+        compute_dtype=compute_dtype(actor.fsdp_config.dtype, device),
+        startup_warning=cpu_half_precision_warning(cfg, device),
+    )
