@@ -104,7 +104,7 @@ def _tag(key: str, state: Any) -> str:
 def render_yaml() -> str:
     lines = [
         "# grpo_dist trainer configuration: verl's key tree.",
-        "# GENERATED from grpo_dist/config/schema.py by `python -m grpo_dist.config.docgen`; do not edit by hand.",
+        "# GENERATED from grpo_dist/config/schema/ by `python -m grpo_dist.config.docgen`; do not edit by hand.",
         "# Override any key on the command line, e.g.:",
         "#   python -m grpo_dist.main data.train_batch_size=64 actor_rollout_ref.rollout.n=8",
         "defaults:",
@@ -204,7 +204,7 @@ def render_doc() -> str:
     out = [
         "# Configuration reference",
         "",
-        "<!-- GENERATED from grpo_dist/config/schema.py by `python -m grpo_dist.config.docgen`; do not edit by hand. -->",
+        "<!-- GENERATED from grpo_dist/config/schema/ by `python -m grpo_dist.config.docgen`; do not edit by hand. -->",
         "",
         "grpo_dist reads verl's key tree: every key of verl's trainer configuration (the early-2026 layout and the",
         "current one) is here, in one of three states:",

@@ -1,6 +1,6 @@
 """Schema fields and the state of every key: honoured, accepted with no effect here, or refused.
 
-Every leaf of the schema (``schema.py``) is declared with :func:`F`, which stores its one-line help
+Every leaf of the schema (the ``schema`` package) is declared with :func:`F`, which stores its one-line help
 and its *state* in the dataclass field's metadata. The state is one of:
 
 - :class:`Honoured`: the key does here what it does in verl. ``refuse`` lists values that cannot

@@ -43,7 +43,7 @@ def off_feature(what: str, instead: str) -> Refused:
 
 
 # ---- verl's Megatron backend (its ppo_megatron_trainer layout) ---------------------------------------------
-# strategy=megatron is refused (FSDP2_ONLY in schema.py); the keys only that backend reads have no effect.
+# strategy=megatron is refused (FSDP2_ONLY in schema/common.py); the keys only that backend reads have no effect.
 MEGATRON_ONLY = NoOp(UNUSED_WITHOUT.format("verl's Megatron backend (strategy=megatron)"))
 
 
