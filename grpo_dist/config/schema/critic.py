@@ -10,11 +10,11 @@ from typing import Any, Dict, List, Optional
 from omegaconf import II
 
 from grpo_dist.config.fields import F, Honoured, NoOp, Refused, S
+from grpo_dist.config.schema.actor import FSDPConfig
 from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, LORA_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
 from grpo_dist.config.sections.engine import (
     SPEED_ONLY,
     ULYSSES,
-    FSDPEngineKeys,
     FusedKernelOptions,
     LoraConfig,
     MegatronOptimKeys,
@@ -34,13 +34,8 @@ from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 CRITIC_READS_ACTOR_IDS = NoOp("the critic reads the actor's token ids (its prompts are never templated on their own)")
 
 
-@dataclass
-class CriticFSDPConfig(FSDPEngineKeys):
-    param_offload: bool = F(False, "keep the value model's parameters in CPU memory between uses")
-    optimizer_offload: bool = F(False, "keep the critic's optimizer state in CPU memory")
-    reshard_after_forward: bool = F(True, "free gathered parameters after the forward pass (ZeRO-3 style)")
-    model_dtype: str = F("float32", "dtype of the value model's master weights: float32 | bfloat16")
-    dtype: str = F("auto", "compute (mixed-precision) dtype: auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+CriticFSDPConfig = FSDPConfig
+"""The value model's FSDP2 keys are the actor's (``actor_rollout_ref.actor.fsdp_config``), read the same way."""
 
 
 @dataclass
