@@ -9,15 +9,14 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II
 
-from grpo_dist.config.fields import F, Honoured, NoOp, Refused, S
-from grpo_dist.config.schema.actor import FSDPConfig
-from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, LORA_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
+from grpo_dist.config.fields import F, NoOp, Refused, S
+from grpo_dist.config.schema.actor import FSDPConfig, OptimConfig
+from grpo_dist.config.schema.common import COPY_OF_N, FSDP2_ONLY, LORA_ONLY, ONE_TIMEOUT
 from grpo_dist.config.sections.engine import (
     SPEED_ONLY,
     ULYSSES,
     FusedKernelOptions,
     LoraConfig,
-    MegatronOptimKeys,
     MTPConfig,
     TiledMLPConfig,
     load_weight_field,
@@ -28,7 +27,6 @@ from grpo_dist.config.sections.engine import (
 )
 from grpo_dist.config.sections.profiler import ProfilerConfig, profiler_section
 from grpo_dist.core.losses import LOSS_AGG_MODES
-from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 
 
 CRITIC_READS_ACTOR_IDS = NoOp("the critic reads the actor's token ids (its prompts are never templated on their own)")
@@ -87,23 +85,12 @@ class CriticModelConfig:
 
 
 @dataclass
-class CriticOptimConfig(MegatronOptimKeys):
+class CriticOptimConfig(OptimConfig):
+    """The actor's optimizer keys (same order, same reading), with the critic's learning rate and its own
+    ``clip_grad`` (an alias of ``critic.grad_clip``, not of the actor's)."""
+
     lr: float = F(1e-5, "peak learning rate of the critic's AdamW")
-    weight_decay: float = F(0.01, "AdamW weight decay")
-    betas: List[float] = F([0.9, 0.999], "AdamW betas")
-    lr_warmup_steps: int = F(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio")
-    lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
-    lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
-    min_lr_ratio: float = F(0.0, "cosine schedule floor as a fraction of lr")
-    total_training_steps: int = F(-1, "schedule length; verl's trainer writes the run's step count here", SCHEDULE_LENGTH)
     clip_grad: float = F(1.0, "clip the critic's global gradient norm to this value (verl's current key; critic.grad_clip is the early-2026 one: set either)")
-    warmup_style: Optional[str] = F(None, "verl's former name of lr_scheduler_type; null = unset",
-                                    Honoured(alias_of=".lr_scheduler_type"))
-    num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down to min_lr_ratio)")
-    zero_indexed_step: bool = F(True, "the cosine schedule counts steps from 0 (false: from 1)")
-    optimizer: str = F("AdamW", "optimizer class", ADAMW_ONLY)
-    optimizer_impl: str = F("torch.optim", "module of the optimizer class", ADAMW_ONLY)
-    override_optimizer_config: Optional[Dict[str, Any]] = F(None, "extra optimizer arguments", ADAMW_ONLY)
 
 
 @dataclass
