@@ -13,7 +13,7 @@ from grpo_dist.config.role_settings import forward_batching, reference_kwargs
 from grpo_dist.config.roles import reward_model_trained
 from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import overlong_buffer, reward_model_world_size
+from grpo_dist.config.validate import overlong_buffer
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rewards.combine import RewardCombine
 from grpo_dist.rewards.shaping import OverlongBuffer
@@ -134,12 +134,13 @@ def total_steps(cfg: GRPOConfig, steps_per_epoch: int) -> int:
     return t.total_training_steps or t.total_epochs * steps_per_epoch
 
 
-def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
-    """The driver's plan for ``train_size`` training prompts on ``device`` (cpu | cuda)."""
+def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
+    """The driver's plan for ``train_size`` training prompts on ``device`` (cpu | cuda): the run
+    specification's (:class:`grpo_dist.config.spec.RunSpec`, which calls this) facts as it resolved them, and the loop's other numbers from its configuration."""
+    cfg = spec._cfg
     d, arr, alg, t = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
     actor, rollout, critic = arr.actor, arr.rollout, cfg.critic
-    shape = facts.step_shape(cfg)
-    per_draw = facts.prompts_per_draw(cfg)
+    shape, per_draw = spec.shape, spec.prompts_per_draw
     kc = alg.kl_ctrl
     save, _load = facts.checkpoint_contents(cfg)
     rmc = cfg.reward_model
@@ -157,8 +158,8 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         train_sampling=train_sampling(cfg),
         baseline_sampling=baseline_sampling(cfg),
         val_sampling=val_sampling(cfg),
-        rollout_seed=rollout.seed,
-        rollout_tp=rollout.tensor_model_parallel_size,
+        rollout_seed=spec.rollout_seed,
+        rollout_tp=spec.rollout_tp,
         free_cache_engine=rollout.free_cache_engine,
         estimator=alg.adv_estimator,
         gamma=alg.gamma,
@@ -169,16 +170,16 @@ def driver_plan(cfg: GRPOConfig, device: str, train_size: int) -> DriverPlan:
         kl_ctrl=(kc.type, kc.kl_coef, kc.target_kl, kc.horizon),
         use_kl_loss=actor.use_kl_loss,
         rollout_correction=facts.rollout_correction(cfg),
-        rollout_log_probs=facts.rollout_log_probs(cfg),
-        on_policy=facts.on_policy(cfg),
-        old_logp_forward=facts.old_log_prob_forward(cfg),
+        rollout_log_probs=spec.rollout_log_probs,
+        on_policy=spec.on_policy,
+        old_logp_forward=spec.old_log_prob_forward,
         overlong=overlong_buffer(cfg),
         reward_combine=RewardCombine(rmc.combine, rmc.rm_weight, rmc.rule_weight, bool(cfg.custom_reward_function.path)),
         process_separator=rmc.process.step_separator if rmc.process.enable else None,
         iterative=IterativeSettings(
             steps_per_iteration=it.steps_per_iteration, replay_fraction=it.replay_fraction,
             heldout_fraction=it.heldout_fraction, buffer_size=it.buffer_size, mini_batch_size=it.mini_batch_size,
-            world_size=reward_model_world_size(cfg), seed=t.seed, label_threshold=it.label_threshold)
+            world_size=spec.reward_model_world_size, seed=t.seed, label_threshold=it.label_threshold)
         if reward_model_trained(cfg) else None,
         reset_reference=it.reset_reference,
         reference_dtype=reference_kwargs(cfg, device)["param_dtype"],

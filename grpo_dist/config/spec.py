@@ -81,7 +81,7 @@ class RunSpec:
         prompts on ``device`` (cpu | cuda)."""
         from grpo_dist.config.driver_plan import driver_plan
 
-        return driver_plan(self._cfg, device, train_size)
+        return driver_plan(self, device, train_size)
 
     def check_plan(self, *, count_rows: bool = True):
         """What ``--check`` prints (:func:`grpo_dist.config.plan.build_plan`)."""

@@ -234,7 +234,7 @@ def test_global_micro_batch_sizes_are_divided_by_the_ranks():
     cfg = load("trainer.n_gpus_per_node=2", "trainer.device=cpu", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
                "actor_rollout_ref.rollout.log_prob_micro_batch_size=16", "actor_rollout_ref.ref.log_prob_micro_batch_size=4")
     assert role_settings.actor_settings(cfg, "cpu", 10).ppo_micro_batch_size_per_gpu == 4
-    p = driver_plan(cfg, "cpu", 4096)
+    p = driver_plan(resolve(cfg), "cpu", 4096)
     assert p.old_logp_batching == (8, None) and p.ref_logp_batching == (2, None)
     msg = refused("actor_rollout_ref.actor.ppo_micro_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4")
     assert "ppo_micro_batch_size" in msg and "set only one" in msg
@@ -245,9 +245,9 @@ def test_log_prob_batching_of_reference_and_rollout_follows_the_actor():
     cfg = load("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000")
     for section in (cfg.actor_rollout_ref.ref, cfg.actor_rollout_ref.rollout):
         assert section.log_prob_use_dynamic_bsz is True and section.log_prob_max_token_len_per_gpu == 3000
-    assert driver_plan(cfg, "cpu", 4096).ref_logp_batching == (None, 3000)
+    assert driver_plan(resolve(cfg), "cpu", 4096).ref_logp_batching == (None, 3000)
     cfg = load("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
-    assert driver_plan(cfg, "cpu", 4096).ref_logp_batching == (None, None)
+    assert driver_plan(resolve(cfg), "cpu", 4096).ref_logp_batching == (None, None)
 
 
 def test_steps_come_from_the_epochs_unless_set():
@@ -256,13 +256,13 @@ def test_steps_come_from_the_epochs_unless_set():
     from grpo_dist.tasks.reverse import DEFAULT_JOB_STEPS
 
     assert load().trainer.total_training_steps == DEFAULT_JOB_STEPS == 60
-    assert driver_plan(load(), "cpu", 4096).total_steps == 60
+    assert driver_plan(resolve(load()), "cpu", 4096).total_steps == 60
     two = load("trainer.total_epochs=2")
     assert two.trainer.total_training_steps is None
-    assert driver_plan(two, "cpu", 4096).total_steps == 2 * (4096 // 32)
+    assert driver_plan(resolve(two), "cpu", 4096).total_steps == 2 * (4096 // 32)
     own_data = load("data.train_files=/data/train.parquet")
-    assert driver_plan(own_data, "cpu", 1000).total_steps == 30 * (1000 // 32)
-    assert driver_plan(load("trainer.total_epochs=2", "trainer.total_training_steps=7"), "cpu", 4096).total_steps == 7
+    assert driver_plan(resolve(own_data), "cpu", 1000).total_steps == 30 * (1000 // 32)
+    assert driver_plan(resolve(load("trainer.total_epochs=2", "trainer.total_training_steps=7")), "cpu", 4096).total_steps == 7
 
 
 # ---- keys that used to be read nowhere --------------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_actor_checkpoint_contents():
                "actor_rollout_ref.actor.checkpoint.load_contents=[model]")
     assert role_settings.actor_settings(cfg, "cpu", 10).load_contents == ("model",)
     old = load("actor_rollout_ref.actor.checkpoint.contents=[model,optimizer,extra,hf_model]")  # the former spelling
-    assert driver_plan(old, "cpu", 4096).export_hf_every_checkpoint
+    assert driver_plan(resolve(old), "cpu", 4096).export_hf_every_checkpoint
     assert role_settings.actor_settings(old, "cpu", 10).save_contents == ("model", "optimizer", "extra")
     assert "lacks model" in refused("actor_rollout_ref.actor.checkpoint.save_contents=[optimizer,extra]")
     assert "lacks model" in refused("actor_rollout_ref.actor.checkpoint.load_contents=[optimizer]")
@@ -321,8 +321,8 @@ def test_shuffle_is_global_seeded_and_the_same_for_any_rank_count():
                 whole = set(one[0][e * 16 + k * 8:e * 16 + (k + 1) * 8])
                 shards = set().union(*(set(r[e * 4 + k * 2:e * 4 + (k + 1) * 2]) for r in four))
                 assert whole == shards == set(orders[e][k * 8:(k + 1) * 8])
-    p = driver_plan(load("actor_rollout_ref.actor.shuffle=true", "actor_rollout_ref.actor.ppo_epochs=2",
-                         "actor_rollout_ref.actor.data_loader_seed=5"), "cpu", 4096)
+    p = driver_plan(resolve(load("actor_rollout_ref.actor.shuffle=true", "actor_rollout_ref.actor.ppo_epochs=2",
+                                 "actor_rollout_ref.actor.data_loader_seed=5")), "cpu", 4096)
     assert p.actor_shuffle == (2, 5) and p.critic_shuffle == (2, 42)
     assert role_settings.actor_settings(load("actor_rollout_ref.actor.shuffle=true"), "cpu", 10).epochs_in_rows
 

@@ -323,9 +323,9 @@ def test_a_process_reward_model_must_read_the_policys_tokens(tmp_path, tiny_mode
 def test_the_iterative_label_threshold_reaches_the_plan():
     from grpo_dist.config.driver_plan import driver_plan
 
-    assert driver_plan(load(*ITER), "cpu", 4096).iterative.label_threshold == 0.5
-    assert driver_plan(load(*ITER, "reward_model.iterative.label_threshold=1.0"), "cpu", 4096).iterative.label_threshold == 1.0
-    assert driver_plan(load(*ITER, "reward_model.iterative.label_threshold=null"), "cpu", 4096).iterative.label_threshold is None
+    assert driver_plan(resolve(load(*ITER)), "cpu", 4096).iterative.label_threshold == 0.5
+    assert driver_plan(resolve(load(*ITER, "reward_model.iterative.label_threshold=1.0")), "cpu", 4096).iterative.label_threshold == 1.0
+    assert driver_plan(resolve(load(*ITER, "reward_model.iterative.label_threshold=null")), "cpu", 4096).iterative.label_threshold is None
 
 
 def test_the_head_check_reads_pytorch_files_and_leaves_unreadable_ones_to_the_load(tmp_path, tiny_model_dir):

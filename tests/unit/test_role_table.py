@@ -110,8 +110,8 @@ def test_the_reward_models_sizes_follow_its_ranks():
     shared = cfg_of(*TWO, *RM, *it, "reward_model.micro_batch_size=12")
     assert (reward_model_world_size(own), reward_model_world_size(shared)) == (3, 2)
     assert (reward_model_micro_batch(own), reward_model_micro_batch(shared)) == (4, 6)
-    assert driver_plan(own, "cpu", 4096).iterative.world_size == 3
-    assert driver_plan(shared, "cpu", 4096).iterative.world_size == 2
+    assert driver_plan(resolve(own), "cpu", 4096).iterative.world_size == 3
+    assert driver_plan(resolve(shared), "cpu", 4096).iterative.world_size == 2
     assert launch_plan(own).ray_init["min_cpus"] == 5 and launch_plan(shared).ray_init["min_cpus"] == 2
 
 
