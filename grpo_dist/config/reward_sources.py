@@ -67,7 +67,7 @@ ENTRY_KEYS: dict[str, str] = {
     "n_gpus_per_node": "model sources with enable_resource_pool: devices per node of its pool (>= 1; on CPU: rank processes)",
     "micro_batch_size_per_gpu": "model sources: responses per forward on one rank (default: reward_model's)",
 }
-"""The keys of one ``reward.sources.<name>`` entry, and what each means (docs/rewards.md lists them)."""
+"""The keys of one ``reward.sources.<name>`` entry, and what each means (docs/algorithms.md lists them)."""
 _RULE_KEYS = ("kind", "weight")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -280,13 +280,7 @@ def _explicit(cfg: GRPOConfig, entries: dict) -> tuple[RewardSource, ...]:
         own = _entry_value(where, entry, "enable_resource_pool", False, bool)
         nnodes = _entry_value(where, entry, "nnodes", 0, int)
         per_node = _entry_value(where, entry, "n_gpus_per_node", 0, int)
-        if own:
-            for key, val in (("nnodes", nnodes), ("n_gpus_per_node", per_node)):
-                if val < 1:
-                    raise bad(f"{where}.{key}", val, f"a pool of the source's own needs {where}.nnodes and "
-                              f"{where}.n_gpus_per_node >= 1 (on CPU: its rank processes), or "
-                              f"{where}.enable_resource_pool=false to share the training ranks' devices")
-        elif "nnodes" in entry or "n_gpus_per_node" in entry:
+        if not own and ("nnodes" in entry or "n_gpus_per_node" in entry):
             raise bad(f"{where}.enable_resource_pool", False, f"{where}.nnodes / n_gpus_per_node size a pool of the "
                       "source's own, which it has only with enable_resource_pool=true")
         micro = _entry_value(where, entry, "micro_batch_size_per_gpu", None, int)
@@ -379,7 +373,7 @@ def validate_reward_sources(cfg: GRPOConfig, *, check_paths: bool = True) -> Non
     estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
     custom = bool(cfg.custom_reward_function.path)
     for s in models:
-        if s.own_pool and s.declared == IMPLICIT_MODEL:
+        if s.own_pool:
             for key, val in (("nnodes", s.nnodes), ("n_gpus_per_node", s.n_gpus_per_node)):
                 if val < 1:
                     p = s.pool_keys + "."

@@ -5,8 +5,8 @@ checkpointed, ``--check``'s descriptions) are :data:`grpo_dist.config.roles.ROLE
 reads them too, and ``config/`` may not import the driver (the package's layers; that module's
 docstring says more). Here each row gets its building part (:data:`_PARTS`, by the row's name): the
 Ray class, the constructor's and ``init_model``'s arguments, the set-up calls. :data:`ROLES` is the
-two joined, in the rows' order; placement, start-up, shutdown, checkpoints and resume iterate it and
-nothing else in the driver lists the roles. A new role is one row there, one building part here, one
+two joined, in the rows' order, and :func:`run_roles` the run's rows joined with theirs; placement,
+start-up, shutdown, checkpoints and resume iterate those and nothing else in the driver lists the roles. A new role is one row there, one building part here, one
 thin worker shell in :mod:`grpo_dist.workers`, and its training module.
 
 The rows of a run are the spec's (:attr:`~grpo_dist.config.spec.RunSpec.rows`): a row made for the run

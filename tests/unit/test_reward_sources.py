@@ -127,7 +127,7 @@ def test_iterative_rl_trains_the_source_it_names():
     (("+reward.sources.x.kind=rule", "+reward.sources.y.kind=rule"), "reward.sources.y.kind", "one rule source"),
     (("+reward.sources.x.kind=rule", "+reward.sources.x.weight=0"), "reward.sources", "every source has weight 0"),
     (("+reward.sources.x.kind=outcome_model", "+reward.sources.x.path=/p", "+reward.sources.x.enable_resource_pool=true"),
-     "reward.sources.x.nnodes", ">= 1"),
+     "reward.sources.x.enable_resource_pool", "needs reward.sources.x.nnodes >= 1"),
     (("+reward.sources.x.kind=outcome_model", "+reward.sources.x.path=/p", "+reward.sources.x.nnodes=2"),
      "reward.sources.x.enable_resource_pool", "only with enable_resource_pool=true"),
     (("+reward.sources.x.kind=rule", "+reward.sources.x.weight=much"), "reward.sources.x.weight", "finite number"),

@@ -224,7 +224,7 @@ class RewardConfig:
         {}, "the run's reward sources by name, each {kind: rule | outcome_model | process_model, weight, path, "
         "step_separator, enable_resource_pool, nnodes, n_gpus_per_node, micro_batch_size_per_gpu}; the reward is the "
         "weighted sum of their scores; empty = the one reward model of reward_model.* and the rule score, weighted by "
-        "reward_model.combine (grpo_dist; docs/rewards.md)")
+        "reward_model.combine (grpo_dist; docs/algorithms.md, reward sources)")
 
 
 @dataclass
