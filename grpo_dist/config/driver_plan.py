@@ -10,12 +10,10 @@ from grpo_dist.config import facts
 from grpo_dist.config.facts import StepShape, compute_dtype
 from grpo_dist.config.preflight import cpu_half_precision_warning
 from grpo_dist.config.role_settings import forward_batching, reference_kwargs
-from grpo_dist.config.roles import reward_model_trained
 from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import overlong_buffer
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
-from grpo_dist.rewards.combine import RewardCombine
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.rollout.base import SamplingSettings
 
@@ -35,6 +33,8 @@ class IterativeSettings:
     label_threshold: float | None = 0.5
     """A rule score at or above it is labelled 1, below it 0; None: the score clamped to [0, 1]
     (:func:`grpo_dist.core.reward_model.verifier_labels`; the reward stage writes the labels)."""
+    role: str = "reward_model"
+    """The role of the reward model it trains (``reward_model.iterative.source``'s)."""
 
     def __post_init__(self) -> None:
         if self.steps_per_iteration < 1 or self.mini_batch_size < 1 or self.world_size < 1:
@@ -84,11 +84,7 @@ class DriverPlan:
     old_logp_forward: bool
     """Whether a step runs the actor's old-log-prob forward (``facts.old_log_prob_forward``)."""
     overlong: OverlongBuffer | None
-    # learned reward model (reward_model.*)
-    reward_combine: RewardCombine
-    """How a reward model's and the rule-based scores make the reward (``reward_model.combine``)."""
-    process_separator: str | None
-    """A process reward model's step separator; None: an outcome reward model (or none)."""
+    # learned reward models (reward_model.*, reward.sources); the sources themselves are the spec's
     iterative: IterativeSettings | None
     """Iterative RL's numbers (``reward_model.iterative.*``); None when it is off."""
     reset_reference: bool
@@ -143,8 +139,8 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
     shape, per_draw = spec.shape, spec.prompts_per_draw
     kc = alg.kl_ctrl
     save, _load = facts.checkpoint_contents(cfg)
-    rmc = cfg.reward_model
-    it = rmc.iterative
+    it = cfg.reward_model.iterative
+    trained = next((s for s in spec.reward_sources if s.trained), None)
     return DriverPlan(
         shape=shape,
         total_steps=total_steps(cfg, train_size // per_draw if per_draw else 0),
@@ -174,13 +170,11 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         on_policy=spec.on_policy,
         old_logp_forward=spec.old_log_prob_forward,
         overlong=overlong_buffer(cfg),
-        reward_combine=RewardCombine(rmc.combine, rmc.rm_weight, rmc.rule_weight, bool(cfg.custom_reward_function.path)),
-        process_separator=rmc.process.step_separator if rmc.process.enable else None,
         iterative=IterativeSettings(
             steps_per_iteration=it.steps_per_iteration, replay_fraction=it.replay_fraction,
             heldout_fraction=it.heldout_fraction, buffer_size=it.buffer_size, mini_batch_size=it.mini_batch_size,
-            world_size=spec.reward_model_world_size, seed=t.seed, label_threshold=it.label_threshold)
-        if reward_model_trained(cfg) else None,
+            world_size=trained.world_size, seed=t.seed, label_threshold=it.label_threshold, role=trained.role)
+        if trained is not None else None,
         reset_reference=it.reset_reference,
         reference_dtype=reference_kwargs(cfg, device)["param_dtype"],
         old_logp_batching=forward_batching(rollout, shape.world_size),

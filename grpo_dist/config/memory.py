@@ -6,7 +6,8 @@ import torch
 
 from grpo_dist.config import preflight
 from grpo_dist.config.facts import compute_dtype
-from grpo_dist.config.role_settings import critic_model_path
+from grpo_dist.config.reward_sources import model_sources
+from grpo_dist.config.role_settings import critic_model_path, reward_model_path
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import critic_enabled, critic_fsdp, data_parallel_size, needs_reference
 
@@ -55,14 +56,18 @@ def model_parameter_count(model_dir: str) -> int | None:
     return total
 
 
-def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params: int | None = None) -> tuple[float, str]:
+def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params: int | None = None,
+                        reward_model_params: dict[str, int | None] | None = None) -> tuple[float, str]:
     """A floor on the resident memory (GiB) a single-machine CPU run of ``ranks`` ranks needs, and its
     breakdown in words. Counted: the actor's master weights, gradients and Adam's two moments (4 x
     ``fsdp_config.model_dtype``'s bytes per parameter, sharded over the ranks by FSDP2, so counted once in all); the reference's
     weights (sharded, when a KL term is used); the critic's like the actor's; one full copy of the
     weights in every rank's rollout engine plus its KV cache (``rollout.kv_cache_gib``; 1 GiB for
-    ``auto``, which sizes the cache from the memory left; vLLM only); ``PROCESS_BASE_GIB`` per worker process and for the driver. Not counted:
-    activations, the full weights gathered for weight sync and checkpoints, Ray's own processes."""
+    ``auto``, which sizes the cache from the memory left; vLLM only); each reward model's weights
+    (``reward_model_params``, by its role; sharded; 4 x with gradients and Adam when iterative RL trains it)
+    and one process per rank of a reward model's own pool; ``PROCESS_BASE_GIB`` per worker process and
+    for the driver. Not counted: activations, the full weights gathered for weight sync and checkpoints,
+    Ray's own processes."""
     a = cfg.actor_rollout_ref
     gib = 2.0**30
     actor_b = _DTYPE_BYTES.get(a.actor.fsdp_config.model_dtype, 4)  # master weights, their gradients, Adam
@@ -76,16 +81,24 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
         cp = critic_params if critic_params is not None else params
         parts.append(("critic", 4 * _DTYPE_BYTES.get(critic_fsdp(cfg).model_dtype, 4) * cp / gib))
         processes += 1
+    rm_b = _DTYPE_BYTES.get(cfg.reward_model.model.fsdp_config.model_dtype, 4)
+    pool_processes = 0
+    for source in model_sources(cfg):
+        rp = (reward_model_params or {}).get(source.role)
+        if rp:
+            parts.append((source.role, (4 if source.trained else 1) * rm_b * rp / gib))
+        pool_processes += source.world_size if source.own_pool else 0
     kv_set = a.rollout.kv_cache_gib
     kv = (1.0 if kv_set in (None, "auto") else float(kv_set)) if a.rollout.name == "vllm" else 0.0
     parts.append((f"{ranks} rollout engine(s) (weights + {kv:g} GiB KV cache each)", ranks * (rollout_b * params / gib + kv)))
-    parts.append((f"{ranks * processes + 2} processes", (ranks * processes + 2) * PROCESS_BASE_GIB))
+    count = ranks * processes + pool_processes + 2
+    parts.append((f"{count} processes", count * PROCESS_BASE_GIB))
     total = sum(v for _, v in parts)
     return total, ", ".join(f"{name} {v:.1f}" for name, v in parts)
 
 
 def check_cpu_memory(cfg: GRPOConfig, params: int | None, available_gib: float | None, cores: int | None = None,
-                     critic_params: int | None = None) -> str | None:
+                     critic_params: int | None = None, reward_model_params: dict[str, int | None] | None = None) -> str | None:
     """Refuse (``ValueError`` naming the keys and the largest ``trainer.n_gpus_per_node`` that fits)
     a single-machine CPU run whose memory floor (:func:`cpu_memory_estimate`) is above the memory
     available now; a warning (returned) when it is above ``MEMORY_WARN_SHARE`` of it; None otherwise.
@@ -95,7 +108,7 @@ def check_cpu_memory(cfg: GRPOConfig, params: int | None, available_gib: float |
     if not on_cpu or cfg.ray_kwargs.ray_init.address or not params or not available_gib:
         return None
     ranks = data_parallel_size(cfg)
-    need, parts = cpu_memory_estimate(cfg, ranks, params, critic_params)
+    need, parts = cpu_memory_estimate(cfg, ranks, params, critic_params, reward_model_params)
     if need <= MEMORY_WARN_SHARE * available_gib:
         return None
     setting = (f"trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node} = {ranks} CPU rank(s) of "
@@ -106,7 +119,7 @@ def check_cpu_memory(cfg: GRPOConfig, params: int | None, available_gib: float |
                 "or a smaller model leave more room")
     nodes = max(t.nnodes, 1)
     fits = [n for n in range(t.n_gpus_per_node - 1, 0, -1)
-            if cpu_memory_estimate(cfg, nodes * n, params, critic_params)[0] <= available_gib
+            if cpu_memory_estimate(cfg, nodes * n, params, critic_params, reward_model_params)[0] <= available_gib
             and (not cores or nodes * n <= cores)]
     fix = (f"use at most trainer.n_gpus_per_node={fits[0]} here (the batch sizes must stay divisible by it)" if fits
            else "even one rank does not fit: lower actor_rollout_ref.rollout.kv_cache_gib, use a smaller model")
@@ -133,4 +146,5 @@ def check_cpu_resources(cfg: GRPOConfig, model_path: str) -> str | None:
     if not preflight.local_cpu_run(cfg):
         return None
     critic = model_parameter_count(critic_model_path(cfg, model_path)) if critic_enabled(cfg) else None
-    return check_cpu_memory(cfg, model_parameter_count(model_path), available_memory_gib(), cores, critic)
+    rms = {s.role: model_parameter_count(reward_model_path(s)) for s in model_sources(cfg)}
+    return check_cpu_memory(cfg, model_parameter_count(model_path), available_memory_gib(), cores, critic, rms)

@@ -17,7 +17,8 @@ from typing import Any
 
 from grpo_dist.config.roles import GLOBAL, Pool, active_specs, describe, device_shares, placement, rank_processes
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import critic_enabled, data_parallel_size, reward_model_spec
+from grpo_dist.config.reward_sources import reward_model_spec, reward_sources
+from grpo_dist.config.validate import critic_enabled, data_parallel_size
 from grpo_dist.rollout.tp import tp_groups
 
 #: Field metadata values of ``metadata["state"]`` that mark a key as accepted without effect.
@@ -71,6 +72,8 @@ class Plan:
     response_len: int
     pools: dict[str, Pool] = field(default_factory=dict)
     """The pools other than the training ranks', by name."""
+    rewards: list[str] = field(default_factory=list)
+    """The reward sources, one line each (:meth:`grpo_dist.config.reward_sources.RewardSource.describe`)."""
     noop_set: list[tuple[str, Any, str]] = field(default_factory=list)
     noop_total: int = 0
     notes: list[str] = field(default_factory=list)
@@ -114,6 +117,11 @@ class Plan:
         seq = self.prompt_len + self.response_len
         L.append(f"tokens      at most {self.prompt_len} + {self.response_len} = {seq} per response, "
                  f"{self.responses_per_step * seq:,} per step, {self.mini_responses_per_rank * seq:,} per rank per mini-batch")
+        if len(self.rewards) == 1:
+            L.append(f"reward      {self.rewards[0]}")
+        elif self.rewards:
+            L.append(f"reward      the weighted sum of {len(self.rewards)} sources (weights of 0 leave a source out):")
+            L.extend(f"              {r}" for r in self.rewards)
         L.extend(f"note        {n}" for n in self.notes)
         if self.noop_set:
             L.append("no-op keys  without effect in this configuration:")
@@ -317,5 +325,5 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
         steps_per_epoch=spe, total_steps=total, steps_note=steps_note, mini_batches=mini_batches,
         ppo_epochs=actor.ppo_epochs, mini_responses_per_rank=mini_per_rank, micro_note=micro_note,
         prompt_len=d.max_prompt_length, response_len=d.max_response_length, noop_set=noop, noop_total=noop_total,
-        notes=notes,
+        notes=notes, rewards=[s.describe() for s in reward_sources(cfg)],
     )

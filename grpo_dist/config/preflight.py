@@ -9,10 +9,10 @@ import torch
 
 from grpo_dist.config.facts import compute_dtype
 from grpo_dist.config.role_settings import critic_model_path, reward_model_path, reward_model_reencodes
-from grpo_dist.config.roles import needs_reward_model
+from grpo_dist.config.reward_sources import RewardSource, model_sources
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
-from grpo_dist.config.validate import critic_enabled, data_parallel_size, reward_model_spec
+from grpo_dist.config.validate import critic_enabled, data_parallel_size
 
 
 def cpu_half_precision_warning(cfg: GRPOConfig, device: str) -> str | None:
@@ -70,8 +70,8 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             f"(num_attention_heads = {heads}, num_key_value_heads = {kv_heads} in {model_path}/config.json): each of "
             f"an engine's {tp} ranks holds a whole number of heads; use a divisor of {heads}"
         )
-    if needs_reward_model(cfg):
-        check_reward_model_fits(cfg, model_path, tokenizer, need)
+    for source in model_sources(cfg):
+        check_reward_model_fits(cfg, source, model_path, tokenizer, need)
     if critic_enabled(cfg):
         path = critic_model_path(cfg, model_path)
         cc = AutoConfig.from_pretrained(path, trust_remote_code=cfg.critic.model.trust_remote_code)
@@ -88,16 +88,15 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             )
 
 
-def check_reward_model_fits(cfg: GRPOConfig, policy_path: str, tokenizer, need: int) -> None:
-    """The reward model's folder can be read and fits the run: its context holds prompt + response;
+def check_reward_model_fits(cfg: GRPOConfig, spec: RewardSource, policy_path: str, tokenizer, need: int) -> None:
+    """A model source's folder can be read and fits the run: its context holds prompt + response;
     when it reads the policy's token ids, its vocabulary covers the policy's tokenizer; a process
     reward model, and iterative RL, read the policy's tokens; its weights hold the trained head it is
     read with (:func:`grpo_dist.training.reward_model.check_reward_head`: names only, no weights are
     read). ``ValueError`` naming the reward model."""
     from transformers import AutoConfig
 
-    spec = reward_model_spec(cfg)
-    path = reward_model_path(cfg)
+    path = reward_model_path(spec)
     try:
         mc = AutoConfig.from_pretrained(path, trust_remote_code=cfg.reward_model.model.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -116,8 +115,8 @@ def check_reward_model_fits(cfg: GRPOConfig, policy_path: str, tokenizer, need: 
             f"reads the actor's token ids, so {spec.path_key} = {spec.path!r} must share the actor's vocabulary "
             "(or give its own tokenizer in its folder and keep reward_model.model.input_tokenizer set)"
         )
-    if reencode is not None and (cfg.reward_model.process.enable or cfg.reward_model.iterative.enable):
-        what = "a process reward model" if cfg.reward_model.process.enable else "iterative RL"
+    if reencode is not None and (spec.is_process or spec.trained):
+        what = "a process reward model" if spec.is_process else "iterative RL"
         raise ValueError(
             f"{what} reads the policy's own tokens, but the reward model {path} has a tokenizer of its own; use a reward "
             "model built on the policy's tokenizer, or set reward_model.model.input_tokenizer=null to feed it the policy's ids"

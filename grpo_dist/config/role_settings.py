@@ -8,13 +8,8 @@ import functools
 from grpo_dist.config.facts import checkpoint_contents, compute_dtype, micro_batch, per_gpu, rollout_correction, step_shape
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
-from grpo_dist.config.validate import (
-    critic_fsdp,
-    critic_grad_clip,
-    reward_model_micro_batch,
-    reward_model_spec,
-    reward_model_world_size,
-)
+from grpo_dist.config.reward_sources import RewardSource
+from grpo_dist.config.validate import critic_fsdp, critic_grad_clip
 from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.training.dtypes import dtype_name
 from grpo_dist.training.settings import ActorSettings, CriticSettings, RewardModelSettings
@@ -165,16 +160,15 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
     )
 
 
-def reward_model_path(cfg: GRPOConfig) -> str:
-    """The reward model's local folder (an embedded name or a hub name resolved like the actor's);
+def reward_model_path(source: RewardSource) -> str:
+    """A model source's local folder (an embedded name or a hub name resolved like the actor's);
     ``ValueError`` naming the key when it cannot be found."""
     from grpo_dist import tasks
 
-    spec = reward_model_spec(cfg)
     try:
-        return tasks.resolve(spec.path)
+        return tasks.resolve(source.path)
     except ValueError as exc:
-        raise ValueError(f"the reward model ({spec.path_key} = {spec.path!r}) cannot be found: {exc}") from None
+        raise ValueError(f"the reward model ({source.path_key} = {source.path!r}) cannot be found: {exc}") from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -204,21 +198,24 @@ def reward_model_reencodes(cfg: GRPOConfig, rm_path: str, policy_tokenizer_path:
     return path if _tokenizers_differ(path, rm_path, cfg.reward_model.model.trust_remote_code) else None
 
 
-def reward_model_settings(cfg: GRPOConfig, device: str, rm_path: str, policy_tokenizer_path: str) -> RewardModelSettings:
+def reward_model_settings(cfg: GRPOConfig, source: RewardSource, device: str, rm_path: str,
+                          policy_tokenizer_path: str) -> RewardModelSettings:
+    """A model source's settings: its own ranks, micro-batch and whether iterative RL trains it; the rest
+    from the ``reward_model.*`` settings every reward model of the run shares."""
     rm, it = cfg.reward_model, cfg.reward_model.iterative
     fsdp = rm.model.fsdp_config
-    world = reward_model_world_size(cfg)  # its own pool's ranks, or the training ranks it shares
+    world = source.world_size  # its own pool's ranks, or the training ranks it shares
     override = dict(rm.model.override_config)
     attn = override.pop("attn_implementation", cfg.actor_rollout_ref.model.attn_implementation)
     reencode = reward_model_reencodes(cfg, rm_path, policy_tokenizer_path)
     return RewardModelSettings(
-        micro_batch_size_per_gpu=None if rm.use_dynamic_bsz else reward_model_micro_batch(cfg),
+        micro_batch_size_per_gpu=None if rm.use_dynamic_bsz else source.micro_batch_size_per_gpu,
         use_dynamic_bsz=rm.use_dynamic_bsz,
         forward_max_token_len_per_gpu=rm.forward_max_token_len_per_gpu,
         reencode=reencode is not None,
         input_tokenizer_path=reencode,
         max_length=rm.max_length,
-        trainable=it.enable,
+        trainable=source.trained,
         mini_batch_size_per_gpu=-(-it.mini_batch_size // world),
         update_micro_batch_size_per_gpu=it.micro_batch_size_per_gpu,
         epochs=it.epochs,

@@ -16,11 +16,17 @@ shares, descriptions, and what is checkpointed — is plain configuration arithm
 :mod:`grpo_dist.trainer.roles` looks up its building part by the row's name, and a row here without a
 building part there fails at import.
 
+Rows made per run. The ``reward_model`` row is a template: :func:`role_rows` makes one row of it per
+model source of the run (:mod:`grpo_dist.config.reward_sources`), named after the source's role
+(``reward_model``, or ``reward_model.<name>`` for a named source), with its pool and whether it is
+checkpointed (iterative RL trains it) decided for that source. A second reward model is one more row.
+
 Pools. ``global`` is the training ranks: ``trainer.nnodes x trainer.n_gpus_per_node`` bundles, one
 per data-parallel rank (on CPU, a rank is a process with a bundle of one CPU). A role may instead have
-a pool of its own: the reward model with ``reward_model.enable_resource_pool=true`` gets
-``reward_model.nnodes x reward_model.n_gpus_per_node`` bundles (verl's keys), its own ranks and its
-own torch.distributed group, instead of a share of every training rank's device.
+a pool of its own: a reward model with ``enable_resource_pool=true`` (verl's ``reward_model.*`` keys,
+or its entry of ``reward.sources``) gets ``nnodes x n_gpus_per_node`` bundles, its own ranks and its
+own torch.distributed group, instead of a share of every training rank's device; the pool is named
+after its role.
 
 Device shares. In each pool, each rank's Ray worker processes split the rank's device: a process
 whose roles name a ``device_share`` takes the sum of those; the processes whose roles name none split
@@ -31,21 +37,15 @@ its rollout engine take half each, and a reward model on its own pool takes its 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
+from grpo_dist.config.reward_sources import IMPLICIT_MODEL, model_sources
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import (
-    critic_enabled,
-    needs_reference,
-    reward_model_has_own_pool,
-    reward_model_spec,
-)
+from grpo_dist.config.validate import critic_enabled, needs_reference
 
 GLOBAL = "global"
 """The training ranks' pool (``trainer.nnodes x trainer.n_gpus_per_node``)."""
-REWARD_MODEL_POOL = "reward_model"
-"""The reward model's own pool (``reward_model.enable_resource_pool``)."""
 MODELS = "models"
 """The ``process`` of the roles that hold an FSDP2 model: one process per rank holds them all."""
 
@@ -56,13 +56,14 @@ def _always(cfg: GRPOConfig) -> bool:
 
 
 def needs_reward_model(cfg: GRPOConfig) -> bool:
-    """Whether the run scores with a learned reward model (either spelling of its switch)."""
-    return reward_model_spec(cfg).enable
+    """Whether the run scores with a learned reward model (a model source: either spelling of verl's
+    switch, or a model entry of ``reward.sources``)."""
+    return bool(model_sources(cfg))
 
 
 def reward_model_trained(cfg: GRPOConfig) -> bool:
-    """Whether the reward model is trained during the run (iterative RL): it is then checkpointed."""
-    return needs_reward_model(cfg) and cfg.reward_model.iterative.enable
+    """Whether a reward model is trained during the run (iterative RL): it is then checkpointed."""
+    return any(s.trained for s in model_sources(cfg))
 
 
 def reference_is_reset(cfg: GRPOConfig) -> bool:
@@ -87,18 +88,15 @@ class Pool:
 
 
 def pool(cfg: GRPOConfig, name: str) -> Pool:
-    """The pool ``name`` of this configuration (:data:`GLOBAL` or :data:`REWARD_MODEL_POOL`)."""
+    """The pool ``name`` of this configuration: :data:`GLOBAL`, or the role name of a reward model with
+    devices of its own."""
     t = cfg.trainer
     if name == GLOBAL:
         return Pool(GLOBAL, t.nnodes, t.n_gpus_per_node, "trainer")
-    if name == REWARD_MODEL_POOL:
-        spec = reward_model_spec(cfg)
-        return Pool(REWARD_MODEL_POOL, spec.nnodes, spec.n_gpus_per_node, spec.pool_keys)
+    for s in model_sources(cfg):
+        if s.own_pool and s.role == name:
+            return Pool(name, s.nnodes, s.n_gpus_per_node, s.pool_keys)
     raise KeyError(f"no device pool named {name!r}")
-
-
-def _reward_model_pool(cfg: GRPOConfig) -> str:
-    return REWARD_MODEL_POOL if reward_model_has_own_pool(cfg) else GLOBAL
 
 
 # ---- the rows -----------------------------------------------------------------------------------
@@ -119,6 +117,8 @@ class RoleSpec:
         pool: :data:`GLOBAL`, another pool's name, or a function of the configuration naming one.
         checkpoint: saved with every checkpoint and restored on resume; a function of the
             configuration for roles that need it only in some runs (:meth:`saves`).
+        template: the row of :data:`ROLE_SPECS` a row made for this run came from (:func:`role_rows`);
+            None: the row is one of them. Its workers are built as the template's.
     """
 
     name: str
@@ -129,6 +129,12 @@ class RoleSpec:
     device_share: float | None = None
     pool: str | Callable[[GRPOConfig], str] = GLOBAL
     checkpoint: bool | Callable[[GRPOConfig], bool] = False
+    template: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """The :data:`ROLE_SPECS` row whose way of building workers this row takes."""
+        return self.template or self.name
 
     def saves(self, cfg: GRPOConfig) -> bool:
         """Whether this run's checkpoints hold this role."""
@@ -145,13 +151,31 @@ ROLE_SPECS: tuple[RoleSpec, ...] = (
              enabled=needs_reference, process=MODELS, checkpoint=reference_is_reset),
     RoleSpec("critic", "the value model under FSDP2: values and the value-loss update", enabled=critic_enabled,
              process=MODELS, checkpoint=True),
-    RoleSpec("reward_model", "the learned reward model under FSDP2: scores (and its update in iterative RL)",
-             enabled=needs_reward_model, process=MODELS, pool=_reward_model_pool, checkpoint=reward_model_trained),
+    RoleSpec(IMPLICIT_MODEL, "the learned reward model under FSDP2: scores (and its update in iterative RL)",
+             enabled=needs_reward_model, process=MODELS),
     RoleSpec("rollout", "the generation engine: responses and their sampling log-probs"),
     RoleSpec("reward", "1 scoring worker ({num_workers} scoring process(es)), placed by Ray on any node, no device",
              per_rank=False),
 )
-"""Every role, in start-up order (a role's workers are created before the next role's)."""
+"""Every role, in start-up order (a role's workers are created before the next role's); the
+``reward_model`` row is the template of each reward model's row (:func:`role_rows`)."""
+
+
+def role_rows(cfg: GRPOConfig, specs: tuple[RoleSpec, ...] = ROLE_SPECS) -> list[RoleSpec]:
+    """The rows of this configuration: ``specs`` with the ``reward_model`` row made into one row per model
+    source (module docstring), each with its pool and whether it is checkpointed."""
+    rows: list[RoleSpec] = []
+    for row in specs:
+        if row.name != IMPLICIT_MODEL:
+            rows.append(row)
+            continue
+        for s in model_sources(cfg):
+            what = (f"the learned {'process' if s.is_process else 'outcome'} reward model of source {s.name!r} under "
+                    "FSDP2: scores" + (" and its update (iterative RL)" if s.trained else ""))
+            rows.append(replace(row, name=s.role, description=row.description if s.name == IMPLICIT_MODEL else what,
+                                enabled=_always, pool=s.role if s.own_pool else GLOBAL, checkpoint=s.trained,
+                                template=None if s.role == row.name else row.name))
+    return rows
 
 
 def describe(spec: RoleSpec, cfg: GRPOConfig) -> str:
@@ -160,8 +184,8 @@ def describe(spec: RoleSpec, cfg: GRPOConfig) -> str:
 
 
 def active_specs(cfg: GRPOConfig, specs: tuple[RoleSpec, ...] = ROLE_SPECS) -> list[RoleSpec]:
-    """The rows this configuration needs."""
-    return [r for r in specs if r.enabled(cfg)]
+    """The rows this configuration needs (:func:`role_rows`, enabled)."""
+    return [r for r in role_rows(cfg, specs) if r.enabled(cfg)]
 
 
 def rank_processes(roles: list) -> list[tuple[str | None, list]]:

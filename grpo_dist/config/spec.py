@@ -26,9 +26,10 @@ from typing import Any, Callable
 from grpo_dist.config import engine, facts, memory, preflight, role_settings
 from grpo_dist.config.facts import StepShape
 from grpo_dist.config.launch import LaunchPlan, launch_plan
-from grpo_dist.config.roles import Pool, active_specs, needs_reward_model, placement
+from grpo_dist.config.reward_sources import RewardSource, reward_sources
+from grpo_dist.config.roles import Pool, RoleSpec, active_specs, placement
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import critic_enabled, needs_reference, reward_model_world_size
+from grpo_dist.config.validate import critic_enabled, needs_reference
 
 __all__ = ["RunSpec", "resolve"]
 
@@ -41,17 +42,19 @@ class RunSpec:
     """Prompts and responses per step, data-parallel ranks, mini-batches."""
     prompts_per_draw: int
     """Prompts drawn from the data at a time (``data.gen_batch_size`` with dynamic sampling)."""
+    rows: tuple[RoleSpec, ...]
+    """The active rows of the role table, in start-up order (:func:`grpo_dist.config.roles.role_rows`: one
+    per reward model)."""
     roles: tuple[str, ...]
-    """The active roles' names, in start-up order (:data:`grpo_dist.config.roles.ROLE_SPECS`)."""
+    """The active roles' names, in start-up order."""
     role_pools: dict[str, str]
     """The pool each active role runs on, by the role's name."""
     checkpointed: frozenset[str]
     """The active roles this run's checkpoints hold."""
     needs_critic: bool
     needs_reference: bool
-    needs_reward_model: bool
-    reward_model_world_size: int | None
-    """The reward model's ranks: its own pool's, or the training ranks it shares; None without one."""
+    reward_sources: tuple[RewardSource, ...]
+    """What scores a response, and with what weight (:mod:`grpo_dist.config.reward_sources`)."""
     on_policy: bool
     """One optimizer step on fresh samples: the old policy is the current one (:func:`facts.on_policy`)."""
     old_log_prob_forward: bool
@@ -111,14 +114,23 @@ class RunSpec:
     def critic_settings(self, device: str, total_steps: int):
         return role_settings.critic_settings(self._cfg, device, total_steps)
 
-    def reward_model_path(self) -> str:
-        return role_settings.reward_model_path(self._cfg)
+    @property
+    def needs_reward_model(self) -> bool:
+        return any(s.is_model for s in self.reward_sources)
+
+    def reward_source(self, role: str) -> RewardSource:
+        """The model source whose role is ``role`` (``reward_model`` or ``reward_model.<name>``)."""
+        return next(s for s in self.reward_sources if s.role == role)
+
+    def reward_model_path(self, role: str) -> str:
+        return role_settings.reward_model_path(self.reward_source(role))
 
     def reward_model_reencodes(self, rm_path: str, policy_tokenizer_path: str) -> str | None:
         return role_settings.reward_model_reencodes(self._cfg, rm_path, policy_tokenizer_path)
 
-    def reward_model_settings(self, device: str, rm_path: str, policy_tokenizer_path: str):
-        return role_settings.reward_model_settings(self._cfg, device, rm_path, policy_tokenizer_path)
+    def reward_model_settings(self, device: str, role: str, rm_path: str, policy_tokenizer_path: str):
+        return role_settings.reward_model_settings(self._cfg, self.reward_source(role), device, rm_path,
+                                                   policy_tokenizer_path)
 
     def reward_worker_kwargs(self, tokenizer_path: str) -> dict:
         return role_settings.reward_worker_kwargs(self._cfg, tokenizer_path)
@@ -164,13 +176,13 @@ def resolve(cfg: GRPOConfig) -> RunSpec:
     return RunSpec(
         shape=facts.step_shape(cfg),
         prompts_per_draw=facts.prompts_per_draw(cfg),
+        rows=tuple(rows),
         roles=tuple(row.name for row in rows),
         role_pools={row.name: row.pool_of(cfg) for row in rows},
         checkpointed=frozenset(row.name for row in rows if row.saves(cfg)),
         needs_critic=critic_enabled(cfg),
         needs_reference=needs_reference(cfg),
-        needs_reward_model=needs_reward_model(cfg),
-        reward_model_world_size=reward_model_world_size(cfg) if needs_reward_model(cfg) else None,
+        reward_sources=reward_sources(cfg),
         on_policy=facts.on_policy(cfg),
         old_log_prob_forward=facts.old_log_prob_forward(cfg),
         rollout_log_probs=facts.rollout_log_probs(cfg),

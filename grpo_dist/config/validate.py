@@ -8,10 +8,8 @@ that it exists (checks that need the model or the data run later, in the trainer
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import Any, Iterable
+from dataclasses import fields
+from typing import Any
 
 from grpo_dist.config.schema import (
     ConfigError,
@@ -19,10 +17,14 @@ from grpo_dist.config.schema import (
     CriticFSDPConfig,
     CriticOptimConfig,
     GRPOConfig,
-    RewardModelConfig,
-    RewardModelModelConfig,
-    RewardRewardModelConfig,
 )
+from grpo_dist.config.checks import DTYPES, data_parallel_size
+from grpo_dist.config.checks import bad as _bad
+from grpo_dist.config.checks import check_exists as _check_exists
+from grpo_dist.config.checks import choice as _choice
+from grpo_dist.config.checks import one_of_two as _one_of_two
+from grpo_dist.config.checks import positive as _positive
+from grpo_dist.config.reward_sources import validate_reward_sources
 from grpo_dist.config.states import check_states, setting
 from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
@@ -30,7 +32,6 @@ from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.data import TRUNCATION_MODES, as_path_list
 from grpo_dist.rollout import ENGINE_NAMES
-from grpo_dist.tasks import BUILTIN_PREFIX
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS
 
@@ -45,52 +46,12 @@ REWARD_MANAGERS = ("naive", "prime", "dapo")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # trainer.dynamic_sampling.FILTER_METRICS
 FILTER_ON_EXHAUSTED = ("error", "train")
 ON_ERROR = ("raise", "zero")
-DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")  # verl's short names too
 CKPT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
-RM_COMBINE = ("verl", "weighted")
-
-
-def _bad(key: str, value: Any, valid: str) -> ConfigError:
-    return ConfigError(f"{key} = {value!r} is not valid: {valid}")
-
-
-def _choice(key: str, value: Any, choices: Iterable[str]) -> None:
-    choices = tuple(choices)
-    if value not in choices:
-        raise _bad(key, value, "expected one of " + ", ".join(choices))
-
-
-def _positive(key: str, value: float | int | None, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if value < 0 or (value == 0 and not allow_zero):
-        raise _bad(key, value, "expected a number " + (">= 0" if allow_zero else "> 0"))
 
 
 def _freq(key: str, value: int) -> None:
     if value != -1 and value <= 0:
         raise _bad(key, value, "expected -1 (off) or a positive number of steps")
-
-
-def _check_exists(key: str, value: Any, *, kind: str) -> None:
-    for p in as_path_list(value):
-        if p.startswith(BUILTIN_PREFIX):
-            from grpo_dist.tasks import builtin_names
-
-            names = builtin_names(kind)
-            if p[len(BUILTIN_PREFIX):] not in names:
-                raise _bad(key, p, f"the embedded {kind}s are " + ", ".join(BUILTIN_PREFIX + n for n in names))
-            continue
-        path = Path(os.path.expanduser(p))
-        if kind == "model" and not path.exists():
-            from grpo_dist.tasks import is_hub_id
-
-            if is_hub_id(p):
-                continue  # a hub name: taken from the cache (or downloaded) at start-up
-        if not path.exists():
-            parent = path.parent
-            hint = f" (its folder {parent} exists)" if parent.is_dir() else f" (folder {parent} does not exist either)"
-            raise _bad(key, p, f"no such {'directory' if kind == 'model' else 'file'}{hint}")
 
 
 def logger_names(value: Any) -> list[str]:
@@ -163,12 +124,6 @@ VLLM_KWARGS_OWNED = {
 }
 
 
-def data_parallel_size(cfg: GRPOConfig) -> int:
-    """Data-parallel ranks of the actor: one per device (on CPU: per rank process) over all nodes.
-    The one place this is computed; everything else asks here."""
-    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-
-
 def critic_enabled(cfg: GRPOConfig) -> bool:
     """Whether the run trains a critic: ``critic.enable``, or when it is null, whether the advantage
     estimator needs values (verl's rule). The one place this is decided."""
@@ -183,14 +138,6 @@ def needs_reference(cfg: GRPOConfig) -> bool:
     """Whether the run needs the frozen reference policy: a KL loss or a KL penalty in the reward.
     The one place this is decided."""
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
-def _one_of_two(key_a: str, a: Any, key_b: str, b: Any, default: Any) -> Any:
-    """The value of a setting verl spells two ways (two layouts, or a renamed key): the one that was
-    changed from the default; ``ConfigError`` when both were, to different values."""
-    if a != default and b != default and a != b:
-        raise _bad(key_b, b, f"it contradicts {key_a} = {a!r}, another name for the same setting; set only one of them")
-    return a if a != default else b
 
 
 class _EitherLayout:
@@ -295,137 +242,6 @@ def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         _check_exists("critic.model.path", c.model.path, kind="model")
 
 
-@dataclass(frozen=True)
-class RewardModelSpec:
-    """The reward-model keys verl spells two ways (``reward_model.*`` legacy, ``reward.reward_model.*``
-    current), resolved to one value each."""
-
-    enable: bool
-    path: str
-    path_key: str  # the key the path came from, for messages
-    enable_resource_pool: bool
-    n_gpus_per_node: int
-    nnodes: int
-    pool_keys: str = "reward_model"
-    """The section of the pool keys that were set (``reward_model`` or ``reward.reward_model``), for messages."""
-
-
-def reward_model_spec(cfg: GRPOConfig) -> RewardModelSpec:
-    """The learned reward model's switch, folder and pool from either spelling: per setting, the one
-    changed from its default wins; both changed to different values is a ``ConfigError``."""
-    legacy, current = cfg.reward_model, cfg.reward.reward_model
-    d_legacy, d_current = RewardModelConfig(), RewardRewardModelConfig()
-    default_path = RewardModelModelConfig().path
-    if current.model_path is not None and legacy.model.path != default_path and current.model_path != legacy.model.path:
-        raise _bad("reward.reward_model.model_path", current.model_path, f"it contradicts reward_model.model.path = "
-                   f"{legacy.model.path!r}, another name for the same setting; set only one of them")
-    from_current = current.model_path is not None
-    pair = lambda name: _one_of_two(f"reward_model.{name}", getattr(legacy, name), f"reward.reward_model.{name}",  # noqa: E731
-                                    getattr(current, name), getattr(d_legacy, name))
-    assert all(getattr(d_legacy, n) == getattr(d_current, n) for n in ("enable", "enable_resource_pool", "n_gpus_per_node", "nnodes"))
-    return RewardModelSpec(
-        enable=bool(legacy.enable or current.enable),
-        path=str(current.model_path if from_current else legacy.model.path),
-        path_key="reward.reward_model.model_path" if from_current else "reward_model.model.path",
-        enable_resource_pool=bool(pair("enable_resource_pool")),
-        n_gpus_per_node=int(pair("n_gpus_per_node")),
-        nnodes=int(pair("nnodes")),
-        pool_keys="reward.reward_model" if any(getattr(current, n) != getattr(d_current, n) for n in (
-            "enable_resource_pool", "n_gpus_per_node", "nnodes")) else "reward_model",
-    )
-
-
-def reward_model_has_own_pool(cfg: GRPOConfig) -> bool:
-    """Whether the run's reward model runs on devices of its own (``reward_model.enable_resource_pool``),
-    ``reward_model.nnodes x reward_model.n_gpus_per_node`` of them, instead of sharing the training ranks'."""
-    spec = reward_model_spec(cfg)
-    return spec.enable and spec.enable_resource_pool
-
-
-def reward_model_world_size(cfg: GRPOConfig) -> int:
-    """The reward model's ranks: its own pool's, or the data-parallel ranks it shares. The one place
-    this is computed."""
-    spec = reward_model_spec(cfg)
-    return spec.nnodes * spec.n_gpus_per_node if reward_model_has_own_pool(cfg) else data_parallel_size(cfg)
-
-
-def reward_model_micro_batch(cfg: GRPOConfig) -> int | None:
-    """Responses per reward-model forward on one rank: ``micro_batch_size_per_gpu``, else verl's
-    deprecated global ``micro_batch_size`` divided over the reward model's ranks; None: all at once."""
-    rm = cfg.reward_model
-    if rm.micro_batch_size_per_gpu is not None:
-        return rm.micro_batch_size_per_gpu
-    if rm.micro_batch_size is not None:
-        return max(1, rm.micro_batch_size // reward_model_world_size(cfg))
-    return None
-
-
-def _reward_model_pool(spec: RewardModelSpec) -> None:
-    """A reward model on a pool of its own needs at least one node and one device per node (verl's
-    defaults leave ``nnodes`` at 0)."""
-    pre = spec.pool_keys + "."
-    for key, val in (("nnodes", spec.nnodes), ("n_gpus_per_node", spec.n_gpus_per_node)):
-        if val < 1:
-            raise _bad(pre + "enable_resource_pool", True, f"a pool of the reward model's own needs {pre}{key} >= 1 "
-                       f"(it is {val}): set {pre}nnodes and {pre}n_gpus_per_node to its size (on CPU: its rank "
-                       f"processes), or {pre}enable_resource_pool=false to share the training ranks' devices")
-
-
-def validate_reward_model(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
-    """The ``reward_model.*`` / ``reward.reward_model.*`` keys of a run with a learned reward model."""
-    from grpo_dist.core.advantages import get_adv_estimator
-
-    rm, spec = cfg.reward_model, reward_model_spec(cfg)
-    pre = "reward_model."
-    # strategy and fsdp_size are checked by their states in the schema
-    if spec.enable_resource_pool:
-        _reward_model_pool(spec)
-    fsdp = rm.model.fsdp_config
-    _choice(pre + "model.fsdp_config.model_dtype", fsdp.model_dtype, DTYPES)
-    _choice(pre + "model.fsdp_config.dtype", fsdp.dtype, ("auto",) + DTYPES)
-    for key, val in (("micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu), ("micro_batch_size", rm.micro_batch_size),
-                     ("max_length", rm.max_length), ("forward_max_token_len_per_gpu", rm.forward_max_token_len_per_gpu)):
-        _positive(pre + key, val)
-    _choice(pre + "combine", rm.combine, RM_COMBINE)
-    for key, val in (("rm_weight", rm.rm_weight), ("rule_weight", rm.rule_weight)):
-        if not math.isfinite(val):
-            raise _bad(pre + key, val, "expected a finite number")
-    estimator = get_adv_estimator(cfg.algorithm.adv_estimator)
-    custom = bool(cfg.custom_reward_function.path)
-    if rm.process.enable:
-        if not rm.process.step_separator:
-            raise _bad(pre + "process.step_separator", rm.process.step_separator, "expected a non-empty text, e.g. a newline")
-        if not estimator.needs_step_rewards:
-            raise _bad(pre + "process.enable", True, f"a process reward model gives a reward per step; algorithm.adv_estimator="
-                       f"{cfg.algorithm.adv_estimator} reads one per response: use algorithm.adv_estimator=grpo_process")
-    elif estimator.needs_step_rewards and rm.combine == "verl" and not custom:
-        raise _bad("algorithm.adv_estimator", cfg.algorithm.adv_estimator, "it needs a reward per step, and the reward "
-                   "comes from an outcome reward model (one score per response): set reward_model.process.enable=true, "
-                   "or custom_reward_function.path to a function returning step_rewards")
-    it = rm.iterative
-    if it.enable:
-        ipre = pre + "iterative."
-        for key, val in (("steps_per_iteration", it.steps_per_iteration), ("buffer_size", it.buffer_size),
-                         ("epochs", it.epochs), ("lr", it.lr), ("mini_batch_size", it.mini_batch_size),
-                         ("micro_batch_size_per_gpu", it.micro_batch_size_per_gpu), ("grad_clip", it.grad_clip)):
-            _positive(ipre + key, val)
-        _positive(ipre + "weight_decay", it.weight_decay, allow_zero=True)
-        for key, val in (("replay_fraction", it.replay_fraction), ("heldout_fraction", it.heldout_fraction)):
-            if not 0 <= val < 1:
-                raise _bad(ipre + key, val, "expected a fraction in [0, 1)")
-        if it.label_threshold is not None and (isinstance(it.label_threshold, bool) or not isinstance(
-                it.label_threshold, (int, float)) or not math.isfinite(it.label_threshold)):
-            raise _bad(ipre + "label_threshold", it.label_threshold,
-                       "expected a finite number (a rule score at or above it is labelled correct), or null for soft labels")
-        if len(it.betas) != 2 or not all(0 <= b < 1 for b in it.betas):
-            raise _bad(ipre + "betas", list(it.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
-    if check_paths:
-        _check_exists(spec.path_key, spec.path, kind="model")
-        tok = rm.model.input_tokenizer
-        if tok and tok != cfg.actor_rollout_ref.model.path:
-            _check_exists(pre + "model.input_tokenizer", tok, kind="model")
-
-
 def rollout_correction_params(cfg: GRPOConfig) -> RolloutCorrectionParams:
     """The parsed ``algorithm.rollout_correction.*`` keys; ``ConfigError`` naming the key."""
     rc = cfg.algorithm.rollout_correction
@@ -523,12 +339,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("trainer.val_only", True, "there is nothing to validate: data.val_files is null; give validation files")
     _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
     _choice("reward_model.on_error", cfg.reward_model.on_error, ON_ERROR)
-    if reward_model_spec(cfg).enable:
-        validate_reward_model(cfg, check_paths=check_paths)
-    elif cfg.reward_model.iterative.enable or cfg.reward_model.process.enable:
-        key = "reward_model.iterative.enable" if cfg.reward_model.iterative.enable else "reward_model.process.enable"
-        raise _bad(key, True, "it needs a reward model: set reward_model.enable=true and reward_model.model.path "
-                   "(or reward.reward_model.enable / model_path)")
+    validate_reward_sources(cfg, check_paths=check_paths)
     _choice("actor_rollout_ref.actor.fsdp_config.model_dtype", actor.fsdp_config.model_dtype, DTYPES)
     for key, val in (
         ("actor_rollout_ref.actor.fsdp_config.dtype", actor.fsdp_config.dtype),

@@ -1,6 +1,15 @@
-"""How a learned reward model's scores and the rule-based (or custom function's) scores make the reward.
+"""How the reward sources' scores make the reward: one weighted sum for every run.
 
-Modes (``reward_model.combine``):
+:func:`weighted_sum` is the rule (the run's sources and their weights: :mod:`grpo_dist.config.reward_sources`)::
+
+    reward[...] = sum over sources s with w_s != 0 of  w_s * score_s[...]
+
+over per-response scores ``[B]`` or per-token scores ``[B, R]`` (outcome scores on the last response
+token, step scores on the tokens that end a step). A source with weight 0 is left out of the sum (it
+may still be computed for its metrics, or as iterative RL's labels).
+
+verl's keys name the weights of the run with one reward model (``reward_model.combine``,
+:class:`RewardCombine`):
 
 - ``verl`` (default, verl's behaviour): the reward model's score is the reward; when a custom reward
   function is set (``custom_reward_function.path``), the function's score is the reward instead.
@@ -17,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COMBINE_MODES", "RewardCombine", "combine_scores"]
+__all__ = ["COMBINE_MODES", "RewardCombine", "combine_scores", "weighted_sum"]
 
 COMBINE_MODES: tuple[str, ...] = ("verl", "weighted")
 
@@ -42,6 +51,13 @@ class RewardCombine:
             raise ValueError(f"combine mode {self.mode!r} unknown; valid: {', '.join(COMBINE_MODES)}")
 
     @property
+    def weights(self) -> tuple[float, float]:
+        """``(reward model's weight, rule score's weight)`` of this rule in :func:`weighted_sum`."""
+        if self.mode == "verl":
+            return (0.0, 1.0) if self.custom_function else (1.0, 0.0)
+        return float(self.rm_weight), float(self.rule_weight)
+
+    @property
     def uses_rule(self) -> bool:
         """Whether the reward reads the rule-based (or custom) score."""
         if self.mode == "verl":
@@ -56,6 +72,25 @@ class RewardCombine:
         return self.rm_weight != 0
 
 
+def weighted_sum(parts: list[tuple[float, torch.Tensor]]) -> torch.Tensor:
+    """``sum_s w_s * X_s`` over ``parts = [(w_s, X_s), ...]`` (all the same shape, [B] or [B, R]), in float32,
+    leaving out the terms with ``w_s == 0``; zeros when every weight is 0. ``ValueError`` when the shapes
+    differ or ``parts`` is empty."""
+    if not parts:
+        raise ValueError("no scores to combine")
+    shape = parts[0][1].shape
+    for _, x in parts:
+        if x.shape != shape:
+            raise ValueError(f"scores of shapes {tuple(shape)} and {tuple(x.shape)} cannot be combined")
+    out = None
+    for w, x in parts:
+        if w == 0:
+            continue
+        term = x.float() if w == 1 else w * x.float()
+        out = term.clone() if out is None else out + term
+    return out if out is not None else torch.zeros(shape)
+
+
 def combine_scores(rule: RewardCombine, rm_X: torch.Tensor, rule_X: torch.Tensor | None) -> torch.Tensor:
     """The reward from the reward model's scores ``rm_X`` and the rule scores ``rule_X`` (same shape,
     [B] or [B, R]; ``rule_X`` None when not computed) under ``rule`` (module docstring).
@@ -66,10 +101,5 @@ def combine_scores(rule: RewardCombine, rm_X: torch.Tensor, rule_X: torch.Tensor
         raise ValueError(f"combine mode {rule.mode!r} reads the rule-based scores, and none were computed")
     if rule_X is not None and rule_X.shape != rm_X.shape:
         raise ValueError(f"reward-model scores {tuple(rm_X.shape)} and rule scores {tuple(rule_X.shape)} differ in shape")
-    if rule.mode == "verl":
-        out = rule_X if rule.custom_function else rm_X
-        return out.float().clone()
-    out = rule.rm_weight * rm_X.float()
-    if rule_X is not None and rule.rule_weight != 0:
-        out = out + rule.rule_weight * rule_X.float()
-    return out
+    rm_w, rule_w = rule.weights
+    return weighted_sum([(rm_w, rm_X)] + ([(rule_w, rule_X)] if rule_X is not None else []))

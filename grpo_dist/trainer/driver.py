@@ -94,11 +94,11 @@ class GRPOTrainer:
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")
         p = self.plan
-        self.rewards = RewardStage.from_plan(self.spec, p, self.reward, w.get("reward_model"), world_size=world,
-                                             tokenizer=self.tokenizer, tokenizer_path=self.tokenizer_path)
+        self.rewards = RewardStage.from_plan(self.spec, p, self.reward, w.groups, tokenizer=self.tokenizer,
+                                             tokenizer_path=self.tokenizer_path)
         self.summary.rewards = self.rewards.counts
-        self.iterative = IterativeRL.from_plan(p, w.get("reward_model"), actor=self.actor, reference=self.ref, device=dev,
-                                               reference_dtype=p.reference_dtype)
+        self.iterative = IterativeRL.from_plan(p, w.get(p.iterative.role) if p.iterative else None, actor=self.actor,
+                                               reference=self.ref, device=dev, reference_dtype=p.reference_dtype)
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes)
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)

@@ -180,7 +180,7 @@ class IterativeRL:
         from grpo_dist.batch import Batch
 
         metrics, _, _ = sharded_update(self.rm, "update_reward_model", Batch.from_dict(padded), RM_UPDATE_KEYS,
-                                       num_mini_batches=num_mini_batches, world_size=W, balance=False, role="reward_model")
+                                       num_mini_batches=num_mini_batches, world_size=W, balance=False, role=self.settings.role)
         return metrics
 
     # ------------------------------------------------------------------------------------------

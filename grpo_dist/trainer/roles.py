@@ -5,12 +5,16 @@ checkpointed, ``--check``'s descriptions) are :data:`grpo_dist.config.roles.ROLE
 reads them too, and ``config/`` may not import the driver (the package's layers; that module's
 docstring says more). Here each row gets its building part (:data:`_PARTS`, by the row's name): the
 Ray class, the constructor's and ``init_model``'s arguments, the set-up calls. :data:`ROLES` is the
-two joined, in the rows' order; placement, start-up, shutdown, checkpoints and resume iterate it and
-nothing else in the driver lists the roles. A new role is one row there, one building part here, one
+two joined, in the rows' order, and :func:`run_roles` the run's rows joined with theirs; placement,
+start-up, shutdown, checkpoints and resume iterate those and nothing else in the driver lists the roles. A new role is one row there, one building part here, one
 thin worker shell in :mod:`grpo_dist.workers`, and its training module.
 
+The rows of a run are the spec's (:attr:`~grpo_dist.config.spec.RunSpec.rows`): a row made for the run
+from a template (one per reward model, ``reward_model.<name>``) is built as its template is, with its
+own name (:func:`run_roles`).
+
 Placement (:meth:`Workers.create`): per pool (the training ranks', ``global``; or a pool of a role's
-own, the reward model's with ``reward_model.enable_resource_pool``), one placement group per node
+own, a reward model's with ``enable_resource_pool``), one placement group per node
 and one bundle per rank. Roles with ``per_rank`` get one worker per rank of their pool, in the rank's
 bundle; the other roles get one worker that Ray places anywhere. Roles with the same ``process``
 share one Ray worker process per rank (:class:`~grpo_dist.workers.models.ModelWorker`: every role
@@ -23,6 +27,7 @@ has a group and FSDP2 shards of its own).
 
 from __future__ import annotations
 
+import functools
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -197,9 +202,9 @@ def _critic_model(ctx: RoleContext) -> dict:
                 settings=ctx.spec.critic_settings(ctx.device, ctx.total_steps), **_timeout(ctx))
 
 
-def _reward_model_model(ctx: RoleContext) -> dict:
-    path = ctx.spec.reward_model_path()
-    return dict(model_path=path, settings=ctx.spec.reward_model_settings(ctx.device, path, ctx.tokenizer_path))
+def _reward_model_model(ctx: RoleContext, role: str = "reward_model") -> dict:
+    path = ctx.spec.reward_model_path(role)
+    return dict(model_path=path, settings=ctx.spec.reward_model_settings(ctx.device, role, path, ctx.tokenizer_path))
 
 
 def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
@@ -245,8 +250,22 @@ ROLES: tuple[Role, ...] = tuple(Role(spec, **_PARTS[spec.name]) for spec in ROLE
 assert len(ROLES) == len(_PARTS), "a building part without a row in grpo_dist.config.roles.ROLE_SPECS"
 
 
-def active_roles(spec: RunSpec, roles: tuple[Role, ...] = ROLES) -> list[Role]:
-    """The rows this run needs."""
+def run_roles(spec: RunSpec) -> tuple[Role, ...]:
+    """The run's rows (the spec's active ones) with their building parts: a row made from a template
+    takes the template's, its ``init_model`` arguments those of the row's own role."""
+    roles = []
+    for row in spec.rows:
+        parts = dict(_PARTS[row.kind])
+        if row.template is not None and parts.get("model") is not None:
+            parts["model"] = functools.partial(parts["model"], role=row.name)
+        roles.append(Role(row, **parts))
+    return tuple(roles)
+
+
+def active_roles(spec: RunSpec, roles: tuple[Role, ...] | None = None) -> list[Role]:
+    """The rows this run needs: :func:`run_roles`, or those of ``roles`` (stand-ins in tests) the run has."""
+    if roles is None:
+        return list(run_roles(spec))
     return [r for r in roles if r.name in spec.roles]
 
 
@@ -264,7 +283,7 @@ class Workers:
     """The worker groups of a run, started from the role table; placement, shutdown and
     checkpoints iterate the same rows."""
 
-    def __init__(self, ctx: RoleContext, roles: tuple[Role, ...] = ROLES) -> None:
+    def __init__(self, ctx: RoleContext, roles: tuple[Role, ...] | None = None) -> None:
         self.ctx = ctx
         self.roles = active_roles(ctx.spec, roles)
         self.groups: dict[str, WorkerGroup] = {}

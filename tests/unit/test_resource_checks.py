@@ -47,6 +47,23 @@ def test_memory_floor_matches_the_hand_count():
     assert cpu_memory_estimate(hf, 1, params=10**9)[0] == pytest.approx(hand_floor_gib(10**9, 1, kv=0, reference=False))
 
 
+def test_memory_floor_counts_each_reward_model_and_its_own_pools_processes():
+    """Two reward models (reward.sources): the colocated one's weights; the one on a pool of 3 ranks of its
+    own, trained by iterative RL, its weights, gradients and Adam, and 3 more processes."""
+    from grpo_dist.config.memory import cpu_memory_estimate
+
+    c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
+            "+reward.sources.a.kind=outcome_model", "+reward.sources.a.path=/rm_a",
+            "+reward.sources.b.kind=outcome_model", "+reward.sources.b.path=/rm_b",
+            "+reward.sources.b.enable_resource_pool=true", "+reward.sources.b.nnodes=1", "+reward.sources.b.n_gpus_per_node=3",
+            "reward_model.iterative.enable=true", "reward_model.iterative.source=b")
+    rm = {"reward_model.a": 100_000_000, "reward_model.b": 200_000_000}
+    got, parts = cpu_memory_estimate(c, 2, params=500_000_000, reward_model_params=rm)
+    want = hand_floor_gib(500_000_000, 2) + (4 * 100_000_000 + 16 * 200_000_000) / GIB + 3 * 0.35
+    assert got == pytest.approx(want)
+    assert "reward_model.a 0.4" in parts and "reward_model.b 3.0" in parts and "11 processes" in parts
+
+
 def test_too_little_memory_is_refused_naming_what_fits(monkeypatch):
     from grpo_dist.config import memory, preflight
 

@@ -10,7 +10,8 @@ import pytest
 from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.schema import ConfigError
 from grpo_dist.config.spec import resolve
-from grpo_dist.config.validate import reward_model_micro_batch, reward_model_spec, validate_config
+from grpo_dist.config.reward_sources import model_sources, reward_model_spec
+from grpo_dist.config.validate import validate_config
 from tests.verl_ppo_scripts import RM_SCRIPTS, script_args
 
 RM = ("reward_model.enable=true", "reward_model.model.path=/rm")
@@ -78,9 +79,9 @@ def test_verls_engine_settings_are_accepted_in_both_layouts():
 
 
 def test_verls_deprecated_global_micro_batch_is_divided_over_the_ranks():
-    assert reward_model_micro_batch(load(*RM)) is None
-    assert reward_model_micro_batch(load(*RM, "reward_model.micro_batch_size=8", "trainer.n_gpus_per_node=2")) == 4
-    assert reward_model_micro_batch(load(*RM, "reward_model.micro_batch_size=8", "reward_model.micro_batch_size_per_gpu=3")) == 3
+    assert model_sources(load(*RM))[0].micro_batch_size_per_gpu is None
+    assert model_sources(load(*RM, "reward_model.micro_batch_size=8", "trainer.n_gpus_per_node=2"))[0].micro_batch_size_per_gpu == 4
+    assert model_sources(load(*RM, "reward_model.micro_batch_size=8", "reward_model.micro_batch_size_per_gpu=3"))[0].micro_batch_size_per_gpu == 3
 
 
 # ------------------------------------------------------------------------------------------- refusals
@@ -169,7 +170,7 @@ def test_verl_ppo_with_reward_model_script_validates(name):
     assert spec.enable and spec.path == "/rm" and cfg.algorithm.adv_estimator == "gae"
     assert cfg.reward_model.combine == "verl" and not cfg.custom_reward_function.path  # the reward model is the reward
     cpu = load(*script_args(RM_SCRIPTS[name], cpu=True, **PATHS))
-    assert cpu.trainer.n_gpus_per_node == 2 and reward_model_micro_batch(cpu) == 2
+    assert cpu.trainer.n_gpus_per_node == 2 and model_sources(cpu)[0].micro_batch_size_per_gpu == 2
 
 
 def test_the_scripts_set_keys_of_the_reward_model():

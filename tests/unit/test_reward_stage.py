@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from grpo_dist.batch import Batch
+from grpo_dist.config.reward_sources import RewardSource
 from grpo_dist.rewards.combine import RewardCombine
 from grpo_dist.rewards.rewarder import RewardResult
-from grpo_dist.trainer.reward_stage import RewardStage
+from grpo_dist.trainer.reward_stage import ModelScorer, RewardStage
 from grpo_dist.trainer.summary import TrainingError
 from grpo_dist.workers.common import Timed
 
@@ -75,9 +76,23 @@ def batch(rows=3) -> Batch:
                            {"data_source": ["d"] * rows, "ground_truth": ["g"] * rows, "extra_info": [{}] * rows})
 
 
-def stage(rm=None, **kw):
-    return RewardStage(RuleGroup(), needs_step_rewards=kw.pop("steps", False), overlong=None, rm=rm or RMGroup(),
-                       world_size=2, tokenizer=Tok(), rm_path="/models/rm", **kw)
+def model(rm=None, *, weight=1.0, process_separator=None, trained=False, name="reward_model"):
+    """A reward model of the run: its source (verl's one, or a named one) at work with the stand-in group."""
+    rm = rm or RMGroup()
+    source = RewardSource(name, "process_model" if process_separator else "outcome_model", weight,
+                          "reward_model" if name == "reward_model" else f"reward.sources.{name}",
+                          role="reward_model" if name == "reward_model" else f"reward_model.{name}",
+                          step_separator=process_separator, world_size=rm.world, trained=trained)
+    return ModelScorer(source, rm, "/models/rm", tokenizer=Tok())
+
+
+def stage(rm=None, combine=RewardCombine("verl"), *, iterative=False, process_separator=None, steps=False,
+          label_threshold=0.5, rule=None):
+    """The stage of a run with verl's one reward model, weighted by ``reward_model.combine``."""
+    rm_weight, rule_weight = combine.weights
+    return RewardStage(rule or RuleGroup(), needs_step_rewards=steps, overlong=None, rule_weight=rule_weight,
+                       models=[model(rm, weight=rm_weight, process_separator=process_separator, trained=iterative)],
+                       label_threshold=label_threshold)
 
 
 def test_verl_mode_the_reward_is_the_reward_models_and_the_rule_is_not_called():
@@ -122,17 +137,14 @@ class GradedRule(RuleGroup):
 def test_iterative_rl_labels_are_the_rule_score_against_the_threshold(threshold, want):
     """reward_model.iterative.label_threshold: a format-only 0.1 is labelled 0, not a soft 0.1 (null
     keeps the clamped score as a soft label)."""
-    s = RewardStage(GradedRule(), needs_step_rewards=False, overlong=None, rm=RMGroup(), world_size=2, tokenizer=Tok(),
-                    rm_path="/models/rm", combine=RewardCombine("verl"), iterative=True, label_threshold=threshold)
+    s = stage(rule=GradedRule(), iterative=True, label_threshold=threshold)
     b = batch()
     s.score(b)
     t = b["rm_targets"]
     assert [t[0, 2].item(), t[1, 1].item(), t[2, 3].item()] == pytest.approx(want)
     assert int(torch.isfinite(t).sum()) == 3
     # a process reward model: every step-end reward is labelled by the same rule
-    s = RewardStage(GradedRule(), needs_step_rewards=True, overlong=None, rm=RMGroup(), world_size=2, tokenizer=Tok(),
-                    rm_path="/models/rm", combine=RewardCombine("verl"), iterative=True, label_threshold=threshold,
-                    process_separator="\n")
+    s = stage(rule=GradedRule(), steps=True, iterative=True, label_threshold=threshold, process_separator="\n")
     b = batch()
     s.score(b)
     t = b["rm_targets"]
@@ -159,7 +171,7 @@ def test_a_process_reward_model_is_read_at_the_step_ends():
     assert b["token_level_scores"].tolist() == [[0, 1, 2, 0], [0, 11, 0, 0], [0, 0, 0, 23]]
     assert scores.tolist() == [3.0, 11.0, 23.0]
     assert stats["reward_model/score/min"] == 1.0 and stats["reward_model/score/max"] == 23.0
-    assert s.warned_no_separator
+    assert s.models[0].warned_no_separator
 
 
 def test_validation_scores_with_the_rules_only():

@@ -81,7 +81,7 @@ def test_a_reward_model_on_its_own_pool_leaves_the_training_ranks():
 
 def test_the_current_spelling_gives_the_same_pool_and_names_its_keys():
     cfg = cfg_of(*TWO, *CURRENT)
-    pool = table.pool(cfg, table.REWARD_MODEL_POOL)
+    pool = table.pool(cfg, "reward_model")
     assert (pool.nnodes, pool.per_node, pool.keys) == (2, 1, "reward.reward_model")
 
 
@@ -101,15 +101,15 @@ def test_the_workers_place_each_pool_with_its_own_world_size():
 
 
 def test_the_reward_models_sizes_follow_its_ranks():
-    from grpo_dist.config.validate import reward_model_micro_batch, reward_model_world_size
+    from grpo_dist.config.reward_sources import model_sources
     from grpo_dist.config.driver_plan import driver_plan
     from grpo_dist.config.launch import launch_plan
 
     it = ("reward_model.iterative.enable=true", "reward_model.iterative.mini_batch_size=12")
     own = cfg_of(*TWO, *OWN, *it, "reward_model.micro_batch_size=12")
     shared = cfg_of(*TWO, *RM, *it, "reward_model.micro_batch_size=12")
-    assert (reward_model_world_size(own), reward_model_world_size(shared)) == (3, 2)
-    assert (reward_model_micro_batch(own), reward_model_micro_batch(shared)) == (4, 6)
+    assert (model_sources(own)[0].world_size, model_sources(shared)[0].world_size) == (3, 2)
+    assert (model_sources(own)[0].micro_batch_size_per_gpu, model_sources(shared)[0].micro_batch_size_per_gpu) == (4, 6)
     assert driver_plan(resolve(own), "cpu", 4096).iterative.world_size == 3
     assert driver_plan(resolve(shared), "cpu", 4096).iterative.world_size == 2
     assert launch_plan(own).ray_init["min_cpus"] == 5 and launch_plan(shared).ray_init["min_cpus"] == 2

@@ -139,6 +139,8 @@ class RMIterativeConfig:
         None, "samples per reward-model forward/backward on one rank (a memory knob: the update does not depend on it); null = whole mini-batch"
     )
     reset_reference: bool = F(True, "after each reward-model update, set the reference model to the current policy (the KL term then starts from 0)")
+    source: Optional[str] = F(None, "with reward.sources: the name of the model source iterative RL trains; null = the "
+                              "run's only reward model (grpo_dist)")
 
 
 @dataclass
@@ -218,6 +220,11 @@ class RewardConfig:
         RewardCustomFunctionConfig, "a user-supplied reward function (verl's current layout of custom_reward_function)")
     sandbox_fusion: SandboxFusionConfig = sandbox_section("verl's current layout")
     reward_model: RewardRewardModelConfig = S(RewardRewardModelConfig, "the learned reward model (verl's current layout)")
+    sources: Dict[str, Any] = F(
+        {}, "the run's reward sources by name, each {kind: rule | outcome_model | process_model, weight, path, "
+        "step_separator, enable_resource_pool, nnodes, n_gpus_per_node, micro_batch_size_per_gpu}; the reward is the "
+        "weighted sum of their scores; empty = the one reward model of reward_model.* and the rule score, weighted by "
+        "reward_model.combine (grpo_dist; docs/algorithms.md, reward sources)")
 
 
 @dataclass
