@@ -100,6 +100,24 @@ def _grad_of_logits(z_CV, labels_C, g_logp_C, g_entropy_C, es_C, temperature: fl
     return g_CV
 
 
+def _check_options(temperature: float, chunk_size: int | None) -> None:
+    """Refuse the keyword options both entry points take when out of range: ``temperature`` must be
+    > 0 (``s = z / tau``), ``chunk_size`` None or >= 1."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be None or >= 1, got {chunk_size}")
+
+
+def _outputs(logp_M: torch.Tensor, entropy_M: torch.Tensor, compute_entropy: bool,
+             entropy_requires_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What both entry points return from their autograd function's ``(logp_M, entropy_M)`` [M]:
+    the entropy only when asked for, detached from the graph when ``entropy_requires_grad`` is off."""
+    if not compute_entropy:
+        return logp_M, None
+    return logp_M, (entropy_M if entropy_requires_grad else entropy_M.detach())
+
+
 class _LogprobEntropy(torch.autograd.Function):
     """(logp, H) per position from logits, chunked over the leading dimension (module docstring)."""
 
@@ -146,22 +164,17 @@ def token_logprobs_and_entropy(
     a model's output needs no copy. ``entropy_requires_grad=False`` returns the entropy without a graph (for metrics)
     while ``logp_M`` keeps its gradient.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    _check_options(temperature, chunk_size)
     if logits_MV.dim() < 2 or labels_M.shape != logits_MV.shape[:-1]:
         raise ValueError(
             f"logits_MV must be [M, ..., V] and labels_M [M, ...] (its shape without V), got "
             f"{tuple(logits_MV.shape)} and {tuple(labels_M.shape)}"
         )
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be None or >= 1, got {chunk_size}")
     if logits_MV.dim() > 3:
         raise ValueError(f"logits_MV must be [M, V] or [B, K, V], got {tuple(logits_MV.shape)}")
     step = chunk_size if chunk_size is not None else default_chunk_size(logits_MV.shape[-1], logits_MV.device.type)
     logp_M, entropy_M = _LogprobEntropy.apply(logits_MV, labels_M, float(temperature), step, compute_entropy)
-    if not compute_entropy:
-        return logp_M, None
-    return logp_M, (entropy_M if entropy_requires_grad else entropy_M.detach())
+    return _outputs(logp_M, entropy_M, compute_entropy, entropy_requires_grad)
 
 
 class _LinearLogprobEntropy(torch.autograd.Function):
@@ -239,20 +252,15 @@ def linear_logprobs_and_entropy(
     (to float rounding; gradients reach ``hidden``, ``weight`` and ``bias``). ``chunk_size``: positions
     per matmul (None: :func:`default_fused_chunk_size`); no ``[M, V]`` tensor is formed either way.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    _check_options(temperature, chunk_size)
     if hidden_MH.dim() != 2 or weight_VH.dim() != 2 or hidden_MH.shape[1] != weight_VH.shape[1]:
         raise ValueError(f"hidden_MH must be [M, H] and weight_VH [V, H], got {tuple(hidden_MH.shape)} and "
                          f"{tuple(weight_VH.shape)}")
     if labels_M.shape != hidden_MH.shape[:1]:
         raise ValueError(f"labels_M must be [M] = [{hidden_MH.shape[0]}], got {tuple(labels_M.shape)}")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be None or >= 1, got {chunk_size}")
     V, dev = weight_VH.shape[0], hidden_MH.device.type
     rows = chunk_size if chunk_size is not None else default_fused_chunk_size(V, dev)
     sub = min(rows, default_chunk_size(V, dev))
     logp_M, entropy_M = _LinearLogprobEntropy.apply(hidden_MH, weight_VH, bias_V, labels_M, float(temperature),
                                                     rows, sub, compute_entropy)
-    if not compute_entropy:
-        return logp_M, None
-    return logp_M, (entropy_M if entropy_requires_grad else entropy_M.detach())
+    return _outputs(logp_M, entropy_M, compute_entropy, entropy_requires_grad)

@@ -9,21 +9,16 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import II
 
-from grpo_dist.config.fields import F, NoOp, Refused, S
+from grpo_dist.config.fields import F, NoOp, S
 from grpo_dist.config.schema.actor import FSDPConfig, OptimConfig
-from grpo_dist.config.schema.common import COPY_OF_N, FSDP2_ONLY, LORA_ONLY, ONE_TIMEOUT
+from grpo_dist.config.schema.common import COPY_OF_N, FSDP2_ONLY, ONE_TIMEOUT
+from grpo_dist.config.schema.model import engine_model_keys, external_lib_field, hf_config_path_field
 from grpo_dist.config.sections.engine import (
     SPEED_ONLY,
     ULYSSES,
     FusedKernelOptions,
-    LoraConfig,
-    MTPConfig,
-    TiledMLPConfig,
     load_weight_field,
-    lora_section,
     megatron_section,
-    mtp_section,
-    off_feature,
 )
 from grpo_dist.config.sections.profiler import ProfilerConfig, profiler_section
 from grpo_dist.core.losses import LOSS_AGG_MODES
@@ -37,6 +32,7 @@ CriticFSDPConfig = FSDPConfig
 
 
 @dataclass
+@engine_model_keys("LoRA rank of the value model (early layout); 0 = full fine-tuning")
 class CriticModelConfig:
     path: str = F(
         II("actor_rollout_ref.model.path"),
@@ -63,25 +59,10 @@ class CriticModelConfig:
         CriticFSDPConfig, "FSDP2 settings of the value model, verl's early-2026 place for them (critic.fsdp is the current one; set either)"
     )
     custom_chat_template: Optional[str] = F(None, "the critic's chat template", CRITIC_READS_ACTOR_IDS)
-    hf_config_path: Optional[str] = F(None, "a Hugging Face config folder other than the value model's", Refused(
-        "a config from another folder is not built here; put the config.json beside the weights (critic.model.path)"))
-    external_lib: Optional[str] = F(None, "a Python module imported before the value model is built", Refused(
-        "importing a module into every worker is not built here; use critic.model.trust_remote_code=true for model "
-        "code shipped with the model folder"))
+    hf_config_path: Optional[str] = hf_config_path_field("the value model", "critic.model.path")
+    external_lib: Optional[str] = external_lib_field("the value model", "critic.model.trust_remote_code")
     use_fused_kernels: bool = F(False, "verl's fused kernels", SPEED_ONLY)
     fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", SPEED_ONLY)
-    use_liger: bool = F(False, "Liger kernels for the model's layers", SPEED_ONLY)
-    use_shm: bool = F(False, "copy the model to shared memory before loading", SPEED_ONLY)
-    enable_activation_offload: bool = F(False, "offload activations to the CPU in the backward", SPEED_ONLY)
-    tiled_mlp: TiledMLPConfig = S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)
-    lora_rank: int = F(0, "LoRA rank of the value model (early layout); 0 = full fine-tuning", off_feature(
-        "LoRA", "full fine-tuning is what runs; set it to 0"))
-    lora_alpha: int = F(16, "LoRA alpha (early layout)", LORA_ONLY)
-    target_modules: Any = F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)
-    exclude_modules: Optional[Any] = F(None, "modules that get none", LORA_ONLY)
-    lora_adapter_path: Optional[str] = F(None, "pretrained LoRA adapter to start from", LORA_ONLY)
-    lora: LoraConfig = lora_section()
-    mtp: MTPConfig = mtp_section()
 
 
 @dataclass

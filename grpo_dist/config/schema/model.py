@@ -3,6 +3,7 @@ engine load (path, tokenizer, kernels, config overrides), with verl's LoRA and M
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
@@ -21,7 +22,54 @@ from grpo_dist.config.sections.engine import (
 )
 
 
+def engine_model_keys(lora_rank_help: str) -> Callable[[type], type]:
+    """A class decorator: the keys of verl's model sections that the policy's ``model`` and the critic's
+    ``model`` both carry (the engine's kernel and memory knobs, LoRA in verl's early and current layouts,
+    multi-token prediction), appended after the section's own keys, in verl's order, each with its one
+    state. Appended rather than inherited: a base class's fields would come first, and conf/ and
+    docs/configuration.md list a section's keys in field order. ``lora_rank_help``: the section's help
+    text of ``lora_rank`` (the one key whose help names the model)."""
+
+    def append(cls: type) -> type:
+        keys = [
+            ("use_liger", bool, F(False, "Liger kernels for the model's layers", SPEED_ONLY)),
+            ("use_shm", bool, F(False, "copy the model to shared memory before loading", SPEED_ONLY)),
+            ("enable_activation_offload", bool, F(False, "offload activations to the CPU in the backward", SPEED_ONLY)),
+            ("tiled_mlp", TiledMLPConfig, S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)),
+            ("lora_rank", int, F(0, lora_rank_help, off_feature("LoRA", "full fine-tuning is what runs; set it to 0"))),
+            ("lora_alpha", int, F(16, "LoRA alpha (early layout)", LORA_ONLY)),
+            ("target_modules", Any, F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)),
+            ("exclude_modules", Optional[Any], F(None, "modules that get none", LORA_ONLY)),
+            ("lora_adapter_path", Optional[str], F(None, "pretrained LoRA adapter to start from", LORA_ONLY)),
+            ("lora", LoraConfig, lora_section()),
+            ("mtp", MTPConfig, mtp_section()),
+        ]
+        own = cls.__dict__["__annotations__"]
+        for name, type_, field_ in keys:
+            assert name not in own, f"{cls.__name__}.{name} is one of the shared model keys"
+            own[name] = type_
+            setattr(cls, name, field_)
+        return cls
+
+    return append
+
+
+def hf_config_path_field(model: str, path_key: str) -> Any:
+    """``<section>.hf_config_path`` of ``model`` (e.g. "the value model"), whose weights ``path_key`` names."""
+    return F(None, f"a Hugging Face config folder other than {model}'s", Refused(
+        f"a config from another folder is not built here; put the config.json beside the weights ({path_key})"))
+
+
+def external_lib_field(model: str, trust_key: str) -> Any:
+    """``<section>.external_lib`` of ``model``; ``trust_key``: the section's ``trust_remote_code`` key, what to
+    use instead."""
+    return F(None, f"a Python module imported before {model} is built", Refused(
+        f"importing a module into every worker is not built here; use {trust_key}=true for model code shipped "
+        "with the model folder"))
+
+
 @dataclass
+@engine_model_keys("LoRA rank (verl's early layout); 0 = full fine-tuning")
 class ModelConfig:
     path: str = F("builtin:tiny-reverse", "Hugging Face model directory (or hub-cache name) of the policy and reference")
     enable_gradient_checkpointing: Any = F(
@@ -49,21 +97,6 @@ class ModelConfig:
     override_config: Dict[str, Any] = F(
         {}, "fields set on the policy's Hugging Face config before it is built (e.g. max_position_embeddings): by the "
         "actor, the reference and the rollout engine (vLLM's hf_overrides); the Hugging Face export writes them too")
-    hf_config_path: Optional[str] = F(None, "a Hugging Face config folder other than the model's", Refused(
-        "a config from another folder is not built here; put the config.json beside the weights (model.path)"))
-    external_lib: Optional[str] = F(None, "a Python module imported before the model is built", Refused(
-        "importing a module into every worker is not built here; use trust_remote_code=true for model code "
-        "shipped with the model folder"))
+    hf_config_path: Optional[str] = hf_config_path_field("the model", "model.path")
+    external_lib: Optional[str] = external_lib_field("the model", "trust_remote_code")
     fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", ENTROPY_CHUNKED)
-    use_liger: bool = F(False, "Liger kernels for the model's layers", SPEED_ONLY)
-    use_shm: bool = F(False, "copy the model to shared memory before loading", SPEED_ONLY)
-    enable_activation_offload: bool = F(False, "offload activations to the CPU in the backward", SPEED_ONLY)
-    tiled_mlp: TiledMLPConfig = S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)
-    lora_rank: int = F(0, "LoRA rank (verl's early layout); 0 = full fine-tuning", off_feature(
-        "LoRA", "full fine-tuning is what runs; set it to 0"))
-    lora_alpha: int = F(16, "LoRA alpha (early layout)", LORA_ONLY)
-    target_modules: Any = F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)
-    exclude_modules: Optional[Any] = F(None, "modules that get none", LORA_ONLY)
-    lora_adapter_path: Optional[str] = F(None, "pretrained LoRA adapter to start from", LORA_ONLY)
-    lora: LoraConfig = lora_section()
-    mtp: MTPConfig = mtp_section()
