@@ -101,6 +101,25 @@ def check_fits(plan: ResourcePlan) -> None:
         )
 
 
+def check_pools_fit(plans: list[ResourcePlan], gpus_per_node: list[float] | None = None) -> None:
+    """Fail at once, naming every pool's keys, when the GPU pools of a run (the training ranks' and, say, a
+    reward model's own) each fit the Ray cluster but not all together: the second would otherwise wait
+    for devices the first holds until its placement timed out. ``gpus_per_node``: the live nodes' GPUs
+    (default: the cluster's)."""
+    gpu = [p for p in plans if p.device == "cuda"]
+    if len(gpu) < 2:
+        return
+    if gpus_per_node is None:
+        gpus_per_node = [n.get("Resources", {}).get("GPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+    need, have = sum(p.world_size for p in gpu), int(sum(gpus_per_node))
+    if need > have:
+        pools = " + ".join(f"{p.keys}.nnodes={p.nnodes} x {p.keys}.n_gpus_per_node={p.devices_per_node}" for p in gpu)
+        raise WorkerError(
+            f"the run's device pools need {need} GPUs together ({pools}), and the Ray cluster has {have} "
+            f"({[int(g) for g in gpus_per_node]} per node): each pool takes devices of its own. Lower one of the "
+            "sizes, or share the training ranks' devices (the other pool's enable_resource_pool=false).")
+
+
 def create_placement_groups(plan: ResourcePlan, timeout_s: float = 120.0) -> list[PlacementGroup]:
     """One STRICT_PACK placement group per node; waits until all are placed (or fails clearly)."""
     check_fits(plan)

@@ -40,6 +40,7 @@ from grpo_dist.distributed.worker_group import (
     CallDeadlines,
     ResourcePlan,
     WorkerGroup,
+    check_pools_fit,
     cluster_cpus,
     create_placement_groups,
     remove_placement_groups,
@@ -345,6 +346,7 @@ class Workers:
             if ctx.spec.kv_cache_auto:
                 self.model_notes["rollout"] = f"KV cache {gib:g} GiB per engine (auto: {why})"
         pgs = {}
+        check_pools_fit(list(self.plans.values()))
         for pool, _ in self.pools:  # every pool placed before any worker is created
             pgs[pool.name] = create_placement_groups(self.plans[pool.name])
             self.pgs += pgs[pool.name]

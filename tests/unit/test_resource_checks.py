@@ -178,3 +178,19 @@ def test_check_on_a_machine_without_gpus_validates_a_gpu_config_for_its_cluster(
     # a real run of trainer.device=cuda where Ray has no GPUs: one message
     with pytest.raises(ValueError, match="the Ray cluster has no GPUs; run it where the GPUs are"):
         run_module.choose_device("cuda", 0)
+
+
+def test_gpu_pools_that_fit_one_by_one_but_not_together_are_refused_at_once():
+    """One 8-GPU node: the training ranks (1 x 8) and a reward model's own pool (1 x 2) each fit, but not
+    together; the run says so before placing either (instead of the second pool's placement timing out)."""
+    from grpo_dist.distributed.worker_group import ResourcePlan, WorkerError, check_pools_fit
+
+    train = ResourcePlan(1, 8, "cuda")
+    rm = ResourcePlan(1, 2, "cuda", keys="reward.sources.judge")
+    with pytest.raises(WorkerError) as e:
+        check_pools_fit([train, rm], gpus_per_node=[8.0])
+    msg = str(e.value)
+    assert "need 10 GPUs together" in msg and "trainer.nnodes=1 x trainer.n_gpus_per_node=8" in msg
+    assert "reward.sources.judge.n_gpus_per_node=2" in msg and "has 8" in msg
+    check_pools_fit([train, rm], gpus_per_node=[8.0, 8.0])  # two nodes: room for both
+    check_pools_fit([ResourcePlan(1, 2, "cpu"), ResourcePlan(1, 3, "cpu")], gpus_per_node=[])  # CPU ranks: not GPUs
