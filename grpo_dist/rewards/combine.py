@@ -14,10 +14,6 @@ verl's keys name the weights of the run with one reward model (``reward_model.co
 - ``verl`` (default, verl's behaviour): the reward model's score is the reward; when a custom reward
   function is set (``custom_reward_function.path``), the function's score is the reward instead.
 - ``weighted``: ``rm_weight * rm + rule_weight * rule`` (either weight may be 0).
-
-Scores are combined where they lie: per response ``[B]``, or per token ``[B, R]`` (outcome scores on
-the last response token, step scores on the tokens that end a step). The rule side is None when no
-rule score was computed (``verl`` mode without a custom function).
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["COMBINE_MODES", "RewardCombine", "combine_scores", "weighted_sum"]
+__all__ = ["COMBINE_MODES", "RewardCombine", "weighted_sum"]
 
 COMBINE_MODES: tuple[str, ...] = ("verl", "weighted")
 
@@ -57,20 +53,6 @@ class RewardCombine:
             return (0.0, 1.0) if self.custom_function else (1.0, 0.0)
         return float(self.rm_weight), float(self.rule_weight)
 
-    @property
-    def uses_rule(self) -> bool:
-        """Whether the reward reads the rule-based (or custom) score."""
-        if self.mode == "verl":
-            return self.custom_function
-        return self.rule_weight != 0
-
-    @property
-    def uses_rm(self) -> bool:
-        """Whether the reward reads the reward model's score."""
-        if self.mode == "verl":
-            return not self.custom_function
-        return self.rm_weight != 0
-
 
 def weighted_sum(parts: list[tuple[float, torch.Tensor]]) -> torch.Tensor:
     """``sum_s w_s * X_s`` over ``parts = [(w_s, X_s), ...]`` (all the same shape, [B] or [B, R]), in float32,
@@ -89,17 +71,3 @@ def weighted_sum(parts: list[tuple[float, torch.Tensor]]) -> torch.Tensor:
         term = x.float() if w == 1 else w * x.float()
         out = term.clone() if out is None else out + term
     return out if out is not None else torch.zeros(shape)
-
-
-def combine_scores(rule: RewardCombine, rm_X: torch.Tensor, rule_X: torch.Tensor | None) -> torch.Tensor:
-    """The reward from the reward model's scores ``rm_X`` and the rule scores ``rule_X`` (same shape,
-    [B] or [B, R]; ``rule_X`` None when not computed) under ``rule`` (module docstring).
-
-    ``ValueError`` when the mode needs the rule scores and ``rule_X`` is None, or the shapes differ.
-    """
-    if rule.uses_rule and rule_X is None:
-        raise ValueError(f"combine mode {rule.mode!r} reads the rule-based scores, and none were computed")
-    if rule_X is not None and rule_X.shape != rm_X.shape:
-        raise ValueError(f"reward-model scores {tuple(rm_X.shape)} and rule scores {tuple(rule_X.shape)} differ in shape")
-    rm_w, rule_w = rule.weights
-    return weighted_sum([(rm_w, rm_X)] + ([(rule_w, rule_X)] if rule_X is not None else []))

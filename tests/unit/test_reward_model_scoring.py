@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_dist.rewards.combine import RewardCombine, combine_scores
+from grpo_dist.rewards.combine import RewardCombine, weighted_sum
 from grpo_dist.rewards.tokens import SeparatorTokens, token_step_ends
 
 
@@ -16,34 +16,37 @@ RM_B = torch.tensor([0.5, -1.0, 2.0])
 RULE_B = torch.tensor([1.0, 0.0, 1.0])
 
 
+def combined(rule: RewardCombine, rm_X, rule_X):
+    """The reward of verl's keys: the weighted sum with ``reward_model.combine``'s weights."""
+    rm_w, rule_w = rule.weights
+    return weighted_sum([(rm_w, rm_X), (rule_w, rule_X)])
+
+
 def test_verl_mode_takes_the_reward_model_unless_a_custom_function_is_set():
     verl = RewardCombine("verl")
-    assert verl.uses_rm and not verl.uses_rule
-    assert torch.equal(combine_scores(verl, RM_B, None), RM_B)
-    assert torch.equal(combine_scores(verl, RM_B, RULE_B), RM_B)  # a rule score computed anyway is not used
+    assert verl.weights == (1.0, 0.0)
+    assert torch.equal(combined(verl, RM_B, RULE_B), RM_B)  # a rule score computed anyway is not used
     custom = RewardCombine("verl", custom_function=True)
-    assert custom.uses_rule and not custom.uses_rm
-    assert torch.equal(combine_scores(custom, RM_B, RULE_B), RULE_B)
-    with pytest.raises(ValueError, match="rule-based scores"):
-        combine_scores(custom, RM_B, None)
+    assert custom.weights == (0.0, 1.0)
+    assert torch.equal(combined(custom, RM_B, RULE_B), RULE_B)
 
 
 def test_weighted_mode_adds_the_two():
     w = RewardCombine("weighted", rm_weight=0.5, rule_weight=2.0)
-    torch.testing.assert_close(combine_scores(w, RM_B, RULE_B), torch.tensor([2.25, -0.5, 3.0]))
+    torch.testing.assert_close(combined(w, RM_B, RULE_B), torch.tensor([2.25, -0.5, 3.0]))
     rm_only = RewardCombine("weighted", rm_weight=1.0, rule_weight=0.0)
-    assert not rm_only.uses_rule and torch.equal(combine_scores(rm_only, RM_B, None), RM_B)
+    assert torch.equal(combined(rm_only, RM_B, RULE_B), RM_B)
     rule_only = RewardCombine("weighted", rm_weight=0.0, rule_weight=1.0)
-    assert not rule_only.uses_rm and torch.equal(combine_scores(rule_only, RM_B, RULE_B), RULE_B)
+    assert torch.equal(combined(rule_only, RM_B, RULE_B), RULE_B)
 
 
 def test_combination_works_on_token_level_scores():
     rm_BR = torch.tensor([[0.0, 0.0, 0.5], [0.0, -1.0, 0.0]])
     rule_BR = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
-    got = combine_scores(RewardCombine("weighted", rm_weight=1.0, rule_weight=3.0), rm_BR, rule_BR)
+    got = combined(RewardCombine("weighted", rm_weight=1.0, rule_weight=3.0), rm_BR, rule_BR)
     torch.testing.assert_close(got, torch.tensor([[0.0, 0.0, 3.5], [0.0, -1.0, 0.0]]))
-    with pytest.raises(ValueError, match="differ in shape"):
-        combine_scores(RewardCombine("weighted"), rm_BR, rule_BR[:, :2])
+    with pytest.raises(ValueError, match="cannot be combined"):
+        combined(RewardCombine("weighted"), rm_BR, rule_BR[:, :2])
     with pytest.raises(ValueError, match="unknown"):
         RewardCombine("max")
 
