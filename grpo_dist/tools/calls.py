@@ -9,7 +9,7 @@ verl's (``"Error when executing tool: ..."``) and is counted in the returned met
 | --- | --- |
 | the name is not a configured tool | ``tool_errors/unknown_tool`` |
 | the arguments are not JSON, or not a JSON object | ``tool_errors/invalid_arguments`` |
-| the tool raises (in ``create`` or ``execute``) | ``tool_errors/exception`` |
+| the tool raises (in ``create`` or ``execute``) or calls ``sys.exit()`` | ``tool_errors/exception`` |
 | the tool runs past ``timeout_s`` | ``tool_errors/timeout`` |
 | the response is longer than ``max_chars`` | ``tool_truncated`` (not an error: the text is cut as verl cuts it) |
 
@@ -98,9 +98,11 @@ async def _create_and_execute(tool: BaseTool, arguments: dict, tool_kwargs: dict
                                            **tool_kwargs.get("create_kwargs", {}))
         result = await tool.execute(instance_id, arguments, **tool_kwargs.get("execute_kwargs", {}))
         return result, instance_id
-    except BaseException:
+    except BaseException as exc:
         if instance_id is not None:
             await _release(tool, instance_id, tool_kwargs)
+        if isinstance(exc, SystemExit):  # asyncio would end the whole event loop with it
+            raise RuntimeError(f"the tool called sys.exit({exc.code!r})") from None
         raise
 
 

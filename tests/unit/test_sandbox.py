@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import pytest
 
 from grpo_dist.tools.sandbox import SandboxLimits, SandboxPool, live_processes, run_python
 
-LIMITS = SandboxLimits(wall_s=3.0, cpu_s=1, memory_mb=256, file_size_mb=1, max_processes=6, max_output_bytes=4096)
+# wall_s is generous: the CPU limit must stop the busy loop before it even on a loaded machine
+LIMITS = SandboxLimits(wall_s=10.0, cpu_s=1, memory_mb=256, file_size_mb=1, max_processes=6, max_output_bytes=4096)
 
 
 def run(code: str, limits: SandboxLimits = LIMITS, **kw):
@@ -45,10 +45,8 @@ def test_stdin_reaches_the_code_and_a_traceback_shows_only_the_code():
 
 
 def test_an_infinite_loop_is_stopped_by_the_cpu_limit():
-    start = time.monotonic()
     r = run("while True:\n    pass")
-    assert r.stopped and r.reason == "cpu_time", r
-    assert time.monotonic() - start < LIMITS.wall_s + 2
+    assert r.stopped and r.reason == "cpu_time" and r.wall_s < LIMITS.wall_s, r
     assert r.model_text().endswith("[stopped: CPU time limit]")
 
 

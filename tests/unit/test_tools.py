@@ -575,3 +575,32 @@ def test_a_function_tools_return_value_becomes_text_reward_and_metrics():
     assert as_tool_result(("a", "b")) == (ToolResponse(text='["a", "b"]'), 0.0, {})  # data, not a result
     assert as_tool_result({"k": [1, 2]}) == (ToolResponse(text='{"k": [1, 2]}'), 0.0, {})
     assert as_tool_result(None) == (ToolResponse(), 0.0, {})
+
+
+def test_a_sync_function_tool_that_hangs_or_exits_does_not_stop_the_caller():
+    import sys
+    import time
+
+    @function_tool
+    def slow(seconds: float) -> str:
+        """Sleep.
+
+        Args:
+            seconds: how long
+        """
+        time.sleep(seconds)
+        return "woke"
+
+    @function_tool
+    def quit_now(code: int) -> str:
+        """Exit.
+
+        Args:
+            code: the exit status
+        """
+        sys.exit(code)
+
+    tools = {t.name: t for t in (FunctionTool(slow), FunctionTool(quit_now))}
+    _assert_error(call(tools, "slow", {"seconds": 0.5}, timeout_s=0.1), "timeout", "'slow' did not finish within 0.1 s")
+    _assert_error(call(tools, "quit_now", {"code": 3}), "exception", "'quit_now' raised RuntimeError: the tool called sys.exit(3)")
+    _assert_error(call(tools, "slow", {"secs": 1}), "exception", "unexpected keyword argument 'secs'")
