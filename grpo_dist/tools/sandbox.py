@@ -21,9 +21,10 @@ Each run gets:
 ``SandboxPool`` bounds how many runs are in flight at once (an asyncio semaphore), so a batch of
 trajectories cannot start hundreds of interpreters on a small machine.
 
-This is process isolation, not a security boundary against a hostile program: the code shares the
-machine's filesystem view and network. Use a Sandbox Fusion server (``sandbox_fusion_tools``) where that
-matters.
+This is process isolation against runaway code, not a security boundary against a hostile program: the
+code shares the machine's filesystem (as root's filesystem user when started by root) and network, and a
+process that starts a session of its own (``setsid``) leaves the group that is killed. Use a Sandbox Fusion
+server (``sandbox_fusion_tools``) where that matters.
 """
 
 from __future__ import annotations
@@ -294,11 +295,20 @@ async def _run(workdir: str, spec: dict, env: dict, limits: SandboxLimits, stdin
         if feeder is not None:
             feeder.cancel()
         await asyncio.to_thread(kill_group, pgid)  # the whole group, on every path: nothing is left running
-        exit_code = await waiter
+        for _ in range(200):  # the exit is reported shortly after the kill (not via wait(): see above)
+            if proc.returncode is not None:
+                break
+            await asyncio.sleep(0.01)
+        exit_code = proc.returncode
     try:
         await asyncio.wait_for(readers, timeout=2.0)
     except (asyncio.TimeoutError, TimeoutError):
-        readers.cancel()  # a pipe still held by a process outside the group: what was read is kept
+        readers.cancel()  # a pipe still held by a process that left the session: what was read is kept
+        transport = getattr(proc, "_transport", None)  # asyncio offers no public close of a process's pipes
+        if transport is not None:
+            transport.close()
+    if not waiter.done():
+        waiter.cancel()
     stdout, stderr = _decode(bytes(kept["stdout"])), _decode(bytes(kept["stderr"]))
     if reason is None:
         reason = _signal_reason(exit_code, stderr)

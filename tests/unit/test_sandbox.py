@@ -123,3 +123,15 @@ def test_the_pool_bounds_concurrency():
     assert all(live_processes(r.pgid) == [] for r in results)
     with pytest.raises(ValueError, match="max_concurrency"):
         SandboxPool(max_concurrency=0)
+
+
+def test_a_process_that_leaves_the_session_holding_the_output_does_not_hang_the_run():
+    """Such a process escapes the group kill (see the module doc); the run still returns with what it read."""
+    import time
+
+    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(3)\n    os._exit(0)\n"
+            "print('parent done', flush=True)")
+    start = time.monotonic()
+    r = asyncio.run(run_python(code, LIMITS))
+    assert r.stdout == "parent done\n" and r.exit_code == 0
+    assert time.monotonic() - start < LIMITS.wall_s
