@@ -5,7 +5,7 @@ Layers, bottom to top (docs/architecture.md explains each):
 
     core                                   pure math (torch only)
     utils, batch, distributed              helpers, the batch container, process groups / Ray groups
-    data, rewards, rollout, training, report   the library pieces
+    data, rewards, rollout, tools, training, report   the library pieces
     tasks                                  embedded tasks and models (built from the pieces)
     config                                 the schema and its validation (reads names from below)
     workers                                thin Ray actor shells
@@ -47,7 +47,7 @@ ROOT = "grpo_dist"
 LAYERS = [
     {"core"},
     {"utils", "batch", "distributed"},
-    {"data", "rewards", "rollout", "training", "report"},
+    {"data", "rewards", "rollout", "tools", "training", "report"},
     {"tasks"},
     {"config"},
     {"workers"},
