@@ -64,12 +64,13 @@ def unlimited_pool():
 
 
 def test_results_come_back_in_input_order(unlimited_pool, tmp_path):
-    # task 0 waits for task 3, so the tasks finish out of order whatever the machine's load
+    # task 0 waits for task 3, so the tasks finish out of order whatever the machine's load (task 3 opens
+    # the gate and ends while task 0 ends in the other worker: which of the two is reported first is a race)
     args = [(str(tmp_path / "gate1"), "a", "waits"), (str(tmp_path / "gate1"), "b", ""),
             (str(tmp_path / "gate1"), "c", ""), (str(tmp_path / "gate1"), "d", "opens")]
     finished = []
     unlimited_pool.run(gated, args, lambda i, outcome: finished.append(i))
-    assert finished == [1, 2, 3, 0]
+    assert finished[:2] == [1, 2] and sorted(finished[2:]) == [0, 3]
     args = [(str(tmp_path / "gate2"), *arg[1:]) for arg in args]
     outcomes = unlimited_pool.map(gated, args)
     assert [o.status for o in outcomes] == ["ok"] * 4
