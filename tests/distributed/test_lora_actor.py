@@ -66,8 +66,13 @@ def job(rank: int, world_size: int, model_dir: str, tied_dir: str, export_dir: s
         ref = AdapterOffReference(actor, ReferenceSettings(use_remove_padding=packed))
         out[f"ref_logp_{packed}"] = ref.compute_ref_log_prob(data, micro_batch_size=3, temperature=T)
     out["policy_logp"], _ = actor.compute_log_prob(data, micro_batch_size=3)
+    from grpo_dist.training.policy import batched_logprobs
+
+    for fused in (False, True):  # packed rows (one row of real tokens, per-sequence attention) through the adapters
+        out[f"policy_logp_packed_{fused}"], _ = batched_logprobs(
+            actor.model, data, device=actor.device, micro_batch_size=3, max_token_len=None, temperature=T,
+            compute_entropy=False, remove_padding=True, fused=fused)
     # --- the merged weights, against peft's merge_and_unload of the same adapters ----------------
-    full = {}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = get_model_state_dict(actor.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -143,6 +148,13 @@ def test_the_synced_weights_are_peft_merge_and_unload_under_the_base_names(resul
         torch.testing.assert_close(t, base[name], atol=0, rtol=0) if name in base else None
     assert any((synced[n] - base[n]).abs().max() > 0 for n in base if n.endswith("q_proj.weight"))
     assert not any("lora_" in n or "base_layer" in n for n in result["tied_synced_keys"])
+
+
+def test_packed_and_fused_forwards_run_through_the_adapted_layers(result):
+    mask = make_batch(0, rows=8)["response_mask"].bool()
+    for fused in (False, True):
+        torch.testing.assert_close(result[f"policy_logp_packed_{fused}"][mask], result["policy_logp"][mask],
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_the_export_is_the_merged_model_that_transformers_loads(result):
