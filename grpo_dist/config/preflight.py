@@ -12,7 +12,7 @@ from grpo_dist.config.role_settings import critic_model_path, reward_model_path,
 from grpo_dist.config.reward_sources import RewardSource, model_sources
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
-from grpo_dist.config.validate import critic_enabled, data_parallel_size
+from grpo_dist.config.validate import critic_enabled, data_parallel_size, lora_settings, lora_spellings
 
 
 def cpu_half_precision_warning(cfg: GRPOConfig, device: str) -> str | None:
@@ -48,6 +48,7 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
     mc = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
     for key, value in cfg.actor_rollout_ref.model.override_config.items():  # as the actor and engine build it
         setattr(mc, key, value)
+    _check_lora_targets(cfg, mc, model_path)
     r = cfg.actor_rollout_ref.rollout
     ctx = getattr(mc, "max_position_embeddings", None)
     need = r.prompt_length + r.response_length
@@ -86,6 +87,24 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
                 f"the tokenizer has {len(tokenizer)} tokens but the value model's vocab_size is {vocab}: the critic reads "
                 f"the actor's token ids, so critic.model.path = {cfg.critic.model.path!r} must share the actor's vocabulary"
             )
+
+
+def _check_lora_targets(cfg: GRPOConfig, model_config, model_path: str) -> None:
+    """With LoRA: ``ValueError`` naming the key when a target module matches no linear layer of the policy
+    (its module names come from the config, on the meta device: no weights). A saved adapter brings its
+    own modules (peft checks them when it loads)."""
+    lora = lora_settings(cfg)
+    if not lora.enabled or lora.adapter_path is not None:
+        return
+    from grpo_dist.training.lora import linear_module_names, unmatched_targets
+
+    names = linear_module_names(model_config, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    missing = unmatched_targets(names, lora)
+    if missing:
+        key, value = lora_spellings(cfg)["target_modules"]
+        leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+        raise ValueError(f"{key} = {value!r}: {', '.join(map(str, missing))} matches no linear layer of {model_path} "
+                         f"(after exclude_modules); its linear layers are named {', '.join(leaves)}; or use all-linear")
 
 
 def check_reward_model_fits(cfg: GRPOConfig, spec: RewardSource, policy_path: str, tokenizer, need: int) -> None:

@@ -9,7 +9,7 @@ from grpo_dist.config.facts import checkpoint_contents, compute_dtype, micro_bat
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.reward_sources import RewardSource
-from grpo_dist.config.validate import critic_fsdp, critic_grad_clip
+from grpo_dist.config.validate import critic_fsdp, critic_grad_clip, lora_settings
 from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.training.dtypes import dtype_name
 from grpo_dist.training.settings import ActorSettings, CriticSettings, RewardModelSettings
@@ -90,11 +90,21 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         override_config=dict(cfg.actor_rollout_ref.model.override_config) or None,
         save_contents=tuple(p for p in save if p != "hf_model"),
         load_contents=tuple(p for p in load if p != "hf_model"),
+        lora=lora_settings(cfg),
     )
 
 
 def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
+    """The reference's arguments: its own FSDP2 model, or under LoRA (``adapters_off_of="actor"``) the
+    actor's model with its adapters switched off, which loads nothing and computes in the actor's dtype
+    (no sharding or offload of its own: only the forward's knobs apply)."""
     r = cfg.actor_rollout_ref.ref
+    m = cfg.actor_rollout_ref.model
+    forward = dict(use_remove_padding=m.use_remove_padding, use_fused_kernels=m.use_fused_kernels,
+                   logprob_chunk_size=m.logprob_chunk_size)
+    if lora_settings(cfg).enabled:
+        actor_dtype = fsdp_dtypes(cfg.actor_rollout_ref.actor.fsdp_config, device)["param_dtype"]
+        return dict(adapters_off_of="actor", param_dtype=actor_dtype, **forward)
     dtypes = fsdp_dtypes(r.fsdp_config, device)
     return dict(
         param_dtype=dtypes["param_dtype"],
@@ -103,9 +113,7 @@ def reference_kwargs(cfg: GRPOConfig, device: str) -> dict:
         attn_implementation=cfg.actor_rollout_ref.model.attn_implementation,
         trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
         override_config=dict(cfg.actor_rollout_ref.model.override_config) or None,
-        use_remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
-        use_fused_kernels=cfg.actor_rollout_ref.model.use_fused_kernels,
-        logprob_chunk_size=cfg.actor_rollout_ref.model.logprob_chunk_size,
+        **forward,
     )
 
 

@@ -25,7 +25,7 @@ from grpo_dist.config.checks import choice as _choice
 from grpo_dist.config.checks import one_of_two as _one_of_two
 from grpo_dist.config.checks import positive as _positive
 from grpo_dist.config.reward_sources import validate_reward_sources
-from grpo_dist.config.states import check_states, setting
+from grpo_dist.config.states import check_states, default_of, get, raw_get, setting
 from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
@@ -33,7 +33,7 @@ from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.data import TRUNCATION_MODES, as_path_list
 from grpo_dist.rollout import ENGINE_NAMES
 from grpo_dist.training.dtypes import to_dtype
-from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS
+from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS, LoraSettings
 
 STRATEGIES = ("fsdp2", "fsdp")
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -138,6 +138,85 @@ def needs_reference(cfg: GRPOConfig) -> bool:
     """Whether the run needs the frozen reference policy: a KL loss or a KL penalty in the reward.
     The one place this is decided."""
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+
+
+_MODEL = "actor_rollout_ref.model."
+_LORA_KEYS = (("rank", "lora_rank", "lora.rank"), ("alpha", "lora_alpha", "lora.alpha"),
+              ("target_modules", "target_modules", "lora.target_modules"),
+              ("exclude_modules", "exclude_modules", "lora.exclude_modules"),
+              ("adapter_path", "lora_adapter_path", "lora.adapter_path"))
+"""The policy's LoRA settings and their two spellings: verl's early layout (``model.lora_rank`` ...) and
+its current one (``model.lora.rank`` ...), the second an alias of the first (schema/model.py)."""
+
+
+def _changed(cfg: GRPOConfig, key: str, read) -> bool:
+    """Whether the model key ``key`` was given a value other than null and its default."""
+    value, default = read(cfg, _MODEL + key), default_of(_MODEL + key)
+    return value is not None and _as_list(value) != _as_list(default)
+
+
+def _as_list(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def lora_spellings(cfg: GRPOConfig, *, raw: bool = False) -> dict[str, tuple[str, Any]]:
+    """Each LoRA setting of the policy -> ``(the key it was read from, its value)``: the spelling changed
+    from its default (both changed differently: ``ConfigError``); neither: the layout of the rank's, so a
+    current-layout run takes that layout's alpha (32), and its default modules (Megatron's names for every
+    linear layer of the blocks) are all-linear. ``raw``: read as the validation's checks read (not a use)."""
+    read = raw_get if raw else get
+    current = _changed(cfg, "lora.rank", read)
+    out = {}
+    for name, early, now in _LORA_KEYS:
+        value = setting(cfg, _MODEL + early, raw=raw)
+        if _changed(cfg, now, read) or (current and name == "alpha" and not _changed(cfg, early, read)):
+            out[name] = (_MODEL + now, read(cfg, _MODEL + now))
+        else:
+            out[name] = (_MODEL + early, value)
+    return out
+
+
+def lora_settings(cfg: GRPOConfig) -> LoraSettings:
+    """The policy's :class:`LoraSettings` (rank 0: no adapters) from either layout."""
+    given = {name: value for name, (_, value) in lora_spellings(cfg).items()}
+    lora = cfg.actor_rollout_ref.model.lora
+    targets, exclude = given["target_modules"], given["exclude_modules"]
+    return LoraSettings(
+        rank=int(given["rank"]), alpha=float(given["alpha"]), dropout=float(lora.dropout),
+        target_modules=targets if isinstance(targets, str) else tuple(targets),
+        exclude_modules=None if not exclude else exclude if isinstance(exclude, str) else tuple(exclude),
+        adapter_path=given["adapter_path"], seed=cfg.trainer.seed, merge=lora.merge)
+
+
+def _check_lora(cfg: GRPOConfig) -> None:
+    """The policy's LoRA keys, one message each: rank >= 0, alpha > 0, dropout in [0, 1), modules named,
+    the adapter path a peft adapter folder, and what LoRA does not combine with here."""
+    given = lora_spellings(cfg, raw=True)
+    key, rank = given["rank"]
+    if not isinstance(rank, int) or rank < 0:
+        raise _bad(key, rank, "expected an integer >= 0 (0: full fine-tuning, > 0: LoRA adapters of that rank)")
+    if rank == 0:
+        return
+    key, alpha = given["alpha"]
+    if not alpha > 0:
+        raise _bad(key, alpha, "expected a number > 0 (the adapters' update is scaled by alpha / rank)")
+    dropout = raw_get(cfg, _MODEL + "lora.dropout")
+    if not 0.0 <= dropout < 1.0:
+        raise _bad(_MODEL + "lora.dropout", dropout, "expected a probability in [0, 1)")
+    key, targets = given["target_modules"]
+    if not isinstance(targets, str) and (not targets or not all(isinstance(t, str) and t for t in targets)):
+        raise _bad(key, targets, "expected all-linear, a list of module names, or a regular expression")
+    key, path = given["adapter_path"]
+    if path is not None:
+        from grpo_dist.training.lora import is_adapter_folder
+
+        if not is_adapter_folder(path):
+            raise _bad(key, path, "expected a saved peft LoRA adapter folder (adapter_config.json with peft_type LORA "
+                       "and adapter_model.safetensors, as PeftModel.save_pretrained writes)")
+    if raw_get(cfg, "reward_model.iterative.enable") and raw_get(cfg, "reward_model.iterative.reset_reference") \
+            and needs_reference(cfg):
+        raise _bad("reward_model.iterative.reset_reference", True, "with LoRA the reference is the policy's base "
+                   "model (its adapters off), which a reset to the policy cannot change; set it to false")
 
 
 class _EitherLayout:
@@ -293,6 +372,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
     check_states(cfg)  # every key's state: refused features, values with no effect, two spellings
     _validate_verl_extras(cfg)
+    _check_lora(cfg)
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
     _positive("trainer.worker_call_timeout_min_s", tr.worker_call_timeout_min_s)

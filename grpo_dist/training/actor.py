@@ -91,8 +91,11 @@ class FSDPActor(FSDPRole):
             max_seq_len=settings.max_seq_len, fused_head=settings.use_fused_kernels,
             response_fraction=(settings.max_response_len or 1) / (settings.max_seq_len or 1))
         """Token budget of a no-grad forward given neither a micro-batch size nor a budget (null: auto)."""
-        self.build_model(gradient_checkpointing=settings.enable_gradient_checkpointing)
-        self.build_optimizer()
+        self.build_model(gradient_checkpointing=settings.enable_gradient_checkpointing, lora=settings.lora)
+        self.build_optimizer()  # over the trainable parameters: with LoRA, the adapters only
+        self._merge = self._lora_merge_sources() if settings.lora.enabled else None
+        """With LoRA: the base model's weight names -> where each comes from in the peft model (the weight
+        sync and the export send the merged weights under the base model's names); None otherwise."""
 
     # ------------------------------------------------------------------------------------------
     def compute_log_prob(
@@ -184,13 +187,23 @@ class FSDPActor(FSDPRole):
             out["actor/kl_coef"] = float(s.kl_loss_coef)
         return out
 
+    def _lora_merge_sources(self) -> dict:
+        from grpo_dist.training.lora import merge_sources
+
+        return merge_sources(self.model, list(self.model.state_dict()))
+
     # ------------------------------------------------------------------------------------------
     def state_dict_for_sync(self, dtype: str | torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Collective: the full unsharded weights on CPU (rank 0); ``{}`` on other ranks.
+        """Collective: the full unsharded weights on CPU (rank 0); ``{}`` on other ranks. With LoRA: the
+        merged weights under the base model's names (:mod:`grpo_dist.training.lora`).
 
         ``dtype`` casts floating tensors (e.g. ``"bfloat16"`` for the rollout engine).
         """
         sd = fsdp.full_state_dict(self.model)
+        if self._merge is not None and sd:
+            from grpo_dist.training.lora import merged_weight
+
+            sd = {name: merged_weight(src, sd) for name, src in self._merge.items()}
         if dtype is not None and sd:
             target = to_dtype(dtype)
             sd = {k: v.to(target) if v.is_floating_point() else v for k, v in sd.items()}
@@ -201,17 +214,34 @@ class FSDPActor(FSDPRole):
         buckets of at most ``bucket_bytes``; floating tensors are cast to ``dtype`` when given.
         The same on every rank; no communication."""
         target = to_dtype(dtype) if dtype is not None else None
+        state = self.model.state_dict()
         meta = []
-        for name, t in self.model.state_dict().items():
+        for name in self._sync_names(state):
+            t = state[self._merge[name].weight] if self._merge is not None else state[name]
             dt = target if (target is not None and t.is_floating_point()) else t.dtype
             meta.append((name, tuple(t.shape), dt))
         return plan_buckets(meta, bucket_bytes)
 
+    def _sync_names(self, state: Mapping[str, torch.Tensor]) -> list[str]:
+        """The names the rollout engine receives: the base model's (merged weights) with LoRA, else the
+        state dict's."""
+        return list(self._merge) if self._merge is not None else list(state)
+
     def pack_weight_bucket(self, bucket: Bucket) -> torch.Tensor:
         """Collective: the full (unsharded) weights of ``bucket`` in one new flat buffer, on the
-        compute device (the GPU under nccl, the CPU under gloo), on every rank."""
+        compute device (the GPU under nccl, the CPU under gloo), on every rank. With LoRA each weight
+        is merged, ``W + scale * (B @ A)``, from its gathered parts."""
         state = self.model.state_dict()
-        full = {e.name: self._full_tensor(state[e.name]) for e in bucket.entries}
+        if self._merge is None:
+            full = {e.name: self._full_tensor(state[e.name]) for e in bucket.entries}
+        else:
+            from grpo_dist.training.lora import merged_weight
+
+            full = {}
+            for e in bucket.entries:
+                src = self._merge[e.name]
+                parts = [k for k in (src.weight, src.lora_A, src.lora_B) if k is not None]
+                full[e.name] = merged_weight(src, {k: self._full_tensor(state[k]) for k in parts})
         return pack(bucket, full, self._comm_device)
 
     def _full_tensor(self, t: torch.Tensor) -> torch.Tensor:
@@ -227,7 +257,8 @@ class FSDPActor(FSDPRole):
         self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, dtype: str | None = None
     ) -> None:
         """Collective: rank 0 writes a Hugging Face model directory (safetensors + config + tokenizer, and
-        the folder's generation config); ``dtype`` casts the floating weights."""
+        the folder's generation config); ``dtype`` casts the floating weights. With LoRA: the merged
+        model (the base model's names and classes)."""
         checkpoint_io.export_hf(
             directory,
             self.model,
@@ -235,4 +266,5 @@ class FSDPActor(FSDPRole):
             tokenizer_path=tokenizer_path,
             generation_config_path=self.model_path,
             dtype=dtype,
+            state_dict=self.state_dict_for_sync() if self._merge is not None else None,
         )

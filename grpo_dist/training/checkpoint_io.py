@@ -486,6 +486,7 @@ def export_hf(
     generation_config_path: str | os.PathLike | None = None,
     dtype: str | torch.dtype | None = None,
     max_shard_size: str = "5GB",
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Collective: write a Hugging Face model directory that transformers and vLLM can load.
 
@@ -493,10 +494,12 @@ def export_hf(
     weights as safetensors (``model.safetensors``, or shards + index above ``max_shard_size``), a copy
     of ``generation_config.json`` from ``generation_config_path`` and a verbatim copy of the tokenizer
     files of the local directory ``tokenizer_path`` when given. ``dtype`` casts the weights (default: their training dtype).
+    ``state_dict``: the full state dict to write, already gathered by the caller (rank 0's; e.g. the merged
+    weights of a LoRA policy); None: ``model``'s.
     """
     from huggingface_hub import save_torch_state_dict
 
-    sd = full_state_dict(model)
+    sd = full_state_dict(model) if state_dict is None else state_dict
     if _rank() == 0:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)

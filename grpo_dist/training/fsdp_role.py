@@ -139,13 +139,15 @@ class FSDPRole:
         gradient_checkpointing: bool = False,
         seed: int | None = None,
         require_head: bool = False,
+        lora: Any = None,
     ) -> None:
         """Collective: :attr:`model`, the folder loaded with ``model_class`` and sharded with FSDP2 as the
         settings' :class:`~grpo_dist.training.settings.FSDPModelSettings` say
         (:func:`~grpo_dist.training.model_builder.build_fsdp_model`). ``seed``: what the folder lacks (a
         new value head) is drawn from it, the same on every rank (each rank loads the whole model and
         keeps its shard), and the process's own RNG is left as it was. A head class other than the
-        causal LM's is written into :attr:`config` (``architectures``) for the export."""
+        causal LM's is written into :attr:`config` (``architectures``) for the export. ``lora``: the
+        :class:`~grpo_dist.training.settings.LoraSettings` of adapters to add (the actor's)."""
         s = self.settings
 
         def build() -> nn.Module:
@@ -165,6 +167,7 @@ class FSDPRole:
                 cpu_offload=s.param_offload,
                 trust_remote_code=s.trust_remote_code,
                 require_head=require_head,
+                lora=lora,
             )
 
         if seed is None:

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from grpo_dist.training import fsdp
 from grpo_dist.training.attention import VARLEN_SDPA
 from grpo_dist.training.dtypes import to_dtype
-from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS
+from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS, LoraSettings
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -169,6 +169,7 @@ def build_fsdp_model(
     cpu_offload: bool = False,
     trust_remote_code: bool = False,
     require_head: bool = False,
+    lora: LoraSettings | None = None,
 ) -> nn.Module:
     """Collective: load ``model_path`` with ``model_class`` and shard it over ``mesh`` with FSDP2.
 
@@ -176,7 +177,9 @@ def build_fsdp_model(
     dropout zeroed and the attention kernel resolved for ``device`` and ``param_dtype``
     (:func:`resolve_attn_implementation`; ``require_head`` refuses a head missing from the folder);
     ``requires_grad_(False)`` unless ``trainable``; Hugging
-    Face gradient checkpointing (non-reentrant) when ``gradient_checkpointing``;
+    Face gradient checkpointing (non-reentrant) when ``gradient_checkpointing``; with ``lora`` enabled,
+    peft LoRA adapters on its target modules (:func:`grpo_dist.training.lora.add_adapters`: the base
+    frozen, the adapters trainable; FSDP2 then shards both);
     :func:`~grpo_dist.training.fsdp.apply_fsdp2` with compute dtype ``param_dtype``, gradient
     reduce dtype ``reduce_dtype``, ``reshard_after_forward`` and ``cpu_offload``. Returns the wrapped
     model in eval mode (its parameters are DTensors sharded over ``mesh``).
@@ -195,6 +198,10 @@ def build_fsdp_model(
         model.requires_grad_(False)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None and lora.enabled:
+        from grpo_dist.training.lora import add_adapters
+
+        model = add_adapters(model, lora)
     model = fsdp.apply_fsdp2(
         model,
         mesh,

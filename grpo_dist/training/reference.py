@@ -23,7 +23,31 @@ from grpo_dist.training.model_builder import build_fsdp_model, model_config, req
 from grpo_dist.training.policy import batched_logprobs
 from grpo_dist.training.settings import ReferenceSettings
 
-__all__ = ["FSDPReference"]
+__all__ = ["FSDPReference", "AdapterOffReference"]
+
+
+def _ref_logprobs(model, settings: ReferenceSettings, data: Mapping[str, torch.Tensor], *, device: torch.device,
+                  micro_batch_size: int | None, max_token_len: int | None, default_max_tokens: int | None,
+                  temperature: float) -> torch.Tensor:
+    """Log-probs [B, R] of ``data``'s responses under ``model`` (no grad), cut by count or token budget
+    (neither: ``default_max_tokens``), with the settings' forward knobs."""
+    if micro_batch_size is not None and max_token_len is not None:
+        raise ValueError("give micro_batch_size or max_token_len, not both")
+    if micro_batch_size is None and max_token_len is None:
+        max_token_len = default_max_tokens
+    logp, _ = batched_logprobs(
+        model,
+        data,
+        device=device,
+        micro_batch_size=micro_batch_size,
+        max_token_len=max_token_len,
+        temperature=temperature,
+        compute_entropy=False,
+        remove_padding=settings.use_remove_padding,
+        fused=settings.use_fused_kernels,
+        logits_chunk_size=settings.logprob_chunk_size,
+    )
+    return logp
 
 
 class FSDPReference:
@@ -103,23 +127,9 @@ class FSDPReference:
         budget (neither: as many rows at once as the rank's memory allows, :attr:`forward_max_tokens`).
         ``temperature`` must be the rollout's, as for the actor.
         """
-        if micro_batch_size is not None and max_token_len is not None:
-            raise ValueError("give micro_batch_size or max_token_len, not both")
-        if micro_batch_size is None and max_token_len is None:
-            max_token_len = self.forward_max_tokens
-        logp, _ = batched_logprobs(
-            self.model,
-            data,
-            device=self.device,
-            micro_batch_size=micro_batch_size,
-            max_token_len=max_token_len,
-            temperature=temperature,
-            compute_entropy=False,
-            remove_padding=self.settings.use_remove_padding,
-            fused=self.settings.use_fused_kernels,
-            logits_chunk_size=self.settings.logprob_chunk_size,
-        )
-        return logp
+        return _ref_logprobs(self.model, self.settings, data, device=self.device, micro_batch_size=micro_batch_size,
+                             max_token_len=max_token_len, default_max_tokens=self.forward_max_tokens,
+                             temperature=temperature)
 
     def load_full_weights(self, named: dict[str, torch.Tensor]) -> None:
         """Collective: replace every weight with the full (unsharded) tensors of ``named`` (Hugging Face
@@ -141,3 +151,31 @@ class FSDPReference:
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: restore what :meth:`save_checkpoint` wrote."""
         checkpoint_io.load_model_sharded(directory, self.model)
+
+
+class AdapterOffReference:
+    """The reference under LoRA: the policy's own model (an :class:`~grpo_dist.training.actor.FSDPActor`
+    with peft adapters, in the same process) with its adapters switched off (peft's
+    ``disable_adapter()``), which is the frozen base model: no second copy of the weights.
+
+    Answers :meth:`FSDPReference.compute_ref_log_prob`; the forward knobs are ``settings``' (the
+    reference's), the device, the token budget and the weights the policy's. A reset to the policy
+    (iterative RL) is not built for it: validation refuses it with LoRA.
+    """
+
+    memory_note: str | None = None
+
+    def __init__(self, policy, settings: ReferenceSettings) -> None:
+        if not policy.settings.lora.enabled:
+            raise ValueError("AdapterOffReference needs a policy with LoRA adapters (lora.rank > 0)")
+        self.policy, self.settings = policy, settings
+
+    def compute_ref_log_prob(self, data: Mapping[str, torch.Tensor], *, micro_batch_size: int | None = None,
+                             max_token_len: int | None = None, temperature: float = 1.0) -> torch.Tensor:
+        """Reference log-probs [B, R] (as :meth:`FSDPReference.compute_ref_log_prob`) of the base model."""
+        model = self.policy.model
+        model.eval()
+        with model.disable_adapter():
+            return _ref_logprobs(model, self.settings, data, device=self.policy.device,
+                                 micro_batch_size=micro_batch_size, max_token_len=max_token_len,
+                                 default_max_tokens=self.policy.forward_max_tokens, temperature=temperature)

@@ -16,7 +16,8 @@ from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
 __all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "update_keys", "CRITIC_UPDATE_KEYS", "RM_UPDATE_KEYS", "UpdateBatching",
-           "OptimizerSettings", "ScheduleSettings", "FSDPModelSettings", "MemorySettings", "CheckpointSettings", "ActorSettings",
+           "OptimizerSettings", "ScheduleSettings", "FSDPModelSettings", "MemorySettings", "CheckpointSettings", "LoraSettings",
+           "ActorSettings",
            "ReferenceSettings", "CriticSettings", "RewardModelSettings"]
 
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "sdpa", "eager", "flash_attention_2")
@@ -247,6 +248,46 @@ class CheckpointSettings:
 
 
 @dataclass
+class LoraSettings:
+    """The policy's LoRA adapters (peft; :mod:`grpo_dist.training.lora`): each target ``nn.Linear``
+    ``y = W x`` becomes ``y = W x + (alpha / rank) * B A x`` with ``A`` [rank, in] and ``B`` [out, rank]
+    trained and ``W`` frozen. ``rank == 0``: no adapters, the whole model is trained."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    """Dropout on the adapters' input (peft's ``lora_dropout``; the base path has none)."""
+    target_modules: str | tuple[str, ...] = "all-linear"
+    """``"all-linear"`` (every linear layer but the output layer), a tuple of module names (a name
+    matches a module whose dotted name ends with it), or a regular expression over the full names."""
+    exclude_modules: str | tuple[str, ...] | None = None
+    """Modules that get no adapter (names or a regular expression, as ``target_modules``)."""
+    adapter_path: str | None = None
+    """A saved peft adapter folder to start from (its rank, alpha and modules win over the above)."""
+    seed: int = 0
+    """Seeds the adapters' initialisation (``A`` is drawn the same on every rank)."""
+    merge: bool = True
+    """The weight sync sends the merged weights ``W + (alpha / rank) B A`` under the base model's names
+    (adapter-only sync is not built)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def check_lora(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"LoraSettings.rank must be an integer >= 0, got {self.rank!r}")
+        if self.enabled and not self.alpha > 0:
+            raise ValueError(f"LoraSettings.alpha must be > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoraSettings.dropout must be in [0, 1), got {self.dropout!r}")
+        if isinstance(self.target_modules, list):
+            self.target_modules = tuple(self.target_modules)
+        if isinstance(self.exclude_modules, list):
+            self.exclude_modules = tuple(self.exclude_modules)
+
+
+@dataclass
 class ActorSettings(UpdateBatching, OptimizerSettings, ScheduleSettings, FSDPModelSettings, MemorySettings,
                     CheckpointSettings):
     """The numbers the actor uses (the trainer maps ``actor_rollout_ref.actor.*`` onto these): the shared
@@ -281,10 +322,15 @@ class ActorSettings(UpdateBatching, OptimizerSettings, ScheduleSettings, FSDPMod
     logprob_chunk_size: int | None = None
     """Positions per chunk of the output layer's log-softmax (per matmul when fused); None: from the
     vocabulary size."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA adapters on a frozen base (``lora.rank > 0``), else full fine-tuning."""
 
     def __post_init__(self) -> None:
         self.check_update_batching()
         check_auto_settings("ActorSettings", self)
+        if not isinstance(self.lora, LoraSettings):
+            raise ValueError(f"ActorSettings.lora must be a LoraSettings, got {type(self.lora).__name__}")
+        self.lora.check_lora()
         check_counts(self, ("logprob_chunk_size",), allow_none=True)
         if self.loss_mode not in list_policy_losses():
             raise ValueError(

@@ -49,6 +49,9 @@ class ModelWorker:
         classes = {role: shell_class(cls) for role, (cls, _) in parts.items()}
         startup.mark("shell modules imported")
         self.parts: dict[str, Any] = {role: classes[role](**kwargs) for role, (_, kwargs) in parts.items()}
+        for part in self.parts.values():  # a shell may build on a sibling's model (the reference under LoRA)
+            if hasattr(part, "peers"):
+                part.peers = self.parts
         startup.mark("shells built")
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -23,6 +23,20 @@ class ReferenceWorker(ModelShell):
         super().__init__(rank=rank, world_size=world_size, device=device, num_threads=num_threads)
         self._pending: dict[str, torch.Tensor] = {}  # a reset in progress: the weights received so far
 
+    def build(self, cls: type, model_path: str, *, adapters_off_of: str | None = None, **kwargs) -> object:
+        """The reference: its own FSDP2 model, or with ``adapters_off_of`` (LoRA) that role's model in this
+        process with its adapters switched off (:class:`~grpo_dist.training.reference.AdapterOffReference`)."""
+        if adapters_off_of is None:
+            return super().build(cls, model_path, **kwargs)
+        from grpo_dist.training.reference import AdapterOffReference
+        from grpo_dist.training.settings import ReferenceSettings
+
+        policy = self.peers.get(adapters_off_of)
+        if policy is None or policy.model is None:
+            raise RuntimeError(f"the reference is {adapters_off_of}'s base model, but this process holds no built "
+                               f"{adapters_off_of} (roles: {sorted(self.peers)})")
+        return AdapterOffReference(policy.model, ReferenceSettings(**kwargs))
+
     @timed
     def compute_ref_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,
                              max_token_len: int | None, temperature: float) -> torch.Tensor:

@@ -33,6 +33,9 @@ class ModelShell:
         setup_process(device, num_threads)
         self.rank, self.world_size, self.device = rank, world_size, device
         self.model: Any = None
+        self.peers: dict[str, Any] = {}
+        """The shells of the rank's other model roles in this process, by role (set by the
+        :class:`~grpo_dist.workers.models.ModelWorker` that holds them)."""
 
     def address(self) -> tuple[str, int]:
         """A rendezvous address on this node (the first rank's is the process group's)."""

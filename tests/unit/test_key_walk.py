@@ -41,6 +41,8 @@ MATRIX = {
                              "reward_model.model.input_tokenizer=null", "reward_model.process.enable=true",
                              "algorithm.adv_estimator=grpo_process", "reward_model.iterative.enable=true",
                              "reward_model.use_dynamic_bsz=true"],
+    "lora": ["actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.dropout=0.05",
+             "actor_rollout_ref.actor.use_kl_loss=true"],
     "epochs": ["trainer.total_epochs=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.val_kwargs.n=2",
                "reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_kwargs.overlong_buffer_cfg.len=4"],

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
-from grpo_dist.config.fields import F, Refused, S
+from grpo_dist.config.fields import HONOURED, F, Honoured, NoOp, Refused, S
 from grpo_dist.config.schema.common import LORA_ONLY
 from grpo_dist.config.sections.engine import (
     ENTROPY_CHUNKED,
@@ -21,14 +21,73 @@ from grpo_dist.config.sections.engine import (
     off_feature,
 )
 
+_M = "actor_rollout_ref.model."
 
-def engine_model_keys(lora_rank_help: str) -> Callable[[type], type]:
+
+@dataclass
+class PolicyLoraConfig(LoraConfig):
+    """verl's current LoRA layout of the policy (``actor_rollout_ref.model.lora.*``): the same keys, in the
+    same order, as the critic's (:class:`LoraConfig`, whose LoRA is not built); here rank, alpha, dropout,
+    the modules and the adapter path are honoured, the first five as other spellings of the early layout's
+    keys (``model.lora_rank`` ...). A setting given in neither spelling takes the default of the layout
+    the rank was given in (alpha: 16 early, 32 current); the current layout's default modules (Megatron's
+    linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear layer of the blocks) are all-linear."""
+
+    rank: int = F(0, "LoRA rank; 0 = full fine-tuning", Honoured(alias_of=_M + "lora_rank"))
+    alpha: int = F(32, "LoRA scaling alpha (the update is scaled by alpha / rank)", Honoured(alias_of=_M + "lora_alpha"))
+    dropout: float = F(0.0, "LoRA dropout on the adapters' input", HONOURED)
+    target_modules: List[str] = F(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+                                  "modules that get adapters (default: every linear layer of the blocks)",
+                                  Honoured(alias_of=_M + "target_modules"))
+    exclude_modules: List[str] = F([], "modules that get none", Honoured(alias_of=_M + "exclude_modules"))
+    adapter_path: Optional[str] = F(None, "a saved peft adapter folder to start from",
+                                    Honoured(alias_of=_M + "lora_adapter_path"))
+    merge: bool = F(True, "merge the adapters into the weights for the rollout (W + alpha/rank * B A)", Refused(
+        "adapter-only weight sync (merge=false: the engine loads the adapters) is not built yet; the merged "
+        "weights go to the rollout engine, which samples the same policy", accept=(True,)))
+    type: str = F("lora", "adapter type", Refused("only LoRA adapters (peft) are built", accept=("lora",)))
+    freeze_language_model: bool = F(True, "freeze the language model's base weights", Refused(
+        "the base weights are always frozen under LoRA here", accept=(True,)))
+
+
+PEFT_LORA = NoOp("an option of verl's Megatron-engine LoRA; the LoRA built here is peft's: dropout on the adapters' "
+                 "input, adapters in the model's dtype, A Kaiming-uniform and B zero at the start, no vision tower")
+
+POLICY_LORA_KEYS = [
+    ("lora_rank", int, F(0, "LoRA rank (verl's early layout): > 0 trains peft LoRA adapters on the frozen policy, "
+                           "and the reference is the policy with its adapters off; 0 = full fine-tuning")),
+    ("lora_alpha", int, F(16, "LoRA alpha (early layout): the adapters' update is scaled by alpha / rank")),
+    ("target_modules", Any, F("all-linear", "modules that get LoRA adapters (early layout): all-linear (every linear "
+                              "layer but the output layer) | a list of module names | a regular expression")),
+    ("exclude_modules", Optional[Any], F(None, "modules that get none (names or a regular expression)")),
+    ("lora_adapter_path", Optional[str], F(None, "a saved peft LoRA adapter folder to start from (its rank, alpha "
+                                           "and modules are used)")),
+    ("lora", PolicyLoraConfig, S(PolicyLoraConfig, "LoRA, verl's current layout (another spelling of the keys above)",
+                                 PEFT_LORA)),
+]
+"""The policy's LoRA keys, honoured (:class:`grpo_dist.training.settings.LoraSettings`); the critic's are refused."""
+
+
+def refused_lora_keys(lora_rank_help: str) -> list[tuple[str, Any, Any]]:
+    """LoRA keys of a model whose LoRA is not built (the critic's): accepted only off."""
+    return [
+        ("lora_rank", int, F(0, lora_rank_help, off_feature("LoRA", "full fine-tuning is what runs; set it to 0"))),
+        ("lora_alpha", int, F(16, "LoRA alpha (early layout)", LORA_ONLY)),
+        ("target_modules", Any, F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)),
+        ("exclude_modules", Optional[Any], F(None, "modules that get none", LORA_ONLY)),
+        ("lora_adapter_path", Optional[str], F(None, "pretrained LoRA adapter to start from", LORA_ONLY)),
+        ("lora", LoraConfig, lora_section()),
+    ]
+
+
+def engine_model_keys(lora_rank_help: str = "", *, lora_keys: list | None = None) -> Callable[[type], type]:
     """A class decorator: the keys of verl's model sections that the policy's ``model`` and the critic's
     ``model`` both carry (the engine's kernel and memory knobs, LoRA in verl's early and current layouts,
     multi-token prediction), appended after the section's own keys, in verl's order, each with its one
     state. Appended rather than inherited: a base class's fields would come first, and conf/ and
     docs/configuration.md list a section's keys in field order. ``lora_rank_help``: the section's help
-    text of ``lora_rank`` (the one key whose help names the model)."""
+    text of ``lora_rank`` (the one key whose help names the model) when its LoRA keys are the refused ones;
+    ``lora_keys``: the section's own LoRA keys instead (the policy's, :data:`POLICY_LORA_KEYS`)."""
 
     def append(cls: type) -> type:
         keys = [
@@ -36,12 +95,7 @@ def engine_model_keys(lora_rank_help: str) -> Callable[[type], type]:
             ("use_shm", bool, F(False, "copy the model to shared memory before loading", SPEED_ONLY)),
             ("enable_activation_offload", bool, F(False, "offload activations to the CPU in the backward", SPEED_ONLY)),
             ("tiled_mlp", TiledMLPConfig, S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)),
-            ("lora_rank", int, F(0, lora_rank_help, off_feature("LoRA", "full fine-tuning is what runs; set it to 0"))),
-            ("lora_alpha", int, F(16, "LoRA alpha (early layout)", LORA_ONLY)),
-            ("target_modules", Any, F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)),
-            ("exclude_modules", Optional[Any], F(None, "modules that get none", LORA_ONLY)),
-            ("lora_adapter_path", Optional[str], F(None, "pretrained LoRA adapter to start from", LORA_ONLY)),
-            ("lora", LoraConfig, lora_section()),
+            *(lora_keys if lora_keys is not None else refused_lora_keys(lora_rank_help)),
             ("mtp", MTPConfig, mtp_section()),
         ]
         own = cls.__dict__["__annotations__"]
@@ -69,7 +123,7 @@ def external_lib_field(model: str, trust_key: str) -> Any:
 
 
 @dataclass
-@engine_model_keys("LoRA rank (verl's early layout); 0 = full fine-tuning")
+@engine_model_keys(lora_keys=POLICY_LORA_KEYS)
 class ModelConfig:
     path: str = F("builtin:tiny-reverse", "Hugging Face model directory (or hub-cache name) of the policy and reference")
     enable_gradient_checkpointing: Any = F(

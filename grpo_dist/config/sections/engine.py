@@ -181,7 +181,8 @@ class FSDPEngineKeys:
 
 
 # ---- model extras --------------------------------------------------------------------------------
-LORA_OFF = off_feature("LoRA", "full fine-tuning is what runs; set it to 0")
+LORA_OFF = off_feature("LoRA of the value model (critic)", "full fine-tuning is what runs; set it to 0 (the policy's LoRA is "
+                       "actor_rollout_ref.model.lora_rank / lora.rank)")
 
 
 @dataclass
