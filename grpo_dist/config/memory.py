@@ -9,7 +9,7 @@ from grpo_dist.config.facts import compute_dtype
 from grpo_dist.config.reward_sources import model_sources
 from grpo_dist.config.role_settings import critic_model_path, reward_model_path
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import critic_enabled, critic_fsdp, data_parallel_size, needs_reference
+from grpo_dist.config.validate import critic_enabled, critic_fsdp, data_parallel_size, lora_settings, needs_reference
 
 
 #: Resident memory of one worker process before it holds a model (Python, torch, transformers; measured
@@ -60,9 +60,10 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
                         reward_model_params: dict[str, int | None] | None = None) -> tuple[float, str]:
     """A floor on the resident memory (GiB) a single-machine CPU run of ``ranks`` ranks needs, and its
     breakdown in words. Counted: the actor's master weights, gradients and Adam's two moments (4 x
-    ``fsdp_config.model_dtype``'s bytes per parameter, sharded over the ranks by FSDP2, so counted once in all); the reference's
-    weights (sharded, when a KL term is used); the critic's like the actor's; one full copy of the
-    weights in every rank's rollout engine plus its KV cache (``rollout.kv_cache_gib``; 1 GiB for
+    ``fsdp_config.model_dtype``'s bytes per parameter, sharded over the ranks by FSDP2, so counted once in all;
+    under LoRA the frozen base once, the adapters not counted); the reference's weights (sharded, when a KL
+    term is used; none under LoRA, where it is the actor's model with the adapters off); the critic's like
+    the actor's; one full copy of the weights in every rank's rollout engine plus its KV cache (``rollout.kv_cache_gib``; 1 GiB for
     ``auto``, which sizes the cache from the memory left; vLLM only); each reward model's weights
     (``reward_model_params``, by its role; sharded; 4 x with gradients and Adam when iterative RL trains it)
     and one process per rank of a reward model's own pool; ``PROCESS_BASE_GIB`` per worker process and
@@ -72,9 +73,15 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
     gib = 2.0**30
     actor_b = _DTYPE_BYTES.get(a.actor.fsdp_config.model_dtype, 4)  # master weights, their gradients, Adam
     rollout_b = _DTYPE_BYTES.get(compute_dtype(a.rollout.dtype, "cpu"), 4)
-    parts = [("actor (weights, gradients, Adam)", 4 * actor_b * params / gib)]
+    lora = lora_settings(cfg).rank > 0
+    if lora:  # the base frozen: no gradients or Adam state for it (the small adapters are not counted)
+        parts = [("actor (frozen base weights under LoRA)", actor_b * params / gib)]
+    else:
+        parts = [("actor (weights, gradients, Adam)", 4 * actor_b * params / gib)]
     processes = 2  # actor + rollout per rank
-    if needs_reference(cfg):
+    if needs_reference(cfg) and lora:  # the reference is the actor's model with the adapters off
+        processes += 1
+    elif needs_reference(cfg):
         parts.append(("reference", _DTYPE_BYTES.get(compute_dtype(a.actor.fsdp_config.dtype, "cpu"), 4) * params / gib))
         processes += 1
     if critic_enabled(cfg):

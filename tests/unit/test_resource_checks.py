@@ -47,6 +47,19 @@ def test_memory_floor_matches_the_hand_count():
     assert cpu_memory_estimate(hf, 1, params=10**9)[0] == pytest.approx(hand_floor_gib(10**9, 1, kv=0, reference=False))
 
 
+def test_memory_floor_under_lora_counts_the_frozen_base_once_and_no_reference_copy():
+    """LoRA: the base has no gradients or Adam state, and the reference is the actor's model with the
+    adapters off (no weights of its own); the rollout engines and the processes are as without LoRA."""
+    from grpo_dist.config.memory import cpu_memory_estimate
+
+    c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.model.lora_rank=8")
+    got, parts = cpu_memory_estimate(c, 2, params=500_000_000)
+    full = hand_floor_gib(500_000_000, 2)
+    assert got == pytest.approx(full - (12 * 500_000_000 + 4 * 500_000_000) / GIB)
+    assert "frozen base weights under LoRA" in parts and "reference" not in parts
+
+
 def test_memory_floor_counts_each_reward_model_and_its_own_pools_processes():
     """Two reward models (reward.sources): the colocated one's weights; the one on a pool of 3 ranks of its
     own, trained by iterative RL, its weights, gradients and Adam, and 3 more processes."""
