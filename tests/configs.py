@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from grpo_dist.config.loader import compose, to_typed
-from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.schema import ConfigError, GRPOConfig
 from grpo_dist.config.validate import validate_config
 
 
@@ -13,3 +15,10 @@ def cfg_of(*overrides: str) -> GRPOConfig:
     cfg = to_typed(compose(list(overrides)), list(overrides))
     validate_config(cfg, check_paths=False)
     return cfg
+
+
+def refused(*overrides: str) -> str:
+    """The one message with which validation refuses ``overrides`` (the test fails when it accepts them)."""
+    with pytest.raises(ConfigError) as info:
+        cfg_of(*overrides)
+    return str(info.value)

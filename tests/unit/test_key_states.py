@@ -6,26 +6,15 @@ from __future__ import annotations
 import pytest
 
 from grpo_dist.config.fields import Honoured, NoOp, Refused
-from grpo_dist.config.loader import compose, to_typed
-from grpo_dist.config.schema import ConfigError, GRPOConfig
+from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.spec import resolve
 from grpo_dist.config.states import leaf_states, noop_notes, setting
-from grpo_dist.config.validate import validate_config
 from grpo_dist.config import role_settings
 from grpo_dist.config.driver_plan import driver_plan
 from grpo_dist.config.launch import launch_plan
+from tests.configs import cfg_of as load, refused
 
 
-def load(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
-
-
-def refused(*overrides: str) -> str:
-    with pytest.raises(ConfigError) as e:
-        load(*overrides)
-    return str(e.value)
 
 
 # ---- every key has a state, and the generated reference lists it ---------------------------------------

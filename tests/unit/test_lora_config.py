@@ -9,25 +9,13 @@ import json
 import pytest
 
 from grpo_dist.config import role_settings
-from grpo_dist.config.loader import compose, to_typed
-from grpo_dist.config.schema import ConfigError
-from grpo_dist.config.validate import validate_config
 from grpo_dist.training.lora import is_adapter_folder, unmatched_targets
 from grpo_dist.training.settings import LoraSettings
+from tests.configs import cfg_of as load, refused
 
 M = "actor_rollout_ref.model."
 
 
-def load(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
-
-
-def refused(*overrides: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load(*overrides)
-    return str(info.value)
 
 
 def lora_of(*overrides: str) -> LoraSettings:

@@ -13,21 +13,12 @@ from grpo_dist.config.spec import resolve
 from grpo_dist.config.reward_sources import model_sources, reward_model_spec
 from grpo_dist.config.validate import validate_config
 from tests.verl_ppo_scripts import RM_SCRIPTS, script_args
+from tests.configs import cfg_of as load, refused
 
 RM = ("reward_model.enable=true", "reward_model.model.path=/rm")
 ITER = (*RM, "reward_model.iterative.enable=true")
 
 
-def load(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
-
-
-def refused(*overrides: str) -> str:
-    with pytest.raises(ConfigError) as e:
-        load(*overrides)
-    return str(e.value)
 
 
 # ------------------------------------------------------------------------------------------- spellings

@@ -10,13 +10,11 @@ import pytest
 import torch
 
 from grpo_dist.config import roles as table
-from grpo_dist.config.loader import compose, to_typed
 from grpo_dist.config.plan import build_plan
 from grpo_dist.config.reward_sources import RewardSource, reward_sources
-from grpo_dist.config.schema import ConfigError
 from grpo_dist.config.spec import resolve
-from grpo_dist.config.validate import validate_config
 from grpo_dist.rewards.combine import RewardCombine, weighted_sum
+from tests.configs import cfg_of as load, refused
 
 TWO = ("trainer.n_gpus_per_node=2",)
 SOURCES = (
@@ -28,16 +26,6 @@ SOURCES = (
 )
 
 
-def load(*overrides: str):
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=False)
-    return cfg
-
-
-def refused(*overrides: str) -> str:
-    with pytest.raises(ConfigError) as e:
-        load(*overrides)
-    return str(e.value)
 
 
 def weights(cfg) -> dict[str, float]:
