@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from grpo_dist.core.lora import merge_lora
 from grpo_dist.training.settings import LoraSettings
 
 __all__ = ["ADAPTER_NAME", "add_adapters", "is_adapter_folder", "linear_module_names", "unmatched_targets",
@@ -167,12 +168,8 @@ def merge_sources(model: nn.Module, state_keys: Iterable[str]) -> dict[str, Merg
 
 def merged_weight(source: MergeSource, full: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """The merged weight of ``source`` from the full (unsharded) tensors ``full`` (peft names):
-    ``W + scale * (B @ A)``, W [out, in], A [r, in], B [out, r], in W's dtype (the product of half
-    precision factors in float32)."""
+    :func:`grpo_dist.core.lora.merge_lora`."""
     w = full[source.weight]
     if source.lora_A is None:
         return w
-    a, b = full[source.lora_A], full[source.lora_B]
-    if w.dtype in (torch.float16, torch.bfloat16):  # as peft: the product in float32, then W's dtype
-        return w + ((b.float() @ a.float()) * source.scale).to(w.dtype)
-    return w + (b @ a) * source.scale
+    return merge_lora(w, full[source.lora_A], full[source.lora_B], source.scale)
