@@ -230,9 +230,9 @@ def _explicit_conflicts(cfg: GRPOConfig) -> None:
 
 
 def _entry_value(where: str, entry: dict, key: str, default: Any, kind: type) -> Any:
-    val = entry.get(key, default)
-    if val is None or val is default:
-        return val
+    val = entry.get(key)
+    if val is None:  # not given (or null): the default
+        return default
     if kind is float:
         if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
             raise bad(f"{where}.{key}", val, "expected a finite number")

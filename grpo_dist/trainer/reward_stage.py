@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from grpo_dist.batch import Batch
-from grpo_dist.config.reward_sources import RewardSource
+from grpo_dist.config.reward_sources import IMPLICIT_MODEL, RewardSource
 from grpo_dist.config.spec import RunSpec
 from grpo_dist.core.reward_model import verifier_labels
 from grpo_dist.distributed.worker_group import WorkerGroup
@@ -80,7 +80,7 @@ class ModelScorer:
     @property
     def label(self) -> str:
         """How messages name it: its folder, and its source's name when it has one."""
-        return self.path if self.source.name == "reward_model" else f"{self.path} (reward source {self.source.name!r})"
+        return self.path if self.source.name == IMPLICIT_MODEL else f"{self.path} (reward source {self.source.name!r})"
 
 
 class RewardStage:
@@ -248,7 +248,7 @@ class RewardStage:
         if missing and not m.warned_no_separator:
             m.warned_no_separator = True
             sep = m.separators.separator
-            key = ("reward_model.process" if m.source.declared == "reward_model" else m.source.declared) + ".step_separator"
+            key = ("reward_model.process" if m.source.declared == IMPLICIT_MODEL else m.source.declared) + ".step_separator"
             print(f"grpo_dist: warning: {missing} of {len(has_sep_B)} responses hold no step separator "
                   f"({key} = {sep!r}, the reward model {m.label}); each is scored as one step, at its last token. "
                   "Shown once per run.", flush=True)
