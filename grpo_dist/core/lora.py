@@ -10,8 +10,6 @@ cast to ``W``'s dtype before the sum (peft's ``merge_and_unload`` does the same,
 bit); in float32 everything stays float32.
 """
 
-from __future__ import annotations
-
 import torch
 
 __all__ = ["merge_lora"]
