@@ -126,6 +126,24 @@ class RolloutOutput:
         return [len(ids) for ids in self.response_ids]
 
 
+@dataclass
+class TokenOutput:
+    """One request's answer from the asynchronous rollout server (verl's ``TokenOutput``): the sampled
+    tokens of one turn, exactly as the engine drew them.
+
+    Attributes:
+        token_ids: ``[T]`` generated token ids (the EOS token included when generation stopped on it).
+        log_probs: ``[T]`` each token's log-prob under the processed sampling distribution, or None when the
+            request did not ask for them.
+        stop_reason: ``"stop"`` (an EOS / stop token), ``"length"`` (``max_tokens`` or the context length) or
+            ``"abort"`` (the request was cancelled).
+    """
+
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+    stop_reason: str = "stop"
+
+
 def rollout_step_seed(rollout_seed: int, global_step: int, responses: int) -> int:
     """Sampling seed of a training step: ``(rollout_seed * 100003 + global_step) * (responses + 1)``.
 
