@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
+from grpo_dist.rollout.base import RolloutOutput, SamplingSettings, TokenOutput
 
 logger = logging.getLogger(__name__)
 
@@ -236,24 +236,10 @@ class VLLMEngine:
             return RolloutOutput.empty(sampling)
 
         n = sampling.n
-        common: dict[str, Any] = dict(n=n, max_tokens=sampling.max_tokens, detokenize=False)
-        if sampling.logprobs:
-            common["logprobs"] = 0  # the sampled token's log-prob only
-        if sampling.do_sample:
-            common.update(
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=max(sampling.top_k, 0),  # vLLM: 0 disables top-k
-            )
-        else:
-            common.update(temperature=0.0, top_p=1.0, top_k=0)
         if sampling.seed is None:
-            params: SamplingParams | list[SamplingParams] = SamplingParams(**common)
+            params: SamplingParams | list[SamplingParams] = _sampling_params(sampling, None)
         else:
-            params = [
-                SamplingParams(**common, seed=sampling.seed + i * n)
-                for i in range(len(prompt_token_ids))
-            ]
+            params = [_sampling_params(sampling, sampling.seed + i * n) for i in range(len(prompt_token_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
 
@@ -275,6 +261,40 @@ class VLLMEngine:
         return RolloutOutput(
             response_ids=response_ids, logprobs=logprobs, finished_by_eos=finished_by_eos
         )
+
+    # ------------------------------------------------------------------ one request at a time (async server)
+
+    def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings) -> None:
+        """Queue one request (``sampling.n == 1``, seeded with ``sampling.seed`` itself) for :meth:`step`;
+        requests added between steps join the running batch (continuous batching)."""
+        from vllm.inputs import TokensPrompt
+
+        self._check_awake()
+        if sampling.n != 1:
+            raise ValueError(f"add_request samples one response per request, got n={sampling.n}")
+        _check_prompts([prompt_ids])
+        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                         _sampling_params(sampling, sampling.seed))
+
+    def step(self) -> list[tuple[str, TokenOutput]]:
+        """Run one engine iteration over every queued and running request; the requests it finished, by
+        the id they were added with."""
+        finished = []
+        for out in self._llm.llm_engine.step():
+            if not out.finished:
+                continue
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            lps = None if c.logprobs is None else [float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
+            finished.append((out.request_id, TokenOutput(ids, lps, c.finish_reason or "abort")))
+        return finished
+
+    def has_unfinished_requests(self) -> bool:
+        return self._llm.llm_engine.has_unfinished_requests()
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop queued or running requests (their ids as added)."""
+        self._llm.llm_engine.abort_request(list(request_ids))
 
     def compute_logprobs(
         self, prompt_ids: list[list[int]], response_ids: list[list[int]]
@@ -476,6 +496,22 @@ def _name_cpu_shm_after_port(port: int) -> None:
 
     make_group_name._vllm_make_group_name = base  # type: ignore[attr-defined]
     cc._CPUSHMDistributed.make_group_name = staticmethod(make_group_name)
+
+
+def _sampling_params(sampling: SamplingSettings, seed: int | None):
+    """vLLM's ``SamplingParams`` for ``sampling`` with the seed ``seed``: token ids only (no detokenizing),
+    the sampled token's log-prob when asked for, greedy as temperature 0 with no top-k/top-p."""
+    from vllm import SamplingParams
+
+    common: dict[str, Any] = dict(n=sampling.n, max_tokens=sampling.max_tokens, detokenize=False, seed=seed)
+    if sampling.logprobs:
+        common["logprobs"] = 0  # the sampled token's log-prob only
+    if sampling.do_sample:
+        common.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                      top_k=max(sampling.top_k, 0))  # vLLM: 0 disables top-k
+    else:
+        common.update(temperature=0.0, top_p=1.0, top_k=0)
+    return SamplingParams(**common)
 
 
 def _check_prompts(prompt_token_ids: list[list[int]]) -> None:

@@ -1,0 +1,152 @@
+"""The asynchronous rollout server of one rollout replica: token ids in, sampled token ids (+ log-probs) out,
+for many concurrent trajectories (agent loops) sharing the engine's continuous batching.
+
+``await server.generate(request_id, prompt_ids=..., sampling_params=...)`` is verl's server call: one request,
+one response (``n = 1``), :class:`~grpo_dist.rollout.base.TokenOutput` back. Any number of coroutines may await
+it at once; the server queues their requests in the engine and runs engine iterations while any is
+unfinished, so a request that arrives while others decode joins the running batch at the next iteration (a
+trajectory's second turn does not wait for the other trajectories' first turns).
+
+How it drives the engine
+------------------------
+An engine with the request-level API (``add_request`` / ``step`` / ``has_unfinished_requests`` / ``abort``:
+:class:`~grpo_dist.rollout.vllm_engine.VLLMEngine`) is driven iteration by iteration from the event loop: one
+``step`` (a forward over the batch) at a time, yielding to the other coroutines between steps, so tool calls
+and new turns are scheduled while the batch decodes. It is the engine the synchronous path uses, in the same
+process, so the weight sync, sleep and wake-up are the same calls. (vLLM's ``AsyncLLM`` would put the engine in
+a child process of its own, where today's in-place weight sync cannot reach it.) An engine without that API
+(the Hugging Face fallback) answers each request with a one-prompt ``generate`` in turn.
+
+Seeds: a request's ``sampling_params["seed"]`` seeds exactly that request, so a trajectory sampled with the
+seed vLLM's synchronous path gives the same prompt's sample (``seed + sample index``) gets the same tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+from grpo_dist.rollout.base import SamplingSettings, TokenOutput
+
+__all__ = ["AsyncRolloutServer", "sampling_from_params"]
+
+#: keys of verl's ``sampling_params`` dict that the server reads; others (``repetition_penalty`` at 1.0, ...)
+#: are checked to be neutral.
+_KNOWN = {"temperature", "top_p", "top_k", "logprobs", "seed", "max_tokens", "do_sample", "n"}
+_NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
+
+
+def sampling_from_params(params: dict[str, Any], *, max_tokens: int) -> SamplingSettings:
+    """verl's per-request ``sampling_params`` dict as :class:`SamplingSettings` (one response).
+
+    ``max_tokens`` is the cap the server allows (the context left); a smaller ``params["max_tokens"]`` wins.
+    Temperature 0 (or ``do_sample=False``) is greedy. Unknown keys with a non-neutral value are refused.
+    """
+    for key, value in params.items():
+        if key in _KNOWN:
+            continue
+        if key in _NEUTRAL and (value is None or value == _NEUTRAL[key]):
+            continue
+        raise ValueError(f"sampling_params[{key!r}]={value!r} is not supported by the rollout server; "
+                         f"it reads {', '.join(sorted(_KNOWN))}")
+    if params.get("n", 1) != 1:
+        raise ValueError(f"the rollout server samples one response per request; got n={params['n']}")
+    asked = params.get("max_tokens")
+    cap = max_tokens if asked is None else min(int(asked), max_tokens)
+    if cap < 1:
+        raise ValueError(f"no room left to generate (max_tokens={cap}); the prompt fills the context")
+    temperature = float(params.get("temperature", 1.0))
+    greedy = not params.get("do_sample", True) or temperature == 0.0
+    if greedy:
+        return SamplingSettings(n=1, temperature=0.0, max_tokens=cap, do_sample=False,
+                                logprobs=bool(params.get("logprobs", True)))
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"sampling_params temperature must be >= 0, got {temperature}")
+    return SamplingSettings(n=1, temperature=temperature, top_p=float(params.get("top_p", 1.0)),
+                            top_k=int(params.get("top_k", -1)), max_tokens=cap, do_sample=True,
+                            seed=params.get("seed"), logprobs=bool(params.get("logprobs", True)))
+
+
+class AsyncRolloutServer:
+    """Concurrent single-response requests on one engine (see the module doc).
+
+    Args:
+        engine: a rollout engine (:class:`~grpo_dist.rollout.base.RolloutEngine`), ideally with the
+            request-level API.
+        max_model_len: the engine's context length: a request may generate at most
+            ``max_model_len - len(prompt_ids)`` tokens.
+    """
+
+    def __init__(self, engine: Any, *, max_model_len: int) -> None:
+        self.engine = engine
+        self.max_model_len = max_model_len
+        self.stepping = all(hasattr(engine, a) for a in ("add_request", "step", "has_unfinished_requests"))
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._pump: asyncio.Task | None = None
+        self._lock: asyncio.Lock | None = None  # the one-request-at-a-time fallback
+        self.requests = 0  # requests answered (for metrics)
+        self.peak_concurrency = 0  # the most requests in flight at once
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       **_ignored: Any) -> TokenOutput:
+        """Sample one response to ``prompt_ids``; ``request_id`` must be unique among requests in flight.
+        (``image_data`` and other multi-modal arguments of verl's call are not read: text only.)"""
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"request {request_id}: the prompt has {len(prompt_ids)} tokens, the context only "
+                             f"{self.max_model_len}; nothing can be generated")
+        sampling = sampling_from_params(sampling_params, max_tokens=self.max_model_len - len(prompt_ids))
+        if not self.stepping:
+            return await self._generate_alone(prompt_ids, sampling)
+        if request_id in self._waiting:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        self.peak_concurrency = max(self.peak_concurrency, len(self._waiting))
+        try:
+            self.engine.add_request(request_id, list(prompt_ids), sampling)
+        except BaseException:
+            self._waiting.pop(request_id, None)
+            raise
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.ensure_future(self._run_engine())
+        try:
+            out = await future
+        except asyncio.CancelledError:
+            if self._waiting.pop(request_id, None) is not None:
+                self.engine.abort([request_id])
+            raise
+        self.requests += 1
+        return out
+
+    async def _run_engine(self) -> None:
+        """Engine iterations while requests wait; each finished request resolves its future. An engine error
+        fails every waiting request with it."""
+        try:
+            while self._waiting:
+                await asyncio.sleep(0)  # let coroutines that are ready add their requests first
+                for request_id, out in self.engine.step():
+                    future = self._waiting.pop(request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(out)
+                if self._waiting and not self.engine.has_unfinished_requests():
+                    lost = ", ".join(sorted(self._waiting))
+                    raise RuntimeError(f"the engine holds no request but these wait for an answer: {lost}")
+        except BaseException as exc:
+            waiting, self._waiting = self._waiting, {}
+            for future in waiting.values():
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _generate_alone(self, prompt_ids: list[int], sampling: SamplingSettings) -> TokenOutput:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            self.peak_concurrency = max(self.peak_concurrency, 1)
+            out = self.engine.generate([list(prompt_ids)], sampling)
+        self.requests += 1
+        return TokenOutput(token_ids=out.response_ids[0],
+                           log_probs=None if out.logprobs is None else out.logprobs[0],
+                           stop_reason="stop" if out.finished_by_eos[0] else "length")
