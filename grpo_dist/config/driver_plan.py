@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.config import facts
 from grpo_dist.config.facts import StepShape, compute_dtype
 from grpo_dist.config.preflight import cpu_half_precision_warning
@@ -66,6 +67,8 @@ class DriverPlan:
     rollout_seed: int
     rollout_tp: int
     """``rollout.tensor_model_parallel_size``: ranks per rollout engine (prompts go to engines)."""
+    agents: AgentSettings | None
+    """``rollout.mode=async``: the agent loops each trajectory runs through; None: the engines' batch generation."""
     free_cache_engine: bool
     # the algorithm
     estimator: str
@@ -156,6 +159,7 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         val_sampling=val_sampling(cfg),
         rollout_seed=spec.rollout_seed,
         rollout_tp=spec.rollout_tp,
+        agents=spec.agent_settings,
         free_cache_engine=rollout.free_cache_engine,
         estimator=alg.adv_estimator,
         gamma=alg.gamma,

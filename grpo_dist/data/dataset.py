@@ -83,7 +83,8 @@ class PromptDataset:
     Items (``dataset[i]``) are dicts: ``prompt_ids: list[int]``, ``data_source: str``, ``reward_source``
     (the row's ``reward_fn_key`` column, which the reward function gets as its data_source),
     ``ground_truth``, ``extra_info: dict``, ``index`` (``extra_info["index"]`` when present, as in
-    verl, else the row's position in this dataset), ``raw_prompt`` (the messages), ``ability``.
+    verl, else the row's position in this dataset), ``raw_prompt`` (the messages), ``ability``,
+    ``agent_name`` (the row's agent loop in ``rollout.mode=async``; None: the default loop).
     """
 
     def __init__(
@@ -141,6 +142,7 @@ class PromptDataset:
                 "index": index if index is not None else len(self._items),
                 "raw_prompt": row["prompt"],
                 "ability": row["ability"],
+                "agent_name": _agent_name(row, i, origins),
             })
         if self.num_filtered:
             logger.info("dropped %d of %d prompts longer than %d tokens (data.filter_overlong_prompts)",
@@ -205,6 +207,14 @@ class PromptDataset:
 # ----------------------------------------------------------------------------------------------
 # Collation
 # ----------------------------------------------------------------------------------------------
+
+
+def _agent_name(row: dict, i: int, origins: Any) -> str | None:
+    name = row.get("agent_name")
+    if name is None or (isinstance(name, str) and name):
+        return name
+    where = f"{origins[i][0]}: row {origins[i][1]}" if origins else f"row {i}"
+    raise DataError(f"{where}: column 'agent_name' must be an agent loop's name (a non-empty string) or null, got {name!r}")
 
 
 def collate_prompts(items: Sequence[dict], pad_id: int, max_prompt_length: int) -> dict:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -92,11 +92,27 @@ class RolloutOutput:
             ``SamplingSettings.logprobs`` was False.
         finished_by_eos: ``[B*n]`` True when the response ended on an EOS / stop token, False when it
             was cut at ``max_tokens`` (or by the context length).
+
+    Agent-loop rollouts (trajectories of several turns) also fill:
+
+        response_masks: ``[B*n][T_i]`` 1 on the model's sampled tokens, 0 on tokens the model did not
+            sample (tool responses, chat-template tokens between turns); None: every token is the
+            model's. Log-probs of mask-0 tokens are 0.0.
+        prompt_ids: ``[B*n][P_i]`` the prompt each trajectory started from, where the agent loop rendered
+            its own (a tool agent's prompt carries the tool schemas); None: the dataset's prompts.
+        num_turns: ``[B*n]`` chat turns of each trajectory (user, assistant and tool messages).
+        metrics: ``[B*n]`` each trajectory's numbers (tool calls, tool errors, ...), averaged by the driver.
+        extra_fields: ``[B*n]`` what each agent loop returned for the reward function (tool rewards, ...).
     """
 
     response_ids: list[list[int]]
     logprobs: list[list[float]] | None
     finished_by_eos: list[bool]
+    response_masks: list[list[int]] | None = None
+    prompt_ids: list[list[int]] | None = None
+    num_turns: list[int] | None = None
+    metrics: list[dict[str, float]] | None = None
+    extra_fields: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         n_lp = len(self.response_ids) if self.logprobs is None else len(self.logprobs)
@@ -106,11 +122,18 @@ class RolloutOutput:
                 f"{len(self.response_ids)} response_ids, {n_lp} logprobs, "
                 f"{len(self.finished_by_eos)} finished_by_eos"
             )
+        for name in TRAJECTORY_FIELDS:
+            value = getattr(self, name)
+            if value is not None and len(value) != len(self.response_ids):
+                raise ValueError(f"RolloutOutput.{name} has {len(value)} entries for {len(self.response_ids)} responses")
         for i, (ids, lps) in enumerate(zip(self.response_ids, self.logprobs or [])):
             if len(ids) != len(lps):
                 raise ValueError(
                     f"response {i} has {len(ids)} token ids but {len(lps)} logprobs"
                 )
+        for i, (ids, mask) in enumerate(zip(self.response_ids, self.response_masks or [])):
+            if len(ids) != len(mask):
+                raise ValueError(f"response {i} has {len(ids)} token ids but {len(mask)} mask entries")
 
     @classmethod
     def empty(cls, sampling: SamplingSettings) -> RolloutOutput:
@@ -144,6 +167,10 @@ class TokenOutput:
     stop_reason: str = "stop"
 
 
+#: The optional per-trajectory fields of :class:`RolloutOutput` (agent-loop rollouts).
+TRAJECTORY_FIELDS = ("response_masks", "prompt_ids", "num_turns", "metrics", "extra_fields")
+
+
 def rollout_step_seed(rollout_seed: int, global_step: int, responses: int) -> int:
     """Sampling seed of a training step: ``(rollout_seed * 100003 + global_step) * (responses + 1)``.
 
@@ -162,7 +189,7 @@ def pad_responses(
     Returns:
         responses_BR: ``[B*n, max_len]`` long; token ids, ``pad_id`` after each response.
         response_mask_BR: ``[B*n, max_len]`` float32; 1.0 on generated tokens (up to and including
-            EOS), 0.0 on padding.
+            EOS), 0.0 on padding and on the tokens ``output.response_masks`` marks 0 (tool responses).
         rollout_logp_BR: ``[B*n, max_len]`` float32; the sampling log-probs, 0.0 on padding; None
             when ``output.logprobs`` is None.
 
@@ -186,7 +213,10 @@ def pad_responses(
         if length == 0:
             continue
         responses_BR[row, :length] = torch.tensor(ids, dtype=torch.long)
-        response_mask_BR[row, :length] = 1.0
+        if output.response_masks is None:
+            response_mask_BR[row, :length] = 1.0
+        else:
+            response_mask_BR[row, :length] = torch.tensor(output.response_masks[row], dtype=torch.float32)
         if with_logp:
             rollout_logp_BR[row, :length] = torch.tensor(output.logprobs[row], dtype=torch.float32)
     return responses_BR, response_mask_BR, rollout_logp_BR

@@ -32,6 +32,7 @@ from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_
 from grpo_dist.core.kl import make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
+from grpo_dist.agents.collect import agent_row
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
@@ -117,9 +118,14 @@ class GRPOTrainer:
         by prompt); and the slowest rollout rank's busy seconds."""
         prompts = prompt_batch(collate_prompts(items, self.pad_id, self.plan.max_prompt_length), uid_prefix)
         tp = self.plan.rollout_tp  # one engine per tp ranks
-        shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout) // tp, sampling)
-        outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=engine_shares(shares, tp)))
-        outs = engine_outputs(outs, tp)
+        if self.plan.agents is not None:  # rollout.mode=async: agent loops on each replica (one-rank engines)
+            shares = shard_prompts([agent_row(item) for item in items], len(self.rollout), sampling)
+            outs, busy_s = unwrap_timed(self.rollout.call(
+                "run_agents", per_rank=[(rows, s, self.plan.agents, self.tokenizer_path) for rows, s in shares]))
+        else:
+            shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout) // tp, sampling)
+            outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=engine_shares(shares, tp)))
+            outs = engine_outputs(outs, tp)
         batch = responses_to_batch(prompts, merge_outputs(outs, sampling), n=sampling.n, pad_id=self.pad_id,
                                    response_length=self.plan.response_length)
         return batch, busy_s

@@ -26,17 +26,37 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
 
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """Scores, rewards, advantages and lengths of one step's responses."""
+    from grpo_dist.rollout.assemble import response_tokens  # with the batch container, loaded by now
+
     mask = batch["response_mask"].bool()
     out: dict[str, float] = {}
     out.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
     out.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
     out.update(_stats("critic/advantages", batch["advantages"][mask]))
     out.update(_stats("critic/returns", batch["returns"][mask]))
-    resp_len = mask.sum(-1).float()
+    resp_len = response_tokens(batch).sum(-1)  # a trajectory's tool tokens count, as in verl
     out.update(_stats("response_length", resp_len))
     out["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
     prompt_len = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(-1).float()
     out.update(_stats("prompt_length", prompt_len))
+    if "num_turns" in batch:
+        out.update(agent_metrics(batch))
+    return out
+
+
+def agent_metrics(batch: Batch) -> dict[str, float]:
+    """Agent-loop trajectories: verl's ``num_turns/{min,max,mean}``, the share of response tokens that are the
+    model's (``agent/model_token_ratio``), and the mean of each number the loops report per trajectory
+    (``agent/<name>/mean``: tool calls, tool errors, tool seconds, cut by the budget, ...)."""
+    from grpo_dist.rollout.assemble import response_tokens
+
+    turns = torch.tensor([float(t) for t in batch["num_turns"]])
+    out = {"num_turns/min": turns.min().item(), "num_turns/max": turns.max().item(), "num_turns/mean": turns.mean().item()}
+    present = response_tokens(batch).sum()
+    out["agent/model_token_ratio"] = (batch["response_mask"].sum() / present.clamp(min=1)).item()
+    rows = list(batch["agent_metrics"]) if "agent_metrics" in batch else []
+    for key in sorted({k for row in rows for k in row}):
+        out[f"agent/{key}/mean"] = sum(float(row.get(key, 0.0)) for row in rows) / len(rows)
     return out
 
 

@@ -50,6 +50,7 @@ from grpo_dist.distributed.worker_group import WorkerGroup
 from grpo_dist.rewards.combine import weighted_sum
 from grpo_dist.rewards.shaping import OverlongBuffer, apply_overlong_penalty
 from grpo_dist.rewards.tokens import SeparatorTokens, place_scores_on_last_token, token_step_ends
+from grpo_dist.rollout.assemble import response_tokens
 from grpo_dist.trainer.metrics import Timer
 from grpo_dist.trainer.summary import ScoreCounts, TrainingError
 from grpo_dist.training.settings import FORWARD_KEYS
@@ -195,7 +196,7 @@ class RewardStage:
     def _rule_call(self, batch: Batch, *, token_level: bool, step_rewards: bool, optional: bool = False):
         # reward_source: what the reward function gets as its data_source (data.reward_fn_key's column)
         source = batch["reward_source"] if "reward_source" in batch else batch["data_source"]
-        result = self.rule.call("compute", batch["responses"], batch["response_mask"], list(source),
+        result = self.rule.call("compute", batch["responses"], response_tokens(batch), list(source),
                                 list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards,
                                 optional)[0]
         self.counts.add(len(result.scores_B), result.stats, result.first_error)
@@ -214,7 +215,7 @@ class RewardStage:
                 scores_B = weighted_sum([(self.rule_weight, scores_B)])
         stats = {k: float(v) for k, v in result.stats.items()}
         if token_level and self.overlong is not None:  # DAPO's overlong shaping (training rewards only)
-            batch["token_level_scores"], shaping = apply_overlong_penalty(batch["token_level_scores"], batch["response_mask"], self.overlong)
+            batch["token_level_scores"], shaping = apply_overlong_penalty(batch["token_level_scores"], response_tokens(batch), self.overlong)
             stats.update(shaping)
         if step_rewards:
             batch["step_end_mask"] = result.step_end_mask_BR

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from grpo_dist.batch import Batch
+from grpo_dist.rollout.assemble import response_tokens
 from grpo_dist.trainer.metrics import decode_rows, pick_val_generations, reduce_validation
 
 __all__ = ["validate"]
@@ -33,7 +34,7 @@ def validate(val_data: Any, *, generate: Callable[[list[dict], str], Batch], sco
         scores += score(batch).tolist()
         if log_generations > 0:
             inputs += decode_rows(tokenizer, batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]])
-            outputs += decode_rows(tokenizer, batch["responses"], batch["response_mask"])
+            outputs += decode_rows(tokenizer, batch["responses"], response_tokens(batch))
     if log_generations > 0 and tracker is not None:
         tracker.log_generations(pick_val_generations(inputs, outputs, scores, log_generations), step=step)
     return reduce_validation(sources, scores, n)

@@ -32,6 +32,8 @@ class RolloutWorker:
         self.engine = None if tp > 1 else self._make_engine()
         startup.mark("engine built")
         self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
+        self._server = None  # the asynchronous server of rollout.mode=async, made on first use
+        self._tokenizer = None
 
     def _make_engine(self, **more: Any):
         from grpo_dist.rollout import make_engine
@@ -56,6 +58,22 @@ class RolloutWorker:
 
             return RolloutOutput.empty(sampling)
         return self.engine.generate(prompt_ids, sampling)
+
+    @timed
+    def run_agents(self, rows: list[dict], sampling: Any, settings: Any, tokenizer_path: str):
+        """``rollout.mode=async``: this replica's rows through their agent loops (every trajectory at once on
+        the replica's asynchronous server), as a ``RolloutOutput`` with the trajectories' masks and turns."""
+        from grpo_dist.agents.collect import agent_rollout
+
+        if self._server is None:
+            from transformers import AutoTokenizer
+
+            from grpo_dist.rollout.async_server import AsyncRolloutServer
+
+            self._server = AsyncRolloutServer(self.engine, max_model_len=settings.prompt_length + settings.response_length)
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                tokenizer_path, trust_remote_code=bool(self._engine_args[1].get("trust_remote_code", False)))
+        return agent_rollout(rows, sampling, server=self._server, tokenizer=self._tokenizer, settings=settings)
 
     def gpu_uuid(self) -> str | None:
         from grpo_dist.rollout.weight_sync import gpu_uuid

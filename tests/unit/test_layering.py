@@ -47,7 +47,7 @@ ROOT = "grpo_dist"
 LAYERS = [
     {"core"},
     {"utils", "batch", "distributed"},
-    {"data", "rewards", "rollout", "tools", "training", "report"},
+    {"data", "rewards", "rollout", "tools", "agents", "training", "report"},
     {"tasks"},
     {"config"},
     {"workers"},

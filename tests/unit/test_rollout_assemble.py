@@ -69,3 +69,45 @@ def test_without_logprobs_no_rollout_log_probs_and_count_mismatch_refused():
     assert "rollout_log_probs" not in batch
     with pytest.raises(ValueError, match="responses for 1 prompts"):
         responses_to_batch(prompts, out, n=2, pad_id=0, response_length=2)
+
+
+def _trajectories(**over):
+    """Two prompts x n=1: a two-turn trajectory (model 2 tokens, tool 2 tokens, model 1) and a plain one."""
+    fields = dict(response_ids=[[9, 8, 50, 51, 7], [6]], logprobs=[[-0.1, -0.2, 0.0, 0.0, -0.3], [-0.4]],
+                  finished_by_eos=[True, True], response_masks=[[1, 1, 0, 0, 1], [1]],
+                  prompt_ids=[[5, 6, 40], [7]], num_turns=[4, 2],
+                  metrics=[{"tool_calls": 1.0}, {"tool_calls": 0.0}], extra_fields=[{"tool_rewards": [0.5]}, {}])
+    fields.update(over)
+    return RolloutOutput(**fields)
+
+
+def test_a_trajectory_attends_to_tool_tokens_but_trains_only_on_model_tokens():
+    col = collate_prompts(items([[5, 6], [7]]), pad_id=0, max_prompt_length=4)
+    batch = responses_to_batch(prompt_batch(col, "s0"), _trajectories(), n=1, pad_id=0, response_length=6)
+    assert batch["response_mask"].tolist() == [[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]]
+    assert batch["attention_mask"][0].tolist() == [0, 1, 1, 1, 1, 1, 1, 1, 1, 0]  # tool tokens are context
+    # the agent loop's own prompt (tool schemas rendered) replaces the dataset's, positions follow it
+    assert batch["prompts"][0].tolist() == [0, 5, 6, 40] and batch["prompt_ids"][0] == [5, 6, 40]
+    assert batch["position_ids"][0].tolist()[1:9] == list(range(8))
+    assert batch["rollout_log_probs"][0].tolist() == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.3, 0.0])
+    # verl's reward functions read num_turns and the loops' extra fields in extra_info
+    assert batch["extra_info"][0] == {"i": 0, "num_turns": 4, "rollout_reward_scores": {"tool_rewards": [0.5]}}
+    assert batch["extra_info"][1] == {"i": 1, "num_turns": 2}
+    assert list(batch["num_turns"]) == [4, 2]
+    from grpo_dist.rollout.assemble import response_tokens
+
+    assert response_tokens(batch).sum(-1).tolist() == [5, 1]
+
+
+def test_merging_ranks_keeps_trajectory_fields_and_a_prompt_too_long_is_named():
+    s = SamplingSettings(n=1, temperature=1.0, max_tokens=6)
+    one = _trajectories()
+    merged = merge_outputs([one, RolloutOutput.empty(s), one], s)
+    assert merged.response_masks == one.response_masks * 2 and merged.num_turns == [4, 2, 4, 2]
+    col = collate_prompts(items([[5, 6], [7]]), pad_id=0, max_prompt_length=2)
+    with pytest.raises(ValueError, match="max_prompt_length=2"):
+        responses_to_batch(prompt_batch(col, "s0"), one, n=1, pad_id=0, response_length=6)
+    with pytest.raises(ValueError, match="mask entries"):
+        _trajectories(response_masks=[[1, 1], [1]])
+    with pytest.raises(ValueError, match="num_turns has 1 entries"):
+        _trajectories(num_turns=[4])
