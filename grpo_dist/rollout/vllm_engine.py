@@ -273,8 +273,13 @@ class VLLMEngine:
         if sampling.n != 1:
             raise ValueError(f"add_request samples one response per request, got n={sampling.n}")
         _check_prompts([prompt_ids])
-        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                         _sampling_params(sampling, sampling.seed))
+        from vllm.sampling_params import RequestOutputKind
+
+        params = _sampling_params(sampling, sampling.seed)
+        # the finished response only, as LLM.generate asks: the default (cumulative) output rebuilds every
+        # running request's whole token and log-prob lists at every engine step
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params)
 
     def step(self) -> list[tuple[str, TokenOutput]]:
         """Run one engine iteration over every queued and running request; the requests it finished, by
