@@ -21,7 +21,6 @@ so the server can keep a trajectory on one replica.
 from __future__ import annotations
 
 import importlib
-import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +29,6 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_dist.rollout.base import TokenOutput
-
-logger = logging.getLogger(__name__)
 
 
 class Server(Protocol):

@@ -15,6 +15,14 @@ from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.data.dataset import tokenize_prompt
 
 
+def check_prompt_length(loop: str, prompt_ids: list[int], settings: AgentSettings) -> None:
+    """``ValueError`` when the rendered prompt is longer than ``prompt_length`` (the batch's prompt width)."""
+    if len(prompt_ids) > settings.prompt_length:
+        raise ValueError(f"{loop}: the prompt is {len(prompt_ids)} tokens (chat template and tool schemas "
+                         f"included), more than rollout.prompt_length={settings.prompt_length}; raise "
+                         "data.max_prompt_length or filter such rows (data.filter_overlong_prompts)")
+
+
 def require_settings(loop: str, kwargs: dict[str, Any]) -> AgentSettings:
     """The run's ``AgentSettings`` a built-in loop was constructed with; ``ValueError`` when absent."""
     settings = kwargs.get("settings")
@@ -41,6 +49,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
                                          self.settings.apply_chat_template_kwargs)
         else:
             raise ValueError("single_turn_agent: the row has neither prompt_ids nor raw_prompt")
+        check_prompt_length("single_turn_agent", prompt_ids, self.settings)
         params = {**sampling_params, "max_tokens": self.settings.response_length}
         out = await self.server_manager.generate(f"{uuid4().hex}-0", prompt_ids=prompt_ids, sampling_params=params)
         ids = list(out.token_ids)[: self.settings.response_length]

@@ -38,7 +38,7 @@ from typing import Any
 from uuid import uuid4
 
 from grpo_dist.agents.base import AgentLoopBase, AgentLoopOutput, register
-from grpo_dist.agents.single_turn import require_settings
+from grpo_dist.agents.single_turn import check_prompt_length, require_settings
 from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.tools.base_tool import BaseTool
 from grpo_dist.tools.calls import ERROR_KINDS, ERROR_PREFIX, run_tool_call
@@ -179,6 +179,7 @@ class ToolAgentLoop(AgentLoopBase):
             raise ValueError("tool_agent: the row has no raw_prompt (the chat messages the loop renders with tools)")
         messages = [dict(m) for m in kwargs["raw_prompt"]]
         prompt_ids = self._encode(self._render(messages, True))
+        check_prompt_length("tool_agent", prompt_ids, s)
         tools_kwargs = kwargs.get("tools_kwargs") or (kwargs.get("extra_info") or {}).get("tools_kwargs") or {}
         want_logprobs = bool(sampling_params.get("logprobs"))
         seed = sampling_params.get("seed")

@@ -21,24 +21,24 @@ from tests.unit.conftest import build_char_tokenizer
 # A Qwen2.5-like hermes template: a default system prompt when the messages bring none, tool schemas in the
 # system turn, assistant tool calls as <tool_call> blocks, consecutive tool messages in one user turn.
 HERMES_TEMPLATE = (
-    "{%- if messages and messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
-    "{%- else %}<|im_start|>system\nYou are a helpful assistant.{%- endif %}"
-    "{%- if tools %}\n# Tools\n<tools>{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n</tools>{%- endif %}"
-    "<|im_end|>\n"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'system' and loop.first %}"
-    "{%- elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
-    "{%- for tc in m.tool_calls or [] %}{% if m.content or not loop.first %}\n{% endif %}"
-    "<tool_call>\n{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}"
-    "\n</tool_call>{%- endfor %}<|im_end|>\n"
-    "{%- elif m.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{%- endif %}"
-    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{%- endif %}"
-    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{% if messages and messages[0].role == 'system' %}{{ '<|im_start|>system\\n' + messages[0].content }}"
+    "{% else %}{{ '<|im_start|>system\\nYou are a helpful assistant.' }}{% endif %}"
+    "{% if tools %}{{ '\\n# Tools\\n<tools>' }}{% for t in tools %}{{ '\\n' + t | tojson }}{% endfor %}"
+    "{{ '\\n</tools>' }}{% endif %}{{ '<|im_end|>\\n' }}"
+    "{% for m in messages %}"
+    "{% if m.role == 'system' and loop.first %}"
+    "{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content }}"
+    "{% for tc in m.tool_calls or [] %}{% if m.content or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n{\"name\": \"' + tc.function.name + '\", \"arguments\": ' + tc.function.arguments | tojson }}"
+    "{{ '}\\n</tool_call>' }}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% elif m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
+    "{% else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 EOS = 3  # <|im_end|> of the char tokenizer
 
@@ -84,7 +84,7 @@ class ScriptedServer:
 
 
 def settings(**kw) -> AgentSettings:
-    kw.setdefault("prompt_length", 512)
+    kw.setdefault("prompt_length", 4096)
     kw.setdefault("response_length", 64)
     return AgentSettings(**kw)
 
@@ -314,3 +314,10 @@ def test_the_base_init_class_is_per_subclass():
     B(Ref(), None, None)
     assert B.__dict__.get("_class_initialized")
 
+
+
+def test_a_prompt_longer_than_prompt_length_is_refused_naming_the_key():
+    tok = hermes_tokenizer()
+    with pytest.raises(RuntimeError, match=r"row 0 .*prompt is 4 tokens .*rollout.prompt_length=3"):
+        run_trajectories_sync([{"prompt_ids": [1, 2, 3, 4]}], sampling(), server=ScriptedServer(tok, ["x"]),
+                              tokenizer=tok, settings=settings(prompt_length=3))
