@@ -15,8 +15,10 @@ One trajectory, as a loop of turns::
 The model's tokens are appended exactly as sampled, never re-tokenised. The tokens between two model
 turns are what the chat template renders there: the rest of the model's message after its stop token
 (e.g. the ``"\\n"`` after ``<|im_end|>`` of ChatML), the tool messages, and the next generation prompt.
-They are found by rendering a fixed two-message conversation with and without what follows it, so a
-template that puts a default system prompt before the first message adds nothing in between.
+They are found by rendering a fixed short conversation with and without the tool messages after it, so a
+template that puts a default system prompt before the first message adds nothing in between. The fixed
+conversation is a user and an assistant message, or only a user message for templates that render an
+assistant message differently once more messages follow (Qwen3 drops an empty think block).
 
 ``tokenization_sanity_check_mode`` compares the trajectory with the chat template's one-shot rendering of
 all its messages (each model turn's decoded text as an assistant message with its tool calls, the tool
@@ -39,7 +41,7 @@ from uuid import uuid4
 
 from grpo_dist.agents.base import AgentLoopBase, AgentLoopOutput, register
 from grpo_dist.agents.single_turn import check_prompt_length, require_settings
-from grpo_dist.agents.settings import AgentSettings
+from grpo_dist.agents.settings import TOOL_CALL_FORMATS, AgentSettings
 from grpo_dist.tools.base_tool import BaseTool
 from grpo_dist.tools.calls import ERROR_KINDS, ERROR_PREFIX, run_tool_call
 from grpo_dist.tools.registry import load_tools
@@ -49,8 +51,10 @@ logger = logging.getLogger(__name__)
 
 SEED_STRIDE = 1_000_003
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-# a fixed conversation the tool turns are rendered after (its text is never part of a trajectory)
-_ANCHOR = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+# fixed conversations the tool turns are rendered after (their text is never part of a trajectory), in the
+# order tried: the first whose rendering does not change when tool messages follow is used
+_ANCHORS = ([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+            [{"role": "user", "content": "u"}])
 _warned_mismatch = False
 
 
@@ -135,6 +139,9 @@ class ToolAgentLoop(AgentLoopBase):
     def init_class(cls, config: Any, tokenizer: Any, processor: Any = None, **kwargs: Any) -> None:
         """Load the configured tools once per process (again only when the tool paths change)."""
         settings = require_settings("tool_agent", kwargs)
+        if settings.format not in TOOL_CALL_FORMATS:
+            raise ValueError(f"tool_agent: tool-call format {settings.format!r} is not built; "
+                             f"rollout.multi_turn.format must be one of {', '.join(TOOL_CALL_FORMATS)}")
         key = (settings.tool_config_path, settings.function_tool_path)
         if cls.__dict__.get("_class_initialized") and cls._tools_key == key:
             return
@@ -154,23 +161,32 @@ class ToolAgentLoop(AgentLoopBase):
 
     def _tail_after(self, stop_token: int) -> list[int]:
         """What the template renders after an assistant message's last token ``stop_token`` (e.g. ChatML's
-        ``"\\n"`` after ``<|im_end|>``); [] when the template does not end a message with that token."""
+        ``"\\n"`` after ``<|im_end|>``); [] when the template does not end a message with that token or the
+        token is not a special token (a plain token may occur anywhere in the rendering)."""
         if stop_token not in self._tails:
-            ids = self._encode(self._render(_ANCHOR, False))
-            at = [i for i, t in enumerate(ids) if t == stop_token]
+            ids = self._encode(self._render(_ANCHORS[0], False))
+            special = stop_token in set(self.tokenizer.all_special_ids)
+            at = [i for i, t in enumerate(ids) if t == stop_token] if special else []
             self._tails[stop_token] = ids[at[-1] + 1:] if at else []
         return self._tails[stop_token]
 
     def _tool_turn_ids(self, tool_messages: list[dict]) -> list[int]:
-        """The template's tokens for ``tool_messages`` and the next generation prompt, rendered after an
-        assistant message (so that no system prompt or other prefix of the template comes with them)."""
-        base = self._render(_ANCHOR, False)
-        full = self._render(_ANCHOR + tool_messages, True)
-        if not full.startswith(base):
-            raise ValueError("tool_agent: the chat template renders the conversation before the tool messages "
-                             "differently once tool messages follow, so the tool turn cannot be cut out of it; "
-                             "use a template that renders earlier messages independently of later ones")
-        return self._encode(full[len(base):])
+        """The template's tokens for ``tool_messages`` and the next generation prompt, rendered after a fixed
+        conversation (so that no system prompt or other prefix of the template comes with them)."""
+        problems = []
+        for anchor in _ANCHORS:
+            try:
+                base = self._render(anchor, False)
+                full = self._render(anchor + tool_messages, True)
+            except Exception as exc:  # a template may refuse a conversation shape (e.g. a tool after a user)
+                problems.append(f"{type(exc).__name__}: {exc}")
+                continue
+            if full.startswith(base):
+                return self._encode(full[len(base):])
+            problems.append("the earlier messages render differently once tool messages follow")
+        raise ValueError("tool_agent: the chat template cannot render a tool turn on its own (tried after a "
+                         f"user+assistant and after a user message: {'; '.join(problems)}); use a template that "
+                         "renders earlier messages independently of later ones")
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:

@@ -311,3 +311,25 @@ def test_parse_hermes_tool_calls():
     assert content == "think"
     assert [(c.name, c.arguments, c.error is None) for c in calls] == [("f", {"x": 1}, True), ("", "[1]", False),
                                                                        ("g", "{}", True)]
+
+
+def test_a_template_that_renders_the_last_assistant_message_differently_still_gets_its_tool_turn(tools_py):
+    # like Qwen3: the last assistant message gets an empty think block, earlier ones do not
+    from tests.unit.conftest import build_char_tokenizer
+    from tests.unit.test_agent_loops import HERMES_TEMPLATE
+
+    marker = "{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content }}"
+    assert marker in HERMES_TEMPLATE
+    template = HERMES_TEMPLATE.replace(marker, "{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+                                       "{% if loop.last %}{{ '<think></think>' }}{% endif %}{{ m.content }}")
+    tok = build_char_tokenizer(template)
+    server = ScriptedServer(tok, [call("add", {"a": 1, "b": 2}), "3"])
+    s = settings(default_agent_loop="tool_agent", function_tool_path=tools_py, response_length=1024)
+    (out,) = run_trajectories_sync([{"raw_prompt": MESSAGES}], sampling(), server=server, tokenizer=tok, settings=s)
+    assert tool_texts(out, tok) == ["\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n"
+                                    "<|im_start|>assistant\n"]
+
+
+def test_a_tool_call_format_other_than_hermes_is_refused(tools_py):
+    with pytest.raises(RuntimeError, match="tool-call format 'json' is not built; rollout.multi_turn.format must be one of hermes"):
+        run(["x"], tools_py, format="json")
