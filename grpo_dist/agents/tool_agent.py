@@ -204,7 +204,9 @@ class ToolAgentLoop(AgentLoopBase):
         ids: list[int] = []
         mask: list[int] = []
         logprobs: list[float] = []
-        metrics: dict[str, float] = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_wall_s": 0.0}
+        # every trajectory reports the same keys (the caller averages them over the batch)
+        metrics: dict[str, float] = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_truncated": 0.0, "tool_wall_s": 0.0,
+                                     **{f"tool_errors/{kind}": 0.0 for kind in ERROR_KINDS}}
         tool_rewards: list[float] = []
         assistant_turns = user_turns = 0
         cut = False
@@ -243,18 +245,10 @@ class ToolAgentLoop(AgentLoopBase):
                 cut = True
                 break
 
-            results = await asyncio.gather(*(
-                _parse_error(call) if call.error is not None else
-                run_tool_call(self.tools, call.name, call.arguments, timeout_s=s.tool_timeout_s,
-                              max_chars=s.max_tool_response_length, truncate_side=s.tool_response_truncate_side,
-                              tools_kwargs=tools_kwargs)
-                for call in calls[: s.max_parallel_calls]))
-            tool_messages = []
-            for response, reward, call_metrics in results:
-                tool_messages.append({"role": "tool", "content": response.text or ""})
-                tool_rewards.append(float(reward))
-                for key, value in call_metrics.items():
-                    metrics[key] = metrics.get(key, 0.0) + float(value)
+            tool_messages, rewards, call_metrics = await self._run_calls(calls[: s.max_parallel_calls], tools_kwargs)
+            tool_rewards += rewards
+            for key, value in call_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
             delta = (self._tail_after(turn_ids[-1]) if turn_ids else []) + self._tool_turn_ids(tool_messages)
             messages += tool_messages
             ids += delta
@@ -282,6 +276,22 @@ class ToolAgentLoop(AgentLoopBase):
                                num_turns=1 + assistant_turns + user_turns, metrics=metrics,
                                extra_fields={"tool_rewards": tool_rewards},
                                finished_by_eos=last_stop == "stop" and not cut)
+
+    async def _run_calls(self, calls: list[ToolCall], tools_kwargs: dict) -> tuple[list[dict], list[float], dict]:
+        """Run ``calls`` at once; their tool messages (in the calls' order), rewards and summed metrics."""
+        s = self.settings
+        results = await asyncio.gather(*(
+            _parse_error(call) if call.error is not None else
+            run_tool_call(self.tools, call.name, call.arguments, timeout_s=s.tool_timeout_s,
+                          max_chars=s.max_tool_response_length, truncate_side=s.tool_response_truncate_side,
+                          tools_kwargs=tools_kwargs)
+            for call in calls))
+        metrics: dict[str, float] = {}
+        for _, _, call_metrics in results:
+            for key, value in call_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + float(value)
+        return ([{"role": "tool", "content": response.text or ""} for response, _, _ in results],
+                [float(reward) for _, reward, _ in results], metrics)
 
     def _matches_one_shot(self, trajectory: list[int], messages: list[dict], add_generation_prompt: bool) -> bool:
         """Whether ``trajectory`` is what the chat template renders for ``messages`` at once (per the mode)."""

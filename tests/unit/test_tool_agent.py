@@ -69,6 +69,16 @@ async def hang(x: str) -> str:
 
 
 @function_tool
+async def scored(x: str) -> tuple:
+    """Answer with a reward and a metric.
+
+    Args:
+        x: anything
+    """
+    return "scored " + x, 0.5, {"hits": 2}
+
+
+@function_tool
 def big(x: str) -> str:
     """A long answer.
 
@@ -248,6 +258,8 @@ def test_max_assistant_turns_stops_before_the_tools(tools_py):
     (out,), server, _ = run([call("add", {"a": 1, "b": 2})] * 3, tools_py, max_assistant_turns=1)
     assert len(server.calls) == 1 and out.num_turns == 2
     assert set(out.response_mask) == {1} and out.metrics["tool_calls"] == 0 and out.finished_by_eos
+    # a trajectory without calls reports the same keys, at 0 (the batch averages them)
+    assert out.metrics["tool_errors/timeout"] == 0 and out.metrics["tool_truncated"] == 0
 
 
 def test_max_user_turns_stops_after_that_many_tool_turns(tools_py):
@@ -333,3 +345,10 @@ def test_a_template_that_renders_the_last_assistant_message_differently_still_ge
 def test_a_tool_call_format_other_than_hermes_is_refused(tools_py):
     with pytest.raises(RuntimeError, match="tool-call format 'json' is not built; rollout.multi_turn.format must be one of hermes"):
         run(["x"], tools_py, format="json")
+
+
+def test_the_tools_own_metrics_and_rewards_are_summed_over_the_trajectory(tools_py):
+    (out,), _, _ = run([call("scored", {"x": "a"}) + call("scored", {"x": "b"}), call("scored", {"x": "c"}), "ok"],
+                       tools_py, max_parallel_calls=2)
+    assert out.metrics["tool/scored/hits"] == 6 and out.metrics["tool_calls"] == 3
+    assert out.extra_fields["tool_rewards"] == [0.5, 0.5, 0.5]
