@@ -91,7 +91,9 @@ def parse_hermes_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
                                             "'arguments'"))
             continue
         arguments = value.get("arguments", {})
-        calls.append(ToolCall(value["name"], arguments if isinstance(arguments, (dict, str)) else json.dumps(arguments)))
+        if not isinstance(arguments, (dict, str)):
+            arguments = json.dumps(arguments)  # run_tool_call tells the model it is not an object
+        calls.append(ToolCall(value["name"], arguments))
     return TOOL_CALL_RE.sub("", text).strip(), calls
 
 
@@ -101,6 +103,11 @@ async def _parse_error(call: ToolCall) -> tuple[ToolResponse, float, dict[str, f
     metrics.update({f"tool_errors/{kind}": float(kind == "invalid_arguments") for kind in ERROR_KINDS})
     hint = 'write <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>'
     return ToolResponse(text=f"{ERROR_PREFIX}{call.error}; {hint}"), 0.0, metrics
+
+
+def tool_schemas(tools: dict[str, BaseTool]) -> list[dict]:
+    """The tools as the chat template's ``tools=`` gets them (verl's dump: no unset or None fields)."""
+    return [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in tools.values()]
 
 
 def _assistant_message(content: str, calls: list[ToolCall]) -> dict[str, Any]:
@@ -132,7 +139,7 @@ class ToolAgentLoop(AgentLoopBase):
                  **kwargs: Any) -> None:
         self.settings: AgentSettings = require_settings("tool_agent", kwargs)
         super().__init__(trainer_config, server_manager, tokenizer, processor, **kwargs)
-        self.tool_schemas = [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()] or None
+        self.tool_schemas = tool_schemas(self.tools) or None
         self._tails: dict[int, list[int]] = {}
 
     @classmethod

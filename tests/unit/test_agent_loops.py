@@ -202,10 +202,11 @@ class FailingLoop(AgentLoopBase):
 
 def test_a_failing_loop_is_named_with_its_row_and_the_others_are_cancelled():
     tok = hermes_tokenizer()
-    rows = [{"prompt_ids": [1], "agent_name": "failing_test_agent"}, {"prompt_ids": [2], "agent_name": "failing_test_agent"}]
+    rows = [{"prompt_ids": [k], "agent_name": "failing_test_agent"} for k in (1, 2)]
 
     async def main():
-        with pytest.raises(RuntimeError, match=r"agent loop 'failing_test_agent' failed on row 1 .*KeyError.*no answer"):
+        problem = r"agent loop 'failing_test_agent' failed on row 1 .*KeyError.*no answer"
+        with pytest.raises(RuntimeError, match=problem):
             await asyncio.wait_for(run_trajectories(rows, sampling(), server=ScriptedServer(tok, []), tokenizer=tok,
                                                     settings=settings()), 2.0)
         return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -248,7 +249,8 @@ def test_the_yaml_registers_a_user_loop_with_its_constructor_keys(user_module):
     path = user_module / "loops.yaml"
     path.write_text("- name: scaled_agent\n  _target_: my_loops_mod.ScaledLoop\n  scale: 2\n")
     tok = hermes_tokenizer()
-    outs = run_trajectories_sync([{"prompt_ids": [5], "agent_name": "scaled_agent"}], sampling(), server=ScriptedServer(tok, ["ab"]),
+    outs = run_trajectories_sync([{"prompt_ids": [5], "agent_name": "scaled_agent"}], sampling(),
+                                 server=ScriptedServer(tok, ["ab"]),
                                  tokenizer=tok, settings=settings(agent_loop_config_path=str(path)))
     one = tok.encode("ab", add_special_tokens=False) + [EOS]
     assert outs[0].response_ids == one * 2

@@ -153,8 +153,9 @@ def test_a_tool_round_trip_keeps_model_tokens_and_masks_the_template_tokens(tool
     turn1 = "It is 3."
     (out,), server, tok = run([turn0, turn1], tools_py)
     enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tool_agent.ToolAgentLoop.tools.values()]
-    assert out.prompt_ids == enc(tok.apply_chat_template(MESSAGES, tools=schemas, tokenize=False, add_generation_prompt=True))
+    schemas = tool_agent.tool_schemas(tool_agent.ToolAgentLoop.tools)
+    assert out.prompt_ids == enc(tok.apply_chat_template(MESSAGES, tools=schemas, tokenize=False,
+                                                         add_generation_prompt=True))
     assert "# Tools" in tok.decode(out.prompt_ids) and '"name": "add"' in tok.decode(out.prompt_ids)
 
     model0, model1 = enc(turn0) + [EOS], enc(turn1) + [EOS]
@@ -177,7 +178,7 @@ def test_the_trajectory_is_the_templates_one_shot_rendering_without_a_second_sys
     (out,), _, tok = run(["Let me add.\n" + call("add", {"a": 1, "b": 2}), "It is 3."], tools_py)
     text = tok.decode(out.prompt_ids + out.response_ids)
     assert text.count("You are a helpful assistant.") == 1
-    schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tool_agent.ToolAgentLoop.tools.values()]
+    schemas = tool_agent.tool_schemas(tool_agent.ToolAgentLoop.tools)
     messages = MESSAGES + [
         {"role": "assistant", "content": "Let me add.",
          "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
@@ -229,7 +230,7 @@ def test_every_fault_becomes_an_error_for_the_model_and_is_counted(tools_py):
     assert responses[4].startswith(ERROR_PREFIX) and "no tool named 'nope'" in responses[4]
     m = out.metrics
     assert (m["tool_calls"], m["tool_errors"], m["tool_truncated"]) == (5, 4, 1)
-    assert [m[f"tool_errors/{k}"] for k in ("exception", "timeout", "invalid_arguments", "unknown_tool")] == [1, 1, 1, 1]
+    assert [m[f"tool_errors/{k}"] for k in ("exception", "timeout", "invalid_arguments", "unknown_tool")] == [1] * 4
     last_mask, last_ids = segments(out)[-1]
     assert last_mask == 1 and tok.decode(last_ids) == "sorry<|im_end|>" and out.finished_by_eos
 
@@ -280,7 +281,8 @@ def test_tools_kwargs_come_from_extra_info_or_the_row_and_tool_rewards_are_kept(
     config = tmp_path / "tools.yaml"
     config.write_text(GSM8K_CONFIG)
     kwargs = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "42"}}}
-    rows = [{"raw_prompt": MESSAGES, "extra_info": {"tools_kwargs": kwargs}}, {"raw_prompt": MESSAGES, "tools_kwargs": kwargs}]
+    rows = [{"raw_prompt": MESSAGES, "extra_info": {"tools_kwargs": kwargs}},
+            {"raw_prompt": MESSAGES, "tools_kwargs": kwargs}]
     tok = hermes_tokenizer()
     server = ScriptedServer(tok, lambda t, p, params: call("calc_gsm8k_reward", {"answer": "42" if t == 0 else "41"}))
     s = settings(default_agent_loop="tool_agent", tool_config_path=str(config), max_user_turns=2, response_length=1024)
@@ -343,7 +345,8 @@ def test_a_template_that_renders_the_last_assistant_message_differently_still_ge
 
 
 def test_a_tool_call_format_other_than_hermes_is_refused(tools_py):
-    with pytest.raises(RuntimeError, match="tool-call format 'json' is not built; rollout.multi_turn.format must be one of hermes"):
+    problem = "tool-call format 'json' is not built; rollout.multi_turn.format must be one of hermes"
+    with pytest.raises(RuntimeError, match=problem):
         run(["x"], tools_py, format="json")
 
 
