@@ -1,0 +1,91 @@
+"""Running the agent loops of a batch: ``len(rows) * n`` trajectories at once, prompt-major.
+
+Trajectory ``i * n + j`` is sample ``j`` of row ``i`` (the order of :class:`~grpo_dist.rollout.base.RolloutOutput`,
+so ``outputs[i * n : (i + 1) * n]`` is row ``i``'s GRPO group). Its loop is the row's ``agent_name``, else
+``settings.default_agent_loop``; its seed is ``sampling.seed + i * n + j`` (None when ``sampling.seed`` is None).
+Every trajectory gets a fresh loop instance and the row's fields as keywords of ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from grpo_dist.agents.base import (AgentLoopEntry, AgentLoopOutput, Server, TrainerConfigRef, get_agent_loop_entry,
+                                   load_agent_loop_config)
+from grpo_dist.agents.settings import AgentSettings
+from grpo_dist.rollout.base import SamplingSettings
+
+_loaded_configs: set[str] = set()
+
+
+def sampling_params_of(sampling: SamplingSettings, seed: int | None) -> dict[str, Any]:
+    """verl's per-request ``sampling_params`` dict for one trajectory (greedy: temperature 0)."""
+    return {"temperature": sampling.temperature if sampling.do_sample else 0.0, "top_p": sampling.top_p,
+            "top_k": sampling.top_k, "do_sample": sampling.do_sample, "logprobs": sampling.logprobs,
+            "seed": seed, "max_tokens": sampling.max_tokens}
+
+
+def _ensure_user_loops(settings: AgentSettings) -> None:
+    path = settings.agent_loop_config_path
+    if path and str(Path(path).expanduser().resolve()) not in _loaded_configs:
+        load_agent_loop_config(path)
+        _loaded_configs.add(str(Path(path).expanduser().resolve()))
+
+
+async def _one(index: int, row_index: int, name: str, entry: AgentLoopEntry, row: dict[str, Any],
+               params: dict[str, Any], *, server: Server, tokenizer: Any, trainer_config: TrainerConfigRef,
+               settings: AgentSettings) -> AgentLoopOutput:
+    try:
+        loop = entry.cls(trainer_config, server, tokenizer, None, **{"settings": settings, **entry.kwargs})
+        out = await loop.run(params, **row)
+        if not isinstance(out, AgentLoopOutput):
+            raise TypeError(f"run() returned {type(out).__name__}, expected AgentLoopOutput")
+        return out
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        raise RuntimeError(f"agent loop {name!r} failed on row {row_index} (trajectory {index}): "
+                           f"{type(exc).__name__}: {exc}") from exc
+
+
+async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSettings, *, server: Server,
+                           tokenizer: Any, settings: AgentSettings) -> list[AgentLoopOutput]:
+    """All trajectories of ``rows`` (``len(rows) * sampling.n``, prompt-major), run concurrently.
+
+    Raises:
+        ValueError: a row names an unregistered loop, or the agent-loop config cannot be used (before any
+            trajectory starts).
+        RuntimeError: a loop raised; the message names the loop, the row index and the error; the other
+            trajectories are cancelled.
+    """
+    _ensure_user_loops(settings)
+    n = sampling.n
+    names = [row.get("agent_name") or settings.default_agent_loop for row in rows]
+    entries = {name: get_agent_loop_entry(name) for name in names}
+    trainer_config = TrainerConfigRef(settings.trainer_config)
+    tasks = []
+    for i, (row, name) in enumerate(zip(rows, names)):
+        for j in range(n):
+            seed = None if sampling.seed is None else sampling.seed + i * n + j
+            tasks.append(asyncio.ensure_future(_one(
+                i * n + j, i, name, entries[name], row, sampling_params_of(sampling, seed), server=server,
+                tokenizer=tokenizer, trainer_config=trainer_config, settings=settings)))
+    if not tasks:
+        return []
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    failed = [t for t in tasks if t in done and t.exception() is not None]
+    if failed:
+        raise failed[0].exception()
+    return [t.result() for t in tasks]
+
+
+def run_trajectories_sync(rows: list[dict[str, Any]], sampling: SamplingSettings, *, server: Server,
+                          tokenizer: Any, settings: AgentSettings) -> list[AgentLoopOutput]:
+    """:func:`run_trajectories` from synchronous code (its own event loop: ``asyncio.run``)."""
+    return asyncio.run(run_trajectories(rows, sampling, server=server, tokenizer=tokenizer, settings=settings))
