@@ -232,12 +232,6 @@ def situational_noops(cfg: GRPOConfig) -> list[tuple[str, Any, str]]:
     """Keys whose value has no effect in this particular configuration."""
     r = cfg.actor_rollout_ref.rollout
     out: list[tuple[str, Any, str]] = []
-    if r.mode == "async":
-        out.append(("actor_rollout_ref.rollout.mode", r.mode,
-                    "single-turn rollouts run the same generation path as sync and give the same responses"))
-    if r.agent.num_workers != 8:
-        out.append(("actor_rollout_ref.rollout.agent.num_workers", r.agent.num_workers,
-                    "verl's agent-loop worker count; generation runs in the rollout engines here"))
     spec = reward_model_spec(cfg)
     if spec.enable_resource_pool and not spec.enable:
         out.append((f"{spec.pool_keys}.enable_resource_pool", True, "the run has no reward model (reward_model.enable)"))
