@@ -203,3 +203,51 @@ def test_agent_settings_are_frozen_and_built_once_per_run():
     assert spec.agent_settings is s
     with pytest.raises(AttributeError):
         s.max_parallel_calls = 5  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------------------ verl's multi-turn YAMLs
+VERL_MULTI_TURN_YAML = textwrap.dedent("""
+    hydra:
+      searchpath:
+        - file://verl/trainer/config
+
+    defaults:
+      - ppo_trainer
+      - _self_
+
+    data:
+      max_prompt_length: 100
+    actor_rollout_ref:
+      rollout:
+        mode: async
+        multi_turn:
+          enable: true
+          max_assistant_turns: 5
+""")
+
+
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath")  # Hydra warns that verl's folder is not here
+def test_a_verl_multi_turn_config_loads_with_its_own_config_path(tmp_path):
+    """verl's launch scripts pass ``--config-path <their folder> --config-name <their file>``, a file starting
+    from ``defaults: [ppo_trainer, _self_]``: ppo_trainer is grpo_dist's own configuration."""
+    (tmp_path / "gsm8k_multiturn_grpo.yaml").write_text(VERL_MULTI_TURN_YAML)
+    overrides = ["actor_rollout_ref.rollout.n=4"]
+    cfg = to_typed(compose(overrides, config_dir=tmp_path, config_name="gsm8k_multiturn_grpo"), overrides)
+    validate_config(cfg, check_paths=False)
+    r = cfg.actor_rollout_ref.rollout
+    assert (r.mode, r.multi_turn.enable, r.multi_turn.max_assistant_turns, r.n) == ("async", True, 5, 4)
+    assert r.prompt_length == 100  # the file's data key, through grpo_dist's ${data.max_prompt_length}
+    assert cfg.trainer.total_epochs == to_typed(compose([])).trainer.total_epochs  # the rest: grpo_dist's defaults
+    assert agent_settings(cfg).default_agent_loop == "tool_agent"
+
+
+@pytest.mark.filterwarnings("ignore:provider=hydra.searchpath")
+def test_a_missing_default_is_named_with_the_file_that_lists_it(tmp_path):
+    (tmp_path / "mine.yaml").write_text(VERL_MULTI_TURN_YAML.replace("- ppo_trainer", "- ppo_trainr"))
+    with pytest.raises(ConfigError) as info:
+        compose([], config_dir=tmp_path, config_name="mine")
+    message = str(info.value)
+    assert message.startswith("config 'mine' lists 'ppo_trainr' in its defaults, and no 'ppo_trainr.yaml' is found in")
+    assert str(tmp_path) in message and "verl/trainer/config (hydra.searchpath; no such folder)" in message
+    with pytest.raises(ConfigError, match="config 'other' not found in"):
+        compose([], config_dir=tmp_path, config_name="other")
