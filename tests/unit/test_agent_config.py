@@ -251,3 +251,12 @@ def test_a_missing_default_is_named_with_the_file_that_lists_it(tmp_path):
     assert str(tmp_path) in message and "verl/trainer/config (hydra.searchpath; no such folder)" in message
     with pytest.raises(ConfigError, match="config 'other' not found in"):
         compose([], config_dir=tmp_path, config_name="other")
+
+
+def test_the_check_plan_says_how_trajectories_run():
+    cfg = cfg_of(ASYNC, MT + "enable=true", MT + "max_assistant_turns=3", MT + "tool_config_path=/t.yaml",
+                 "data.max_response_length=40")
+    note = next(line for line in resolve(cfg).check_plan(count_rows=False).lines() if "agent loops" in line)
+    assert "rows without agent_name run tool_agent" in note
+    assert "assistant turns 3, user turns no limit, within 40 response tokens" in note and "tools from /t.yaml" in note
+    assert not any("agent loops" in line for line in resolve(cfg_of()).check_plan(count_rows=False).lines())
