@@ -122,12 +122,16 @@ def check_agent_files(cfg: GRPOConfig) -> None:
     for key, path in (("tool_config_path", mt.tool_config_path), ("function_tool_path", mt.function_tool_path)):
         if path:
             check_exists(_MT + key, path, kind="file")
-    if mt.tool_config_path or mt.function_tool_path:
-        key = _MT + ("tool_config_path" if mt.tool_config_path else "function_tool_path")
+    # the tool config alone, then with the function tools: an error of the second load is the function file's
+    # (or a name both define), so each message is prefixed by the key of the file at fault
+    for key, files in (("tool_config_path", (mt.tool_config_path, None)),
+                       ("function_tool_path", (mt.tool_config_path, mt.function_tool_path))):
+        if not getattr(mt, key):
+            continue
         try:
-            load_tools(mt.tool_config_path, mt.function_tool_path)
+            load_tools(*files)
         except ToolConfigError as exc:
-            raise bad(key, mt.tool_config_path or mt.function_tool_path, str(exc)) from None
+            raise bad(_MT + key, getattr(mt, key), str(exc)) from None
     path = ag.agent_loop_config_path
     if path:
         check_exists(_AG + "agent_loop_config_path", path, kind="file")

@@ -163,6 +163,19 @@ def test_a_bad_tool_file_is_refused_before_any_worker_starts(tmp_path, key, text
     assert message.startswith(MT + key) and needle in message, message
 
 
+def test_with_both_tool_files_the_message_names_the_one_at_fault(tmp_path):
+    config = tmp_path / "tools.yaml"
+    config.write_text("tools: []\n")
+    functions = tmp_path / "tools.py"
+    functions.write_text("raise RuntimeError('broken on import')\n")
+    message = refused_with_files(ASYNC, MT + f"tool_config_path={config}", MT + f"function_tool_path={functions}")
+    assert message.startswith(MT + "function_tool_path") and "broken on import" in message
+    functions.write_text(TOOL_FILE)
+    config.write_text("tools:\n  - class_name: no_such_module.Tool\n")
+    message = refused_with_files(ASYNC, MT + f"tool_config_path={config}", MT + f"function_tool_path={functions}")
+    assert message.startswith(MT + "tool_config_path") and "no_such_module" in message
+
+
 def test_a_missing_tool_file_is_refused(tmp_path):
     message = refused_with_files(ASYNC, MT + "enable=true", MT + f"tool_config_path={tmp_path / 'no.yaml'}")
     assert message.startswith(MT + "tool_config_path") and "no such file" in message
