@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -241,7 +242,9 @@ def _check_added_keys(overrides: list[str]) -> None:
 @contextlib.contextmanager
 def _hydra(conf_dir: Path, extra_dirs: list[str], job_name: str) -> Iterator[None]:
     """Hydra initialised as ``@hydra.main`` would be: the primary config folder, then the
-    ``--config-dir`` folders on the search path (``initialize_config_dir`` takes one folder only)."""
+    ``--config-dir`` folders on the search path (``initialize_config_dir`` takes one folder only), then
+    the project's conf/ when the primary folder is another (``--config-path``): a config there may start
+    from ``defaults: [grpo_trainer]``, or from verl's ``[ppo_trainer]`` (conf/ppo_trainer.yaml)."""
     from hydra import version
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
@@ -253,6 +256,9 @@ def _hydra(conf_dir: Path, extra_dirs: list[str], job_name: str) -> Iterator[Non
     csp = create_config_search_path(search_path_dir=str(conf_dir))
     for d in extra_dirs:
         csp.append(provider="command-line", path=f"file://{Path(d).resolve()}", anchor=SearchPathQuery(provider="main"))
+    if conf_dir.resolve() != CONF_DIR.resolve():
+        last = SearchPathQuery(provider="command-line" if extra_dirs else "main")  # Hydra's structured schema stays last
+        csp.append(provider="grpo_dist", path=f"file://{CONF_DIR}", anchor=last)
     Hydra.create_main_hydra2(task_name=job_name, config_search_path=csp)
     try:
         yield
@@ -298,13 +304,37 @@ def compose(
         from hydra.errors import MissingConfigException
 
         if isinstance(exc, MissingConfigException):
-            where = ", ".join(str(d) for d in [conf_dir, *extra_dirs])
-            raise ConfigError(f"config '{config_name}' not found in {where} (--config-name / --config-path / --config-dir)") from None
+            raise _missing_config(exc, config_name, [conf_dir, *map(Path, extra_dirs)]) from None
         if "Ambiguous value for argument" in str(exc):
             raise ConfigError(f"{str(exc).splitlines()[0]} (a comma-separated value is a sweep: add --multirun to run one "
                               "job per value, or quote the value, key='a,b')") from None
         raise _translate(exc, overrides) from None
     return cfg
+
+
+_MISSING_DEFAULT = re.compile(r"^In '(?P<parent>[^']+)': Could not (?:load|find) '(?P<missing>[^']+)'")
+
+
+def _missing_config(exc: Exception, config_name: str, dirs: list[Path]) -> ConfigError:
+    """One message for Hydra's missing config: the primary config itself, or an entry of a defaults list
+    (named with the config that lists it); with the folders searched (a ``hydra.searchpath`` folder that does
+    not exist said so)."""
+    text = str(exc)
+    searched = [str(d) for d in dirs]
+    for line in text.splitlines():
+        m = re.search(r"provider=hydra\.searchpath in \w+, path=file://(\S+)", line)
+        if m:
+            path = Path(m.group(1))
+            searched.append(str(path) + ("" if path.is_dir() else " (hydra.searchpath; no such folder)"))
+    if str(CONF_DIR) not in searched:
+        searched.append(str(CONF_DIR))
+    where = ", ".join(searched)
+    m = _MISSING_DEFAULT.match(text)
+    if m:
+        return ConfigError(f"config '{m.group('parent')}' lists '{m.group('missing')}' in its defaults, and no "
+                           f"'{m.group('missing')}.yaml' is found in {where}; grpo_dist's conf/ provides grpo_trainer "
+                           "(and ppo_trainer, verl's name for it)")
+    return ConfigError(f"config '{config_name}' not found in {where} (--config-name / --config-path / --config-dir)")
 
 
 def show_info(info: str, overrides: list[str], *, config_dir: str | Path | None = None,

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from grpo_dist.config.agents import default_agent_loop
 from grpo_dist.config.roles import GLOBAL, Pool, active_specs, describe, device_shares, placement, rank_processes
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.reward_sources import reward_model_spec, reward_sources
@@ -232,12 +233,6 @@ def situational_noops(cfg: GRPOConfig) -> list[tuple[str, Any, str]]:
     """Keys whose value has no effect in this particular configuration."""
     r = cfg.actor_rollout_ref.rollout
     out: list[tuple[str, Any, str]] = []
-    if r.mode == "async":
-        out.append(("actor_rollout_ref.rollout.mode", r.mode,
-                    "single-turn rollouts run the same generation path as sync and give the same responses"))
-    if r.agent.num_workers != 8:
-        out.append(("actor_rollout_ref.rollout.agent.num_workers", r.agent.num_workers,
-                    "verl's agent-loop worker count; generation runs in the rollout engines here"))
     spec = reward_model_spec(cfg)
     if spec.enable_resource_pool and not spec.enable:
         out.append((f"{spec.pool_keys}.enable_resource_pool", True, "the run has no reward model (reward_model.enable)"))
@@ -261,6 +256,24 @@ def role_placements(cfg: GRPOConfig) -> tuple[list[RolePlacement], dict[str, Poo
                 roles[r.name] = RolePlacement(r.name, True, describe(r, cfg), pool.name, share, process)
     out = [roles.get(r.name) or RolePlacement(r.name, False, describe(r, cfg)) for r in active_specs(cfg)]
     return out, pools
+
+
+def agents_note(cfg: GRPOConfig) -> str:
+    """The plan's line on agent-loop rollouts (``rollout.mode=async``): the default loop, the turn limits, the tools."""
+    r = cfg.actor_rollout_ref.rollout
+    mt, ag = r.multi_turn, r.agent
+    text = f"agent loops: each trajectory a coroutine; rows without agent_name run {default_agent_loop(cfg)}"
+    if ag.agent_loop_config_path:
+        text += f" (your loops: {ag.agent_loop_config_path})"
+    if mt.enable:
+        most = {n: "no limit" if v is None else str(v) for n, v in (("assistant", mt.max_assistant_turns),
+                                                                      ("user", mt.max_user_turns))}
+        text += (f"; multi-turn: assistant turns {most['assistant']}, user turns {most['user']}, within "
+                 f"{r.response_length} response tokens")
+    tools = [p for p in (mt.tool_config_path, mt.function_tool_path) if p]
+    if tools:
+        text += "; tools from " + ", ".join(tools)
+    return text
 
 
 def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
@@ -318,6 +331,8 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
     if t.val_only or t.log_val_generations:
         if t.log_val_generations:
             notes.append(f"validation: {t.log_val_generations} sample(s) logged as a table each time (val_generations.jsonl)")
+    if rollout.mode == "async":
+        notes.append(agents_note(cfg))
     noop, noop_total = noop_keys(cfg)
     return Plan(
         nnodes=t.nnodes, ranks_per_node=t.n_gpus_per_node, device=t.device, roles=roles, pools=pools, tp=tp, engines=engines,

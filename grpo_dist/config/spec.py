@@ -20,10 +20,12 @@ The spec keeps the validated configuration privately (``_cfg``) for these method
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from grpo_dist.config import engine, facts, memory, preflight, role_settings
+from grpo_dist.agents.settings import AgentSettings
+from grpo_dist.config import agents, engine, facts, memory, preflight, role_settings
 from grpo_dist.config.facts import StepShape
 from grpo_dist.config.launch import LaunchPlan, launch_plan
 from grpo_dist.config.reward_sources import RewardSource, reward_sources
@@ -95,6 +97,12 @@ class RunSpec:
     def as_dict(self) -> dict:
         """The resolved configuration as plain data (the run's ``config.yaml``, the trackers' config)."""
         return asdict(self._cfg)
+
+    @functools.cached_property
+    def agent_settings(self) -> AgentSettings | None:
+        """What the agent loops of an agent-loop rollout read (``rollout.mode=async``); None with
+        ``rollout.mode=sync`` (:func:`grpo_dist.config.agents.agent_settings`). Built once, on first use."""
+        return agents.agent_settings(self._cfg)
 
     # ---- the role table ------------------------------------------------------------------------------------
     def placement(self, rows: list) -> list[tuple[Pool, list]]:

@@ -7,7 +7,6 @@ that it exists (checks that need the model or the data run later, in the trainer
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 from typing import Any
 
@@ -18,6 +17,7 @@ from grpo_dist.config.schema import (
     CriticOptimConfig,
     GRPOConfig,
 )
+from grpo_dist.config.agents import check_agent_files, check_agents
 from grpo_dist.config.checks import DTYPES, data_parallel_size
 from grpo_dist.config.checks import bad as _bad
 from grpo_dist.config.checks import check_exists as _check_exists
@@ -73,13 +73,11 @@ def _check_loggers(value: Any) -> None:
 
 
 def _check_rollout_extras(cfg: GRPOConfig) -> None:
-    """The agent loop's worker count and vLLM's pass-through arguments (``rollout.mode``, the multi-turn
-    and the other agent-loop keys are checked by their states in the schema)."""
+    """The agent-loop keys (``rollout.mode``, ``multi_turn.*``, ``agent.*``: :func:`grpo_dist.config.agents.check_agents`)
+    and vLLM's pass-through arguments."""
     r = cfg.actor_rollout_ref.rollout
     pre = "actor_rollout_ref.rollout."
-    a = r.agent
-    if a.num_workers < 1:
-        raise _bad(pre + "agent.num_workers", a.num_workers, "expected a number >= 1")
+    check_agents(cfg)
     vllm_kwargs = {k: v for k, v in r.engine_kwargs.vllm.items() if v is not None}
     if vllm_kwargs and r.name != "vllm":
         raise _bad(pre + "engine_kwargs.vllm", vllm_kwargs, f"they are vLLM's arguments, but rollout.name={r.name}; "
@@ -589,6 +587,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             raise _bad("data.train_files", d.train_files, "expected a parquet/jsonl path or a list of them")
         if cfg.custom_reward_function.path:
             _check_exists("custom_reward_function.path", cfg.custom_reward_function.path, kind="file")
+        check_agent_files(cfg)
         if tr.resume_mode == "resume_path":
             _check_exists("trainer.resume_from_path", tr.resume_from_path, kind="checkpoint")
 

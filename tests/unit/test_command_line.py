@@ -92,7 +92,7 @@ def test_check_prints_the_plan_without_starting_anything(tmp_path):
             "trainer.device=cuda", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=4",
             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "trainer.total_training_steps=null", "trainer.total_epochs=3", "data.max_prompt_length=10",
-            "data.max_response_length=6", "actor_rollout_ref.rollout.mode=async",
+            "data.max_response_length=6", "actor_rollout_ref.rollout.agent.num_workers=4",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=2", f"trainer.default_local_dir={out}"]
     # the real entry point, reporting at exit which heavy libraries it had imported
     probe = ("import atexit, sys\n"
@@ -117,7 +117,7 @@ def test_check_prints_the_plan_without_starting_anything(tmp_path):
     assert "2 mini-batch(es) x ppo_epochs 1 = 2 optimizer step(s)" in text
     assert "4 response(s) per rank per mini-batch, 2 micro-batch(es) of 2" in text
     assert "10 + 6 = 16 per response, 1,024 per step" in text
-    assert "actor_rollout_ref.rollout.mode='async'" in text  # a no-op here, and said so
+    assert "actor_rollout_ref.rollout.agent.num_workers=4" in text  # a no-op here, and said so
     assert not out.exists() and not (tmp_path / "multirun").exists() and not (tmp_path / "outputs").exists()
     assert took < 30, f"--check took {took:.1f}s"  # about 5 s on an idle 2-core machine
 

@@ -43,6 +43,8 @@ MATRIX = {
                              "reward_model.use_dynamic_bsz=true"],
     "lora": ["actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.dropout=0.05",
              "actor_rollout_ref.actor.use_kl_loss=true"],
+    "agents": ["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.multi_turn.enable=true",
+               "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"],
     "epochs": ["trainer.total_epochs=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.val_kwargs.n=2",
                "reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_kwargs.overlong_buffer_cfg.len=4"],
@@ -57,12 +59,13 @@ def load(overrides):
 
 def build_everything(cfg, device: str) -> None:
     """Everything a run builds from its configuration: the run specification (with the launch plan: files,
-    tokenizer, dataset, Ray), the driver's plan, the CPU checks, and every active role's constructor and
+    tokenizer, dataset, Ray, and the agent loops' settings), the driver's plan, the CPU checks, and every active role's constructor and
     model arguments."""
     from grpo_dist.config.spec import resolve
     from grpo_dist.trainer import roles
 
     spec = resolve(cfg)
+    spec.agent_settings  # what the rollout replicas' agent loops get (None in sync mode)
     driver = spec.driver_plan(device, train_size=4096)
     spec.check_cpu_ranks(2)
     ctx = roles.RoleContext(spec, device, "/model", "/tokenizer", driver.total_steps, driver.shape.world_size, 1)

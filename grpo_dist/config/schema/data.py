@@ -66,10 +66,12 @@ class DataConfig:
     image_patch_size: int = F(14, "vision patch size", TEXT_ONLY)
     mm_processor_kwargs: Dict[str, Any] = F({}, "arguments of the multimodal processor", TEXT_ONLY)
     return_multi_modal_inputs: bool = F(True, "keep the processor's multimodal inputs in the batch", TEXT_ONLY)
-    tool_config_path: Optional[str] = F(None, "tool definitions for multi-turn rollouts", Refused(
-        "tools for multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*) are not built here; leave it null"))
-    function_tool_path: Optional[str] = F(None, "Python tools for multi-turn rollouts", Refused(
-        "tools for multi-turn rollouts (actor_rollout_ref.rollout.multi_turn.*) are not built here; leave it null"))
+    tool_config_path: Optional[str] = F(None, "tool definitions for multi-turn rollouts (verl's data-side spelling)", Refused(
+        "tools are read from the rollout's keys here, not the data's: set "
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path instead and leave data.tool_config_path null"))
+    function_tool_path: Optional[str] = F(None, "Python tools for multi-turn rollouts (verl's data-side spelling)", Refused(
+        "tools are read from the rollout's keys here, not the data's: set "
+        "actor_rollout_ref.rollout.multi_turn.function_tool_path instead and leave data.function_tool_path null"))
     custom_cls: CustomClassConfig = custom_class_section(
         "dataset", "write the data in verl's row format (parquet or jsonl with prompt, data_source, reward_model)")
     datagen: CustomClassConfig = custom_class_section(

@@ -1,6 +1,6 @@
 """``actor_rollout_ref.rollout.*``: response generation (engine, sampling, sizes, the old-log-prob
 forward, weight sync), with ``val_kwargs``, ``engine_kwargs`` and verl's multi-turn and agent-loop
-subsections (accepted at their defaults)."""
+subsections (``rollout.mode=async``: each trajectory an agent loop; checked in :mod:`grpo_dist.config.agents`)."""
 
 from __future__ import annotations
 
@@ -50,25 +50,34 @@ class EngineKwargsConfig:
         "TensorRT-LLM as a rollout engine", "use rollout.name=vllm (its arguments: engine_kwargs.vllm); leave it {}"))
 
 
-_MULTI_TURN_ONLY = NoOp("read only by multi-turn rollouts (rollout.multi_turn.enable), which are accepted only off here")
-
-
 @dataclass
 class MultiTurnConfig:
-    enable: bool = F(False, "multi-turn rollouts with tools or interactions", off_feature(
-        "a multi-turn rollout (tools, interactions)", "single-turn rollouts run with rollout.mode=sync or async; leave it false"))
-    max_assistant_turns: Optional[int] = F(None, "assistant turns per multi-turn rollout", _MULTI_TURN_ONLY)
-    tool_config_path: Optional[str] = F(None, "tools of multi-turn rollouts", _MULTI_TURN_ONLY)
-    function_tool_path: Optional[str] = F(None, "function tools of multi-turn rollouts", _MULTI_TURN_ONLY)
-    max_user_turns: Optional[int] = F(None, "user turns per multi-turn rollout", _MULTI_TURN_ONLY)
-    max_parallel_calls: int = F(1, "tool calls run at once", _MULTI_TURN_ONLY)
-    max_tool_response_length: int = F(256, "longest tool response kept", _MULTI_TURN_ONLY)
-    tool_response_truncate_side: str = F("middle", "where a long tool response is cut", _MULTI_TURN_ONLY)
-    interaction_config_path: Optional[str] = F(None, "interactions of multi-turn rollouts", _MULTI_TURN_ONLY)
-    use_inference_chat_template: bool = F(False, "chat template of multi-turn inference", _MULTI_TURN_ONLY)
-    tokenization_sanity_check_mode: str = F("strict", "tokenization check of multi-turn rollouts", _MULTI_TURN_ONLY)
-    format: str = F("hermes", "the tool-call format", _MULTI_TURN_ONLY)
-    num_repeat_rollouts: Optional[int] = F(None, "repeated multi-turn rollouts", _MULTI_TURN_ONLY)
+    """verl's multi-turn keys: the tool agent loop's limits, tools and tool-call format (read in
+    ``rollout.mode=async``; :func:`grpo_dist.config.agents.agent_settings`)."""
+
+    enable: bool = F(False, "multi-turn rollouts: trajectories with tool calls, run as agent loops (needs rollout.mode=async); "
+                     "with agent.default_agent_loop left at single_turn_agent, rows without an agent_name run tool_agent "
+                     "(as in verl)")
+    max_assistant_turns: Optional[int] = F(None, "most model turns of a trajectory (>= 1); null = until the response budget")
+    tool_config_path: Optional[str] = F(None, "verl's tool config YAML (tools: [{class_name, config, tool_schema}]); "
+                                        "the tools are loaded when the configuration is validated")
+    function_tool_path: Optional[str] = F(None, "a Python file of @function_tool functions (tools beside tool_config_path's); "
+                                          "loaded when the configuration is validated")
+    max_user_turns: Optional[int] = F(None, "most tool-response turns of a trajectory (>= 1); null = until the response budget")
+    max_parallel_calls: int = F(1, "most tool calls of one model turn that run (at once); further calls of the turn are dropped")
+    max_tool_response_length: int = F(256, "a tool response's text is cut to this many characters (>= 1)")
+    tool_response_truncate_side: str = F("middle", "where a long tool response is cut: left | right | middle")
+    interaction_config_path: Optional[str] = F(None, "verl's former multi-turn interactions (simulated users)", Refused(
+        "multi-turn interactions (simulated users answering the model) are not built: verl removed them from its agent "
+        "loops; tool calls are built (multi_turn.tool_config_path / function_tool_path); leave it null"))
+    use_inference_chat_template: bool = F(False, "render the tool turns with the chat template as at inference (verl's key)")
+    tokenization_sanity_check_mode: str = F("strict", "check that a trajectory's tokens match its messages re-rendered: "
+                                            "strict | ignore_strippable | disable")
+    format: str = F("hermes", "the tool-call format the model writes: hermes (<tool_call>{json}</tool_call>)")
+    num_repeat_rollouts: Optional[int] = F(None, "repeated interaction rollouts per response (verl's CollabLLM recipe)", NoOp(
+        "read only by verl's CollabLLM recipe, which samples this many simulated-user conversations per response; "
+        "that recipe and its interactions are not built here", values=(None,),
+        otherwise="simulated-user conversations (verl's CollabLLM recipe) are not built here; leave it null"))
 
 
 @dataclass
@@ -81,13 +90,16 @@ class CustomAsyncServerConfig:
 
 @dataclass
 class AgentConfig:
-    num_workers: int = F(8, "verl's agent-loop workers (any value >= 1)", NoOp(
-        "a parallelism knob of verl's async server; single-turn rollouts here run on the rollout ranks' engines"))
-    default_agent_loop: str = F("single_turn_agent", "the agent loop", Refused(
-        "agent loops other than verl's single-turn one (tool_agent needs multi-turn rollouts) are not built here; "
-        "use single_turn_agent",
-        accept=("single_turn_agent",)))
-    agent_loop_config_path: Optional[str] = F(None, "custom agent loops", off_feature("custom agent loops", "leave it null"))
+    """verl's agent-loop keys (``rollout.mode=async``)."""
+
+    num_workers: int = F(8, "verl's agent-loop worker processes (any value >= 1)", NoOp(
+        "agent loops run as coroutines in each rollout replica's own process, and every trajectory of a step runs at "
+        "once, bounded by the engine's max_num_seqs; there is no separate pool of agent workers to size"))
+    default_agent_loop: str = F("single_turn_agent", "the agent loop of rows without an agent_name column: single_turn_agent "
+                                "| tool_agent | a name from agent_loop_config_path; left at single_turn_agent with "
+                                "multi_turn.enable=true it becomes tool_agent (as in verl)")
+    agent_loop_config_path: Optional[str] = F(None, "verl's YAML of user agent loops (a list of {name, _target_: "
+                                              "module.Class, ...keyword arguments}); rows pick one by agent_name")
     custom_async_server: CustomAsyncServerConfig = S(CustomAsyncServerConfig, "a custom async rollout server")
 
 
@@ -97,9 +109,8 @@ class RolloutConfig:
                   Honoured(refuse=(
                       ("sglang", "the SGLang engine is not built here; use vllm (the same sampling) or hf"),
                       ("trtllm", "the TensorRT-LLM engine is not built here; use vllm (the same sampling) or hf"))))
-    mode: str = F("sync", "sync | async (verl's agent-loop mode)", NoOp(
-        "for single-turn rollouts verl's agent-loop mode gives the same responses as sync; both run the same "
-        "generation path here", values=("sync", "async"), otherwise="use sync or async"))
+    mode: str = F("sync", "sync: the step's prompts are generated in one batch | async: each trajectory runs as an agent "
+                  "loop (rollout.agent.*, rollout.multi_turn.*) against an asynchronous rollout server")
     n: int = F(8, "responses sampled per prompt (the GRPO group size)")
     temperature: float = F(1.0, "sampling temperature")
     top_p: float = F(1.0, "nucleus sampling")
@@ -189,12 +200,13 @@ class RolloutConfig:
                                              NoOp("read only with disaggregation.enabled, which is accepted only off here"))
     prometheus: PrometheusConfig = S(PrometheusConfig, "Prometheus export of the engine's metrics (not built here)",
                                      NoOp("read only with prometheus.enable, which is accepted only off here"))
-    trace: TraceConfig = S(TraceConfig, "rollout tracing (not built here)",
-                           NoOp("read only with trace.backend set, which is accepted only null here"))
+    trace: TraceConfig = S(TraceConfig, "tracing of agent loops (not built here)", NoOp(
+        "tracing of agent loops is not built; the run's metrics and the logged validation generations "
+        "(trainer.log_val_generations) are the record of what was generated"))
     profiler: ProfilerConfig = profiler_section("rollout")
     mtp: MTPConfig = mtp_section()
     layer_name_map: LayerNameMapConfig = layer_name_map_section()
     qat: QATConfig = qat_section()
     engine_kwargs: EngineKwargsConfig = S(EngineKwargsConfig, "extra constructor arguments of the rollout engine")
-    multi_turn: MultiTurnConfig = S(MultiTurnConfig, "multi-turn (tool-calling) rollouts: not built; accepted only at verl's defaults (off)")
-    agent: AgentConfig = S(AgentConfig, "verl's agent loop (rollout.mode=async): the single-turn loop only")
+    multi_turn: MultiTurnConfig = S(MultiTurnConfig, "multi-turn (tool-calling) rollouts, run as agent loops (rollout.mode=async)")
+    agent: AgentConfig = S(AgentConfig, "verl's agent loops (rollout.mode=async): which loop a row runs")

@@ -296,8 +296,7 @@ class PrometheusConfig:
 
 @dataclass
 class TraceConfig:
-    backend: Optional[str] = F(None, "rollout tracing backend: weave | mlflow; null = off", off_feature(
-        "rollout tracing", "leave it null; trainer.logger logs the metrics"))
+    backend: Optional[str] = F(None, "rollout tracing backend: weave | mlflow; null = off")
     token2text: bool = F(False, "decode tokens in traces")
     max_samples_per_step_per_worker: Optional[int] = F(None, "traces per step and worker")
     project_name: Optional[str] = F(None, "trace project (verl: trainer.project_name)")
