@@ -145,13 +145,17 @@ def test_global_counts_and_masked_mean():
 # --------------------------------------------------------------------------------------------------
 
 
-def invariance_batch(B=11, T=9, seed=0):
+def invariance_batch(B=11, T=9, seed=0, holes=False):
+    """Rows of random lengths; with ``holes``, agent-loop trajectories: tokens 2-3 of every row longer than 5
+    are a tool's response (mask 0 inside the response)."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, T + 1, (B,), generator=gen)
     lengths[2] = 0  # an empty row
     lengths[5] = T
     lengths[7] = 1
     mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).double()
+    if holes:
+        mask[lengths > 5, 2:4] = 0.0
     old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
     logp = old + 0.4 * torch.randn(B, T, generator=gen, dtype=torch.float64)
     adv = torch.randn(B, 1, generator=gen, dtype=torch.float64).expand(B, T) * mask
@@ -172,9 +176,10 @@ def loss_and_grad(logp, old, adv, mask, pieces, spec_for):
     return total.detach(), grad
 
 
+@pytest.mark.parametrize("holes", [False, True], ids=["single-turn", "tool-tokens-masked"])
 @pytest.mark.parametrize("mode", ALL_LOSS_AGG_MODES)
-def test_agg_loss_and_grad_invariant_to_micro_batches_and_shards(mode):
-    logp, old, adv, mask = invariance_batch()
+def test_agg_loss_and_grad_invariant_to_micro_batches_and_shards(mode, holes):
+    logp, old, adv, mask = invariance_batch(holes=holes)
     B = logp.shape[0]
     tokens, seqs = global_counts(mask)
     global_spec = AggSpec(mode, global_tokens=tokens, global_seqs=seqs, norm_constant=12.0)
@@ -198,6 +203,10 @@ def test_agg_loss_and_grad_invariant_to_micro_batches_and_shards(mode):
     sh_loss, sh_grad = loss_and_grad(logp, old, adv, mask, pieces, lambda rows: global_spec)
     torch.testing.assert_close(sh_loss, whole_loss, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(sh_grad, whole_grad, rtol=1e-12, atol=1e-12)
+    # tokens the model did not sample (mask 0, tool responses included) get no gradient
+    assert torch.all(whole_grad[mask == 0] == 0)
+    if holes:  # the batch really has model tokens after a masked tool response
+        assert bool(((mask[:, 2] == 0) & (mask[:, 4] == 1)).any())
 
     # sanity of the test itself: with LOCAL counts per piece the sum is NOT the whole (token-sum has no
     # count, so for it there is nothing to get wrong)
