@@ -59,10 +59,13 @@ def make_batch(
     response_len: int = 8,
     prompt_lengths: list[int] | None = None,
     response_lengths: list[int] | None = None,
+    tool_tokens: bool = False,
 ) -> dict[str, torch.Tensor]:
     """A verl-layout batch: left-padded prompts, right-padded responses, advantages per row.
 
-    Lengths are random (>= 1) unless given. Pad tokens are random ids (they must not matter).
+    Lengths are random (>= 1) unless given. Pad tokens are random ids (they must not matter). With
+    ``tool_tokens``, rows as agent-loop trajectories: response tokens 2-3 of every response longer than 5 are
+    a tool's (attended, ``response_mask`` 0).
     Keys: input_ids, attention_mask, position_ids, responses, response_mask, advantages.
     """
     g = torch.Generator().manual_seed(seed)
@@ -75,6 +78,8 @@ def make_batch(
         rl = response_lengths[i] if response_lengths else int(torch.randint(1, R + 1, (1,), generator=g))
         attention_mask[i, P - pl : P + rl] = 1
         response_mask[i, :rl] = 1
+        if tool_tokens and rl > 5:
+            response_mask[i, 2:4] = 0
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     advantages = torch.randn(rows, 1, generator=g).expand(rows, R).contiguous()
     return {

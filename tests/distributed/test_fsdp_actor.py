@@ -75,8 +75,11 @@ def settings(**overrides):
 
 
 def update_batch(seed: int, *, kl: bool = True) -> dict[str, torch.Tensor]:
-    """8 rows with old log-probs near the model's (some ratios clipped) and a reference."""
-    data = make_batch(seed, rows=8)
+    """8 rows with old log-probs near the model's (some ratios clipped) and a reference; some rows are
+    agent-loop trajectories with tool tokens inside the response (mask 0), so every invariance below holds
+    with such masks too."""
+    data = make_batch(seed, rows=8, tool_tokens=True)
+    assert bool(((data["response_mask"][:, 2] == 0) & (data["response_mask"][:, 4] == 1)).any())
     data["old_log_probs"] = BASE_LOGP + noise(seed + 100, (8, 8), 0.2)
     if kl:
         data["ref_log_prob"] = data["old_log_probs"] + noise(seed + 200, (8, 8), 0.1)
