@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_dist.rollout.base import TokenOutput
+from grpo_dist.utils.imports import import_attr
 
 
 class Server(Protocol):
@@ -174,19 +175,7 @@ def registered_agent_loops() -> list[str]:
 
 
 def _import_target(target: str) -> type:
-    if not isinstance(target, str) or "." not in target:
-        raise ValueError(f"_target_ {target!r} is not of the form 'module.Class'")
-    module_name, attr = target.rsplit(".", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"module {module_name!r} not found ({exc.msg}); it must be importable (on PYTHONPATH "
-                         "or installed)") from None
-    except Exception as exc:
-        raise ValueError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+    cls = import_attr(target, what="_target_")
     if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
         raise ValueError(f"{target} is not an AgentLoopBase subclass (subclass grpo_dist.agents.base.AgentLoopBase "
                          "and define async run(sampling_params, **kwargs) -> AgentLoopOutput)")

@@ -24,13 +24,13 @@ by name.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from grpo_dist.tools.base_tool import BaseTool
 from grpo_dist.tools.function_tool import load_function_tools
 from grpo_dist.tools.schemas import OpenAIFunctionToolSchema, schema_errors
+from grpo_dist.utils.imports import import_attr
 
 VERL_PREFIX = "verl.tools."
 OUR_PREFIX = "grpo_dist.tools."
@@ -50,19 +50,7 @@ def resolve_class_name(class_name: str) -> str:
 def import_tool_class(class_name: str) -> type:
     """The class named ``module.Class`` (verl's prefix mapped); ``ValueError`` saying what is missing."""
     resolved = resolve_class_name(class_name)
-    if "." not in resolved:
-        raise ValueError(f"class_name {class_name!r} is not of the form 'module.Class'")
-    module_name, attr = resolved.rsplit(".", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"module {module_name!r} not found ({exc.msg}); the module must be importable "
-                         "(on PYTHONPATH or installed)") from None
-    except Exception as exc:
-        raise ValueError(f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ValueError(f"module {module_name!r} has no class {attr!r}")
+    cls = import_attr(resolved, what="class_name", kind="class")
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
         raise ValueError(f"{resolved} is not a BaseTool subclass (subclass grpo_dist.tools.base_tool.BaseTool)")
     return cls

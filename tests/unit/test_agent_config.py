@@ -25,15 +25,11 @@ ASYNC = R + "mode=async"
 
 def validated_with_files(*overrides: str):
     """The defaults with ``overrides``, validated as a run validates them (the files named are read)."""
-    cfg = to_typed(compose(list(overrides)), list(overrides))
-    validate_config(cfg, check_paths=True)
-    return cfg
+    return cfg_of(*overrides, check_paths=True)
 
 
 def refused_with_files(*overrides: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        validated_with_files(*overrides)
-    return str(info.value)
+    return refused(*overrides, check_paths=True)
 
 
 # ------------------------------------------------------------------------------ refusals, one message each
