@@ -35,7 +35,6 @@ class AgentSettings:
         tool_timeout_s: seconds one tool call may take (create + execute) before the model gets an error.
         tokenization_sanity_check_mode: ``strict`` | ``ignore_strippable`` | ``disable``.
         format: the tool-call format the model writes (``hermes``: ``<tool_call>{json}</tool_call>``).
-        use_inference_chat_template: render the tool turns with the chat template as at inference (verl's key).
         apply_chat_template_kwargs: ``data.apply_chat_template_kwargs``.
         trainer_config: the run's resolved configuration as plain containers (user loops read
             ``self.config.actor_rollout_ref...`` as in verl).
@@ -55,6 +54,5 @@ class AgentSettings:
     tool_timeout_s: float = 30.0
     tokenization_sanity_check_mode: str = "strict"
     format: str = "hermes"
-    use_inference_chat_template: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     trainer_config: dict[str, Any] = field(default_factory=dict)

@@ -177,7 +177,6 @@ def agent_settings(cfg: GRPOConfig) -> AgentSettings | None:
         tool_response_truncate_side=mt.tool_response_truncate_side,
         tokenization_sanity_check_mode=mt.tokenization_sanity_check_mode,
         format=mt.format,
-        use_inference_chat_template=bool(mt.use_inference_chat_template),
         apply_chat_template_kwargs=dict(cfg.data.apply_chat_template_kwargs),
         trainer_config=_plain(cfg),
     )

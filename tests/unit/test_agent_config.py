@@ -70,8 +70,11 @@ def test_tensor_parallel_engines_stay_allowed_in_sync_mode():
 def test_the_multi_turn_settings_are_accepted_in_async_mode():
     cfg = cfg_of(ASYNC, MT + "enable=true", MT + "max_assistant_turns=4", MT + "max_user_turns=3",
                  MT + "max_parallel_calls=2", MT + "max_tool_response_length=100", MT + "tool_response_truncate_side=left",
-                 MT + "tokenization_sanity_check_mode=ignore_strippable", MT + "use_inference_chat_template=true")
+                 MT + "tokenization_sanity_check_mode=ignore_strippable")
     assert noop_notes(cfg) == []  # honoured: nothing to say at start-up
+    # trajectories are never re-rendered for training: one template either way, said once at start-up
+    (note,) = noop_notes(cfg_of(ASYNC, MT + "enable=true", MT + "use_inference_chat_template=true"))
+    assert "use_inference_chat_template" in note and "never re-rendered" in note
 
 
 @pytest.mark.parametrize("override", [AG + "num_workers=32", R + "trace.backend=mlflow", R + "trace.token2text=true",
@@ -196,7 +199,7 @@ def test_agent_settings_carry_every_key():
         default_agent_loop="tool_agent", agent_loop_config_path=None, prompt_length=100, response_length=50,
         tool_config_path="/t.yaml", function_tool_path="/f.py", max_assistant_turns=4, max_user_turns=3,
         max_parallel_calls=2, max_tool_response_length=77, tool_response_truncate_side="right",
-        tokenization_sanity_check_mode="disable", format="hermes", use_inference_chat_template=True,
+        tokenization_sanity_check_mode="disable", format="hermes",
         apply_chat_template_kwargs={"enable_thinking": False}, trainer_config=s.trainer_config)
     assert s.tool_timeout_s == 30.0  # no key of verl's sets it
     tc = s.trainer_config  # what a user's loop reads as self.config, as in verl

@@ -70,7 +70,9 @@ class MultiTurnConfig:
     interaction_config_path: Optional[str] = F(None, "verl's former multi-turn interactions (simulated users)", Refused(
         "multi-turn interactions (simulated users answering the model) are not built: verl removed them from its agent "
         "loops; tool calls are built (multi_turn.tool_config_path / function_tool_path); leave it null"))
-    use_inference_chat_template: bool = F(False, "render the tool turns with the chat template as at inference (verl's key)")
+    use_inference_chat_template: bool = F(False, "re-render a trajectory for training with the inference chat template (verl's key)", NoOp(
+        "a trajectory is trained on the tokens the engine saw (the model's samples and the template tokens rendered "
+        "between turns), never re-rendered for training, so training and inference share one rendering either way"))
     tokenization_sanity_check_mode: str = F("strict", "check that a trajectory's tokens match its messages re-rendered: "
                                             "strict | ignore_strippable | disable")
     format: str = F("hermes", "the tool-call format the model writes: hermes (<tool_call>{json}</tool_call>)")
