@@ -1,4 +1,4 @@
-"""verl's GRPO, GSPO, RLOO, REINFORCE++ and DAPO-style example scripts for FSDP text models, as the
+"""verl's GRPO, GSPO, RLOO, REINFORCE++, DAPO-style and LoRA example scripts for FSDP text models, as the
 command-line overrides they pass (verl as of early 2026 and its current layout); the PPO ones are in
 ``tests/verl_ppo_scripts.py``.
 
@@ -422,6 +422,58 @@ DAPO_GMPO = {
                   "reward_model.reward_kwargs.overlong_buffer_cfg.len=4"],
 }
 
+# examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh, early 2026 (verl's LoRA layout: model.lora_rank)
+EARLY_GRPO_LORA = {
+    "overrides": [
+        "algorithm.adv_estimator=grpo",
+        "trainer.val_before_train=False",
+        "data.train_files={train}",
+        "data.val_files={test}",
+        "data.train_batch_size=16",
+        "data.max_prompt_length=512",
+        "data.max_response_length=1024",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.shuffle=False",
+        "actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.lora_rank=64",
+        "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.actor.optim.lr=3e-6",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
+        f"{TP}=2",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.rollout.load_format=safetensors",
+        "actor_rollout_ref.rollout.layered_summon=True",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=verl_grpo_example_gsm8k",
+        "trainer.experiment_name=qwen2.5_3b_grpo_lora",
+        "trainer.n_gpus_per_node=2",
+        "trainer.nnodes=1",
+        "trainer.save_freq=20",
+        "trainer.test_freq=5",
+        "trainer.total_epochs=15",
+    ],
+    "cpu_sizes": ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",
+                  "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",
+                  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5"],
+}
+
 SCRIPTS = {
     "early_grpo": EARLY_GRPO,
     "early_gspo": EARLY_GSPO,
@@ -431,6 +483,7 @@ SCRIPTS = {
     "current_rloo": CURRENT_RLOO,
     "dapo_recipe": DAPO_RECIPE,
     "dapo_gmpo": DAPO_GMPO,
+    "early_grpo_lora": EARLY_GRPO_LORA,
 }
 """The scripts kept here; ``RUN_ON_CPU`` are the ones the end-to-end test trains for two steps."""
 
