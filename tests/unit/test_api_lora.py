@@ -349,6 +349,13 @@ def test_the_user_guides_lora_example_runs(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     scope: dict = {}
     exec(compile(code, "python_api.md", "exec"), scope)
-    trainer = scope["trainer"]
+    trainer, merged = scope["trainer"], scope["merged"]
     assert trainer.ref_model is None and len(trainer.history) == 2
-    assert all(".lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
+    saved = next(Path(tmp_path).rglob("adapter_config.json")).parent
+    assert (saved / "adapter_model.safetensors").is_file()
+    base = load(scope["folder"])
+    layer = "model.layers.0.self_attn."
+    merged_state, base_state = merged.state_dict(), base.state_dict()
+    assert set(merged_state) == set(base_state)  # a plain model again, under the base model's names
+    assert not torch.equal(merged_state[layer + "q_proj.weight"], base_state[layer + "q_proj.weight"])
+    assert torch.equal(merged_state[layer + "k_proj.weight"], base_state[layer + "k_proj.weight"])  # not a target
