@@ -25,13 +25,17 @@ DeepSeekMath's GRPO pseudocode::
 verl's choices are options: ``loss_agg_mode="token-mean"``, ``kl_loss_type="low_var_kl"``,
 ``ppo_epochs`` and ``mini_batch_size`` (several clipped PPO updates per batch).
 
+LoRA (``lora_rank > 0``, or a peft model as ``model``) changes which parameters train and what the
+reference is (the base model: the policy with its adapters off), not the objective.
+
 No Ray, vLLM or Hydra; no files are written. docs/python_api.md is the user guide.
 
 :class:`GRPO` composes the package's modules, one job each: :mod:`~grpo_dist.api.options` (the
 constructor's checks and the objective), :mod:`~grpo_dist.api.models` (plain or Hugging Face model:
 calls, probe, pad and EOS ids), :mod:`~grpo_dist.api.prompts`, :mod:`~grpo_dist.api.sampling`
-(:class:`Rollout`), :mod:`~grpo_dist.api.scoring` (rewards and advantages) and
-:mod:`~grpo_dist.api.update` (log-probs and optimizer steps).
+(:class:`Rollout`), :mod:`~grpo_dist.api.scoring` (rewards and advantages),
+:mod:`~grpo_dist.api.update` (log-probs and optimizer steps) and :mod:`~grpo_dist.api.lora` (LoRA
+adapters and the adapters-off reference).
 """
 
 from __future__ import annotations
@@ -43,7 +47,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpo_dist.api.models import is_hf_causal_lm, model_device, policy_module, probe_vocab_size, resolve_eos, resolve_pad
+from grpo_dist.api.lora import AdaptersOff, check_lora_model
+from grpo_dist.api.models import (
+    is_hf_causal_lm,
+    is_peft_model,
+    model_device,
+    policy_module,
+    probe_vocab_size,
+    resolve_eos,
+    resolve_pad,
+)
 from grpo_dist.api.options import (
     TRAINER_ONLY_LOSS_MODES,  # re-exported (with RewardFn): names this module has always had
     api_estimators,
@@ -53,6 +66,7 @@ from grpo_dist.api.options import (
     check_float,
     check_group_size,
     check_int,
+    check_lora,
     check_models,
     check_optional_int,
     check_reward_fn,
@@ -61,6 +75,7 @@ from grpo_dist.api.prompts import prompt_tensor
 from grpo_dist.api.sampling import Rollout, Sampler
 from grpo_dist.api.scoring import RewardFn, advantages, check_rewards, score_rollout
 from grpo_dist.api.update import PolicyUpdate, eval_mode, update_data
+from grpo_dist.training.lora import add_adapters
 
 __all__ = ["GRPO", "Rollout", "api_loss_modes", "api_estimators"]
 
@@ -75,7 +90,8 @@ class GRPO:
             A plain module must be causal: it sees the left padding of its prompts, the same way when
             sampling and when training.
         ref_model: the frozen reference for the KL term; never updated. None: a frozen copy of
-            ``model`` as it is now.
+            ``model`` as it is now; for a peft policy (``lora_rank > 0``, or a ``peft.PeftModel``
+            given), the policy itself with its adapters disabled, i.e. the base model (no copy).
         reward_fn: ``reward_fn(completions, prompts) -> list[float]``, one finite number per
             completion. ``completions[i]`` and ``prompts[i]`` (its prompt, one entry per completion)
             are 1-D token-id tensors without padding (a completion keeps its EOS), or strings when a
@@ -118,10 +134,29 @@ class GRPO:
         seed: seeds sampling and the order of prompts.
         shuffle: shuffle the prompts at every epoch.
         progress: show a tqdm progress bar in :meth:`train`.
+        lora_rank: ``r > 0``: train LoRA adapters instead of the whole model (:mod:`grpo_dist.api.lora`):
+            a Hugging Face causal LM is wrapped with peft, its weights frozen, and every target linear
+            layer computes ``W x + (lora_alpha / r) * B A x`` with only ``A`` [r, in] (drawn from
+            ``seed``) and ``B`` [out, r] (zero at first) trained. 0: no adapters are added (a model
+            that already is a ``peft.PeftModel`` trains its own adapters as they are).
+        lora_alpha: the adapters' scale is ``lora_alpha / lora_rank``.
+        lora_target_modules: ``"all-linear"`` (every linear layer but the output layer), a list of
+            module names (``["q_proj", "v_proj"]``: a module whose dotted name ends with one), or a
+            regular expression over the full names.
+        lora_dropout: peft's dropout on the adapters' input, in [0, 1). The update runs the policy in
+            eval mode (its log-probs are the sampling policy's), so it is inactive in this API; it is
+            kept in the adapters' config.
 
     Attributes:
+        model: the policy; with ``lora_rank > 0`` the peft model around the model given (peft adds
+            the adapters to that model's layers in place).
+        ref_model: the separate reference module; None when the reference is the peft policy with its
+            adapters off.
+        reference: what the reference log-probs come from: ``ref_model``, or
+            :class:`~grpo_dist.api.lora.AdaptersOff` around ``model``.
         history: one dict of metrics per step, in order.
-        optimizer: the ``torch.optim.Adam`` over the model's trainable parameters.
+        optimizer: the ``torch.optim.Adam`` over the model's trainable parameters (under LoRA, the
+            adapters only).
     """
 
     def __init__(
@@ -158,6 +193,10 @@ class GRPO:
         seed: int = 0,
         shuffle: bool = True,
         progress: bool = True,
+        lora_rank: int = 0,
+        lora_alpha: float = 16.0,
+        lora_target_modules: str | Sequence[str] = "all-linear",
+        lora_dropout: float = 0.0,
     ) -> None:
         # --- the arguments (all checked before any model is touched) ---------------------------
         check_models(model, ref_model)
@@ -177,6 +216,9 @@ class GRPO:
         self.norm_adv_by_std = bool(norm_adv_by_std)
         self.seed = check_int("seed", seed, 0)
         self.shuffle, self.progress = bool(shuffle), bool(progress)
+        self.lora = check_lora(rank=lora_rank, alpha=lora_alpha, dropout=lora_dropout,
+                               target_modules=lora_target_modules, seed=self.seed)
+        check_lora_model(model, self.lora)
         self.objective = build_objective(
             loss_mode=loss_mode, loss_agg_mode=loss_agg_mode, kl_loss_type=kl_loss_type,
             kl_loss_agg_mode=kl_loss_agg_mode, kl_coef=self.kl_coef, entropy_coeff=entropy_coeff,
@@ -187,20 +229,31 @@ class GRPO:
         # --- the models -------------------------------------------------------------------------
         self.is_hf = is_hf_causal_lm(model)
         self.device = torch.device(model_device(model) if device is None else device)
-        self.model = model.to(self.device)
-        self.ref_model = (copy.deepcopy(model) if ref_model is None else ref_model).to(self.device)
-        self.ref_model.requires_grad_(False)
+        model = model.to(self.device)
+        adapters_off = ref_model is None and (self.lora.enabled or is_peft_model(model))
+        self.ref_model: nn.Module | None = None
+        if not adapters_off:
+            self.ref_model = (copy.deepcopy(model) if ref_model is None else ref_model).to(self.device)
+            self.ref_model.requires_grad_(False)
         self.tokenizer = tokenizer
-        self.pad_token_id = resolve_pad(pad_token_id, model=self.model, is_hf=self.is_hf, tokenizer=tokenizer)
-        self.eos_token_ids = resolve_eos(eos_token_id, model=self.model, is_hf=self.is_hf, tokenizer=tokenizer)
-        self.vocab_size = probe_vocab_size(self.model, "model", is_hf=self.is_hf, device=self.device)
-        ref_vocab = probe_vocab_size(self.ref_model, "ref_model", is_hf=self.is_hf, device=self.device)
-        if ref_vocab != self.vocab_size:
-            raise ValueError(f"GRPO ref_model returns {ref_vocab} logits per token, the model {self.vocab_size}: "
-                             "they must share a vocabulary")
+        self.pad_token_id = resolve_pad(pad_token_id, model=model, is_hf=self.is_hf, tokenizer=tokenizer)
+        self.eos_token_ids = resolve_eos(eos_token_id, model=model, is_hf=self.is_hf, tokenizer=tokenizer)
+        self.vocab_size = probe_vocab_size(model, "model", is_hf=self.is_hf, device=self.device)
+        if self.ref_model is not None:
+            ref_vocab = probe_vocab_size(self.ref_model, "ref_model", is_hf=self.is_hf, device=self.device)
+            if ref_vocab != self.vocab_size:
+                raise ValueError(f"GRPO ref_model returns {ref_vocab} logits per token, the model "
+                                 f"{self.vocab_size}: they must share a vocabulary")
+        if self.lora.enabled:  # last: peft changes the given model's layers in place, so only once all is checked
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                model = add_adapters(model, self.lora)
+        self.model = model
+        self.reference: nn.Module | AdaptersOff = self.ref_model if self.ref_model is not None else AdaptersOff(model)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         if not trainable:
-            raise ValueError("GRPO model has no parameter with requires_grad=True: there is nothing to train")
+            hint = (" (a peft model loaded with PeftModel.from_pretrained needs is_trainable=True)"
+                    if is_peft_model(self.model) else "")
+            raise ValueError(f"GRPO model has no parameter with requires_grad=True: there is nothing to train{hint}")
         self.optimizer = torch.optim.Adam(trainable, lr=self.learning_rate)
         self.history: list[dict[str, float]] = []
         self.global_step = 0
@@ -237,8 +290,9 @@ class GRPO:
             mini_batch_rows=None if self.mini_batch_size is None else self.mini_batch_size * self.group_size,
             micro_batch_size=self.micro_batch_size,
         )
-        policy, ref = policy_module(self.model, self.is_hf), policy_module(self.ref_model, self.is_hf)
-        with eval_mode(self.model, self.ref_model):  # dropout off: the update's log-probs are the sampling policy's
+        policy, ref = policy_module(self.model, self.is_hf), policy_module(self.reference, self.is_hf)
+        models = (self.model,) if self.ref_model is None else (self.model, self.ref_model)
+        with eval_mode(*models):  # dropout off: the update's log-probs are the sampling policy's
             out = policy_update.run(policy, ref, data)
         out["mean_reward"] = float(rewards_B.mean())
         out["response_length"] = float(rollout.response_mask.sum(-1).mean())

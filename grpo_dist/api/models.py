@@ -21,7 +21,7 @@ class LogitsOnly(nn.Module):
     """Calls a plain module as ``forward(input_ids)``: the keyword call that
     :func:`~grpo_dist.training.policy.forward_logprobs` makes (Hugging Face's) is reduced to it."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: Any) -> None:
         super().__init__()
         self.inner = inner
 
@@ -34,16 +34,30 @@ def logits_of(output: Any) -> Any:
     return output.logits if hasattr(output, "logits") else output
 
 
+def is_peft_model(model: nn.Module) -> bool:
+    """A peft model (``peft.PeftModel``: adapters around a base model). Like :func:`is_hf_causal_lm`,
+    this never imports peft: a peft model can exist only once it is imported."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def base_model_of(model: nn.Module) -> nn.Module:
+    """The model a peft model wraps (its forward runs through the adapters unless they are disabled);
+    any other model itself."""
+    return model.get_base_model() if is_peft_model(model) else model
+
+
 def is_hf_causal_lm(model: nn.Module) -> bool:
-    """A Hugging Face ``PreTrainedModel`` (called with attention mask and position ids, sampled with
-    ``generate``). A model of that class can exist only once transformers is imported, so this never
-    imports it."""
+    """A Hugging Face ``PreTrainedModel``, or a peft model around one (called with attention mask and
+    position ids, sampled with ``generate``). A model of that class can exist only once transformers is
+    imported, so this never imports it."""
     transformers = sys.modules.get("transformers")
-    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
+    return transformers is not None and isinstance(base_model_of(model), transformers.PreTrainedModel)
 
 
-def policy_module(model: nn.Module, is_hf: bool) -> nn.Module:
-    """What :func:`micro_batch_loss` / :func:`forward_logprobs` call."""
+def policy_module(model: Any, is_hf: bool) -> Any:
+    """What :func:`micro_batch_loss` / :func:`forward_logprobs` call, for a module or a callable that
+    stands for one (:class:`~grpo_dist.api.lora.AdaptersOff`)."""
     return model if is_hf else LogitsOnly(model)
 
 
@@ -58,6 +72,7 @@ def model_device(model: nn.Module) -> torch.device:
 # ----------------------------------------------------------------------------------------------
 def _config_id(model: nn.Module, name: str) -> Any:
     """``name`` from the model's generation config, then its config (Hugging Face models only)."""
+    model = base_model_of(model)
     for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
         value = getattr(cfg, name, None) if cfg is not None else None
         if value is not None:

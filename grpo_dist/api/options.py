@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -19,6 +19,7 @@ from grpo_dist.core.kl import canonical_kl_kind
 from grpo_dist.core.losses import LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss, list_policy_losses
 from grpo_dist.training.objective import PolicyObjective
+from grpo_dist.training.settings import LoraSettings
 
 # loss modes that only the distributed trainer can feed (bypass mode takes the rollout engine's
 # log-probs as the old policy, set up by algorithm.rollout_correction)
@@ -60,13 +61,39 @@ def check_optional_int(name: str, value: Any, minimum: int) -> int | None:
 
 
 def check_models(model: Any, ref_model: Any) -> None:
-    """The policy is a module; the reference is another module, or None (a frozen copy is made)."""
+    """The policy is a module; the reference is another module that shares no parameter with it (it is
+    frozen, and must not move with the policy), or None (the API makes one)."""
     if not isinstance(model, nn.Module):
         raise ValueError(f"GRPO model must be a torch.nn.Module, got {type(model).__name__}")
     if ref_model is not None and not isinstance(ref_model, nn.Module):
         raise ValueError(f"GRPO ref_model must be a torch.nn.Module or None, got {type(ref_model).__name__}")
     if ref_model is model:
         raise ValueError("GRPO ref_model is the policy itself; pass a separate copy, or omit it to get a frozen copy")
+    if ref_model is not None:
+        policy_params = {id(p) for p in model.parameters()}
+        shared = [name for name, p in ref_model.named_parameters() if id(p) in policy_params]
+        if shared:
+            raise ValueError(f"GRPO ref_model shares {len(shared)} parameters with the model (e.g. {shared[0]!r}; a "
+                             "peft model's own base model does, and runs through its adapters): pass a separate "
+                             "copy, or omit ref_model (a peft model's reference is then its base, adapters off)")
+
+
+def check_lora(*, rank: Any, alpha: Any, dropout: Any, target_modules: Any, seed: int) -> LoraSettings:
+    """The LoRA arguments as the distributed actor's :class:`~grpo_dist.training.settings.LoraSettings`
+    (``rank == 0``: no adapters are added). ``target_modules``: ``"all-linear"`` (every linear layer
+    but the output layer), a regular expression over the full module names, or a non-empty list of
+    module names (a name matches a module whose dotted name ends with it). ``seed`` draws ``A``."""
+    rank = check_int("lora_rank", rank, 0)
+    alpha = check_float("lora_alpha", alpha, minimum=0.0, strict=True)
+    if not (isinstance(dropout, numbers.Real) and not isinstance(dropout, bool) and 0.0 <= dropout < 1.0):
+        raise ValueError(f"GRPO lora_dropout must be a number in [0, 1), got {dropout!r}")
+    names_ok = (isinstance(target_modules, Sequence) and not isinstance(target_modules, str) and len(target_modules) > 0
+                and all(isinstance(n, str) and n for n in target_modules))
+    if not ((isinstance(target_modules, str) and target_modules) or names_ok):
+        raise ValueError("GRPO lora_target_modules must be 'all-linear', a regular expression over module names, or "
+                         f"a non-empty list of module names (e.g. ['q_proj', 'v_proj']), got {target_modules!r}")
+    targets = target_modules if isinstance(target_modules, str) else tuple(target_modules)
+    return LoraSettings(rank=rank, alpha=alpha, dropout=float(dropout), target_modules=targets, seed=seed)
 
 
 def check_reward_fn(reward_fn: Any) -> None:
