@@ -27,13 +27,15 @@ def main() -> None:
     ap.add_argument("--evaluate", type=int, default=0, metavar="N", help="measure the model on N test prompts")
     ap.add_argument("--out", type=Path, default=None, help="build the model into this folder instead of the cache")
     ap.add_argument("--steps", type=int, default=None, help="warm-up steps (with --out)")
+    ap.add_argument("--batch-size", type=int, default=None, help="warm-up batch size (with --out)")
     args = ap.parse_args()
     cache = Path(args.cache)
     print("data: ", calculator.ensure_data(cache))
     t0 = time.perf_counter()
     if args.out is not None:
         shutil.rmtree(args.out, ignore_errors=True)
-        kwargs = {} if args.steps is None else {"warmup_steps": args.steps}
+        kwargs = {"warmup_steps": args.steps, "batch_size": args.batch_size}
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
         model = calculator.build_model(args.out, log_every=25, **kwargs)
     else:
         if args.force:

@@ -16,6 +16,8 @@ vocabulary is the special tokens (see :data:`SPECIAL_TOKENS`) followed by the ch
 ``vocab`` (printable ASCII by default), so ``decode(encode(s)) == s`` for every string made of those
 characters, spaces, tabs and newlines included. A character outside the vocabulary is dropped by
 ``encode`` (Qwen2's BPE has no unknown token).
+Optional ``extra_tokens`` (e.g. ``<tool_call>``) follow the characters as
+added, non-special tokens: one id each, kept by ``decode(..., skip_special_tokens=True)``.
 
 End of sequence: the tokenizer's ``eos_token`` is ``<|endoftext|>``; ``generation_config.json`` lists
 ``[<|im_end|>, <|endoftext|>]`` as ``eos_token_id`` so that Hugging Face ``generate`` and vLLM both stop
