@@ -14,18 +14,19 @@ from __future__ import annotations
 import os
 import re
 
-from grpo_dist.tasks import larger, reverse, smollm2
+from grpo_dist.tasks import calculator, larger, reverse, smollm2
 
 #: Config values starting with this name an embedded task or model (built on first use).
 BUILTIN_PREFIX = "builtin:"
 
-BUILTIN_MODELS = ("tiny-reverse", smollm2.NAME)
-BUILTIN_DATA = ("reverse/train", "reverse/test", "larger/train", "larger/test")
+BUILTIN_MODELS = ("tiny-reverse", "tiny-calculator", smollm2.NAME)
+BUILTIN_DATA = ("reverse/train", "reverse/test", "larger/train", "larger/test", "calculator/train", "calculator/test")
+BUILTIN_TOOLS = ("calculator/tools",)
 
 
 def builtin_names(kind: str) -> tuple[str, ...]:
-    """The embedded names of a kind ("model" or "data")."""
-    return BUILTIN_MODELS if kind == "model" else BUILTIN_DATA if kind == "data" else ()
+    """The embedded names of a kind ("model", "data" or "tools": a function-tool file)."""
+    return {"model": BUILTIN_MODELS, "data": BUILTIN_DATA, "tools": BUILTIN_TOOLS}.get(kind, ())
 
 
 def cache_root() -> str:
@@ -73,4 +74,11 @@ def resolve(value: str) -> str:
         return str(reverse.ensure_data(cache_root())[name.split("/")[1]])
     if name in ("larger/train", "larger/test"):
         return str(larger.ensure_data(cache_root())[name.split("/")[1]])
-    raise ValueError(f"unknown embedded name {value!r}; valid: " + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS + BUILTIN_DATA))
+    if name == "tiny-calculator":
+        return str(calculator.ensure_model(cache_root()))
+    if name in ("calculator/train", "calculator/test"):
+        return str(calculator.ensure_data(cache_root())[name.split("/")[1]])
+    if name == "calculator/tools":
+        return str(calculator.TOOLS_FILE)
+    raise ValueError(f"unknown embedded name {value!r}; valid: "
+                     + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS + BUILTIN_DATA + BUILTIN_TOOLS))

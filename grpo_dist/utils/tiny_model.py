@@ -16,6 +16,8 @@ vocabulary is the special tokens (see :data:`SPECIAL_TOKENS`) followed by the ch
 ``vocab`` (printable ASCII by default), so ``decode(encode(s)) == s`` for every string made of those
 characters, spaces, tabs and newlines included. A character outside the vocabulary is dropped by
 ``encode`` (Qwen2's BPE has no unknown token).
+Optional ``extra_tokens`` (e.g. ``<tool_call>``) follow the characters as
+added, non-special tokens: one id each, kept by ``decode(..., skip_special_tokens=True)``.
 
 End of sequence: the tokenizer's ``eos_token`` is ``<|endoftext|>``; ``generation_config.json`` lists
 ``[<|im_end|>, <|endoftext|>]`` as ``eos_token_id`` so that Hugging Face ``generate`` and vLLM both stop
@@ -65,24 +67,28 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def _build_tokenizer(chars: list[str]):
-    """A ``Qwen2Tokenizer`` (a ``PreTrainedTokenizerFast``) over ``SPECIAL_TOKENS + chars``, one token per character."""
+def _build_tokenizer(chars: list[str], extra_tokens: tuple[str, ...] = (), chat_template: str = CHATML_TEMPLATE):
+    """A ``Qwen2Tokenizer`` (a ``PreTrainedTokenizerFast``) over ``SPECIAL_TOKENS + chars``, one token per character,
+    then ``extra_tokens`` as added (not special) tokens."""
     from transformers import Qwen2Tokenizer
 
     byte_to_symbol = _bytes_to_unicode()
     token_to_id = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in chars:
         token_to_id[byte_to_symbol[ord(ch)]] = len(token_to_id)
-    return Qwen2Tokenizer(
+    tokenizer = Qwen2Tokenizer(
         vocab=token_to_id,
         merges=[],
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
         unk_token=None,
         extra_special_tokens=[IM_START_TOKEN, IM_END_TOKEN],
-        chat_template=CHATML_TEMPLATE,
+        chat_template=chat_template,
         clean_up_tokenization_spaces=False,
     )
+    if extra_tokens:
+        tokenizer.add_tokens(list(extra_tokens))
+    return tokenizer
 
 
 def build_tiny_model(
@@ -97,6 +103,8 @@ def build_tiny_model(
     intermediate_size: int = 128,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    extra_tokens: tuple[str, ...] = (),
+    chat_template: str = CHATML_TEMPLATE,
 ) -> Path:
     """Write a random Qwen2ForCausalLM (float32, untied embeddings) and its tokenizer to ``out_dir``.
 
@@ -104,12 +112,17 @@ def build_tiny_model(
         out_dir: directory to write (created if needed; files in it are overwritten).
         vocab: the characters of the tokenizer, each a one-character ASCII string, no duplicates;
             default :func:`default_vocab` (printable ASCII). The model's ``vocab_size`` is
-            ``len(SPECIAL_TOKENS) + len(vocab)``.
+            ``len(SPECIAL_TOKENS) + len(vocab) + len(extra_tokens)``.
         hidden_size, num_layers, num_heads, num_kv_heads, head_dim, intermediate_size,
         max_position_embeddings: the Qwen2 shape. ``head_dim`` must be one that vLLM's CPU
             attention supports (:data:`VLLM_CPU_HEAD_DIMS`; 16 is refused), and ``num_heads`` a multiple of
             ``num_kv_heads``.
         seed: seed of the random initialisation; the same arguments give the same weights.
+        extra_tokens: multi-character strings that become one token each (ids after the characters, in
+            order), as added tokens that are not special: ``decode(..., skip_special_tokens=True)`` keeps
+            them (e.g. ``<tool_call>``, which a tool-call parser reads from the decoded text). The model's
+            ``vocab_size`` grows by ``len(extra_tokens)``.
+        chat_template: the tokenizer's Jinja chat template; default :data:`CHATML_TEMPLATE`.
 
     Returns:
         ``Path(out_dir)``.
@@ -124,6 +137,11 @@ def build_tiny_model(
         raise ValueError("vocab has duplicate characters")
     if not chars:
         raise ValueError("vocab is empty")
+    extra = tuple(extra_tokens)
+    bad_extra = [t for t in extra if not isinstance(t, str) or len(t) < 2 or t in SPECIAL_TOKENS]
+    if bad_extra or len(set(extra)) != len(extra):
+        raise ValueError(f"extra_tokens must be distinct strings of two or more characters, none of them one of "
+                         f"{SPECIAL_TOKENS}; got {list(extra)!r}")
     for name, value in {
         "hidden_size": hidden_size,
         "num_layers": num_layers,
@@ -151,11 +169,11 @@ def build_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = _build_tokenizer(chars)
+    tokenizer = _build_tokenizer(chars, extra, chat_template)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     im_end_id = tokenizer.convert_tokens_to_ids(IM_END_TOKEN)
-    vocab_size = len(SPECIAL_TOKENS) + len(chars)
+    vocab_size = len(SPECIAL_TOKENS) + len(chars) + len(extra)
     assert len(tokenizer) == vocab_size, (len(tokenizer), vocab_size)
 
     config = Qwen2Config(
