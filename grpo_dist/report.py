@@ -26,6 +26,9 @@ PANELS = [
     ("entropy", ["actor/entropy"], "policy entropy (nats/token)"),
     ("response_length", ["response_length/mean"], "response length (tokens)"),
 ]
+#: Drawn only for runs with agent-loop trajectories (``rollout.mode=async``: they log ``num_turns/mean``).
+AGENT_PANEL = ("agents", ["num_turns/mean", "agent/tool_calls/mean", "agent/tool_errors/mean", "agent/cut_by_budget/mean"],
+               "turns and tool calls per trajectory")
 TIMING_PREFIX = "timing_s/"
 TIMING_TOTAL = "timing_s/step"
 #: The phases of a step in the order they run (the stack's order, bottom up); other phases follow.
@@ -120,6 +123,10 @@ def _panels(rows: list[dict]) -> list[tuple[str, str, int, Callable[[Any], None]
     for name, prefixes, title in PANELS:
         series = _series(rows, prefixes)
         panels.append((name, title, len(series), lambda ax, s=series: _plot_lines(ax, s, sorted(s))))
+    if any("num_turns/mean" in r for r in rows):
+        name, names, title = AGENT_PANEL
+        series = _series(rows, names)
+        panels.append((name, title, len(series), lambda ax, s=series: _plot_lines(ax, s, [k for k in names if k in s])))
     timing_series = _series(rows, [TIMING_PREFIX])
     timing = split_timing(timing_series)
     panels.append(("timing", "seconds per phase (stacked)", len(timing.phases) + (timing.total is not None),

@@ -23,6 +23,7 @@ from typing import Any
 
 from grpo_dist.agents.settings import SANITY_CHECK_MODES, TOOL_CALL_FORMATS, AgentSettings
 from grpo_dist.config.checks import bad, check_exists, choice
+from grpo_dist.tasks import BUILTIN_PREFIX
 from grpo_dist.config.schema import GRPOConfig
 
 __all__ = ["BUILTIN_AGENT_LOOPS", "MODES", "TRUNCATE_SIDES", "agent_settings", "check_agent_files", "check_agents",
@@ -112,6 +113,15 @@ def check_agents(cfg: GRPOConfig) -> None:
                   "actor_rollout_ref.rollout.agent.agent_loop_config_path")
 
 
+def tool_paths(cfg: GRPOConfig) -> tuple[str | None, str | None]:
+    """``multi_turn.tool_config_path`` and ``function_tool_path`` as files: an embedded name (``builtin:...``,
+    e.g. the calculator task's tool file) resolved to its path, ``~`` expanded."""
+    from grpo_dist import tasks
+
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    return tuple(tasks.resolve(p) if p else None for p in (mt.tool_config_path, mt.function_tool_path))
+
+
 def check_agent_files(cfg: GRPOConfig) -> None:
     """The files the agent keys name: they exist, the tools load (``ToolConfigError``'s message, prefixed by the
     key), the agent-loop YAML parses and names the default loop (unless it is a built-in one)."""
@@ -121,11 +131,11 @@ def check_agent_files(cfg: GRPOConfig) -> None:
     mt, ag = cfg.actor_rollout_ref.rollout.multi_turn, cfg.actor_rollout_ref.rollout.agent
     for key, path in (("tool_config_path", mt.tool_config_path), ("function_tool_path", mt.function_tool_path)):
         if path:
-            check_exists(_MT + key, path, kind="file")
+            check_exists(_MT + key, path, kind="tools" if path.startswith(BUILTIN_PREFIX) else "file")
     # the tool config alone, then with the function tools: an error of the second load is the function file's
     # (or a name both define), so each message is prefixed by the key of the file at fault
-    for key, files in (("tool_config_path", (mt.tool_config_path, None)),
-                       ("function_tool_path", (mt.tool_config_path, mt.function_tool_path))):
+    tool_config, function_tools = tool_paths(cfg)
+    for key, files in (("tool_config_path", (tool_config, None)), ("function_tool_path", (tool_config, function_tools))):
         if not getattr(mt, key):
             continue
         try:
@@ -168,8 +178,8 @@ def agent_settings(cfg: GRPOConfig) -> AgentSettings | None:
         agent_loop_config_path=r.agent.agent_loop_config_path,
         prompt_length=int(r.prompt_length),
         response_length=int(r.response_length),
-        tool_config_path=mt.tool_config_path,
-        function_tool_path=mt.function_tool_path,
+        tool_config_path=tool_paths(cfg)[0],
+        function_tool_path=tool_paths(cfg)[1],
         max_assistant_turns=mt.max_assistant_turns,
         max_user_turns=mt.max_user_turns,
         max_parallel_calls=int(mt.max_parallel_calls),

@@ -137,6 +137,18 @@ def test_report_stacks_phases_and_draws_their_breakdown_apart(tmp_path):
     names = sorted(p.name for p in written)
     assert "timing.png" in names and "timing_breakdown.png" in names and "summary.png" in names
     assert all(p.stat().st_size > 1000 for p in written)
+    assert "agents.png" not in names  # single-turn rollouts: no panel of turns and tool calls
+
+
+def test_report_plots_turns_and_tool_calls_of_agent_runs(tmp_path):
+    from grpo_dist.report import write_report
+
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        for s in range(1, 4):
+            f.write(json.dumps({"step": s, "num_turns/mean": 2 + s / 2, "agent/tool_calls/mean": s / 3,
+                                "critic/score/mean": 0.1 * s}) + "\n")
+    names = sorted(p.name for p in write_report(tmp_path))
+    assert "agents.png" in names and (tmp_path / "report" / "agents.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize("native_bf16", [True, False])
