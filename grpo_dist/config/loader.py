@@ -193,6 +193,8 @@ def _given(exc: BaseException, full_key: str, overrides: list[str]) -> str:
     if merging.startswith(MERGING) and "=" in merging:
         failed = merging[len(MERGING):].split("=", 1)[1]
     shown = f" = {failed!r}"
+    if failed == "":  # `key=` from a launch script's ${VAR} whose variable is not set (verl's scripts have one)
+        shown += " (an empty value: is the shell variable the launch script puts here unset? give the key a value)"
     if len(values) > 1:
         shown += (f" (the key is given {len(values)} times: {', '.join(map(repr, values))}; Hydra applies them in "
                   "order, so each must be valid, and the last one is in effect)")
