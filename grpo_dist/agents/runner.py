@@ -48,6 +48,10 @@ async def _one(index: int, row_index: int, name: str, entry: AgentLoopEntry, row
     except Exception as exc:
         raise RuntimeError(f"agent loop {name!r} failed on row {row_index} (trajectory {index}): "
                            f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        ended = getattr(server, "trajectory_ended", None)
+        if ended is not None:  # a lock-step server waits for every live trajectory before an engine step
+            ended()
 
 
 async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSettings, *, server: Server,
@@ -74,6 +78,9 @@ async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSetting
                 tokenizer=tokenizer, trainer_config=trainer_config, settings=settings)))
     if not tasks:
         return []
+    started = getattr(server, "trajectories_started", None)
+    if started is not None:
+        started(len(tasks))
     done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     for task in pending:
         task.cancel()

@@ -103,9 +103,6 @@ def check_agents(cfg: GRPOConfig) -> None:
     if mt.format not in TOOL_CALL_FORMATS:
         raise bad(_MT + "format", mt.format, "the tool-call formats built here are " + ", ".join(TOOL_CALL_FORMATS)
                   + " (<tool_call>{json}</tool_call>)")
-    if r.mode == "async" and r.tensor_model_parallel_size > 1:
-        raise bad(_R + "tensor_model_parallel_size", r.tensor_model_parallel_size, "agent-loop rollouts run on one-rank "
-                  "engines here; use tensor_model_parallel_size=1 or rollout.mode=sync")
     loop = default_agent_loop(cfg)
     if loop not in BUILTIN_AGENT_LOOPS and not ag.agent_loop_config_path:
         raise bad(_AG + "default_agent_loop", ag.default_agent_loop, "the built-in agent loops are "

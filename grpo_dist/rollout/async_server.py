@@ -19,6 +19,15 @@ a child process of its own, where today's in-place weight sync cannot reach it.)
 
 Seeds: a request's ``sampling_params["seed"]`` seeds exactly that request, so a trajectory sampled with the
 seed vLLM's synchronous path gives the same prompt's sample (``seed + sample index``) gets the same tokens.
+
+Lock-step (tensor-parallel engines): every process of a tensor-parallel engine runs the same agent loops on its
+own server, and the engine's processes must add the same requests in the same order before each iteration. With
+``lockstep=True`` the server adds requests only at a barrier: when every live trajectory (the runner says how
+many: :meth:`trajectories_started`, :meth:`trajectory_ended`) is waiting for an answer, it adds the requests
+that arrived, sorted by (seed, prompt) rather than by arrival, and runs one iteration. So the processes feed
+their engines identically as long as the tools answer identically (deterministic tools: a tool whose answer
+depends on time, like a timeout, can make them differ; the step's deadline then names the stuck rollout ranks).
+Tools overlap less: an iteration waits for every running tool call.
 """
 
 from __future__ import annotations
@@ -78,10 +87,15 @@ class AsyncRolloutServer:
             ``max_model_len - len(prompt_ids)`` tokens.
     """
 
-    def __init__(self, engine: Any, *, max_model_len: int) -> None:
+    def __init__(self, engine: Any, *, max_model_len: int, lockstep: bool = False) -> None:
         self.engine = engine
         self.max_model_len = max_model_len
         self.stepping = all(hasattr(engine, a) for a in ("add_request", "step", "has_unfinished_requests"))
+        if lockstep and not self.stepping:
+            raise ValueError("a lock-step server needs an engine with the request-level API (vLLM)")
+        self.lockstep = lockstep
+        self._live = 0  # lock-step: trajectories that may still send a request
+        self._arrived: list[tuple[tuple, str, list[int], SamplingSettings]] = []  # lock-step: not yet added
         self._waiting: dict[str, asyncio.Future] = {}
         self._pump: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None  # the one-request-at-a-time fallback
@@ -103,11 +117,15 @@ class AsyncRolloutServer:
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         self.peak_concurrency = max(self.peak_concurrency, len(self._waiting))
-        try:
-            self.engine.add_request(request_id, list(prompt_ids), sampling)
-        except BaseException:
-            self._waiting.pop(request_id, None)
-            raise
+        if self.lockstep:
+            key = (-1 if sampling.seed is None else sampling.seed, len(prompt_ids), tuple(prompt_ids))
+            self._arrived.append((key, request_id, list(prompt_ids), sampling))
+        else:
+            try:
+                self.engine.add_request(request_id, list(prompt_ids), sampling)
+            except BaseException:
+                self._waiting.pop(request_id, None)
+                raise
         if self._pump is None or self._pump.done():
             self._pump = asyncio.ensure_future(self._run_engine())
         try:
@@ -125,6 +143,8 @@ class AsyncRolloutServer:
         try:
             while self._waiting:
                 await asyncio.sleep(0)  # let coroutines that are ready add their requests first
+                if self.lockstep:
+                    await self._barrier()
                 for request_id, out in self.engine.step():
                     future = self._waiting.pop(request_id, None)
                     if future is not None and not future.done():
@@ -139,6 +159,23 @@ class AsyncRolloutServer:
                     future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             if not isinstance(exc, Exception):
                 raise
+
+    def trajectories_started(self, count: int) -> None:
+        """The runner starts ``count`` trajectories (lock-step bookkeeping; harmless otherwise)."""
+        self._live += count
+
+    def trajectory_ended(self) -> None:
+        """One trajectory will send no more requests."""
+        self._live -= 1
+
+    async def _barrier(self) -> None:
+        """Lock-step: wait until every live trajectory waits for an answer, then add what arrived, in a
+        deterministic order."""
+        while len(self._waiting) < self._live:
+            await asyncio.sleep(0.002)  # a tool call or a chat-template rendering is still running
+        arrived, self._arrived = sorted(self._arrived, key=lambda a: a[0]), []
+        for _, request_id, prompt_ids, sampling in arrived:
+            self.engine.add_request(request_id, prompt_ids, sampling)
 
     async def _generate_alone(self, prompt_ids: list[int], sampling: SamplingSettings) -> TokenOutput:
         if self._lock is None:

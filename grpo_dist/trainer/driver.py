@@ -118,10 +118,11 @@ class GRPOTrainer:
         by prompt); and the slowest rollout rank's busy seconds."""
         prompts = prompt_batch(collate_prompts(items, self.pad_id, self.plan.max_prompt_length), uid_prefix)
         tp = self.plan.rollout_tp  # one engine per tp ranks
-        if self.plan.agents is not None:  # rollout.mode=async: agent loops on each replica (one-rank engines)
-            shares = shard_prompts([agent_row(item) for item in items], len(self.rollout), sampling)
-            outs, busy_s = unwrap_timed(self.rollout.call(
-                "run_agents", per_rank=[(rows, s, self.plan.agents, self.tokenizer_path) for rows, s in shares]))
+        if self.plan.agents is not None:  # rollout.mode=async: agent loops on each engine's processes
+            shares = shard_prompts([agent_row(item) for item in items], len(self.rollout) // tp, sampling)
+            outs, busy_s = unwrap_timed(self.rollout.call("run_agents", per_rank=engine_shares(
+                [(rows, s, self.plan.agents, self.tokenizer_path) for rows, s in shares], tp)))
+            outs = engine_outputs(outs, tp)
         else:
             shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout) // tp, sampling)
             outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=engine_shares(shares, tp)))

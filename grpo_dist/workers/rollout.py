@@ -29,6 +29,7 @@ class RolloutWorker:
         startup.mark("torch imported")
         self.rank = rank
         self._engine_args = (engine, engine_kwargs)
+        self._tp = tp
         self.engine = None if tp > 1 else self._make_engine()
         startup.mark("engine built")
         self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
@@ -70,7 +71,9 @@ class RolloutWorker:
 
             from grpo_dist.rollout.async_server import AsyncRolloutServer
 
-            self._server = AsyncRolloutServer(self.engine, max_model_len=settings.prompt_length + settings.response_length)
+            # a tensor-parallel engine's processes must feed it identically: lock-step (see the server)
+            self._server = AsyncRolloutServer(self.engine, max_model_len=settings.prompt_length + settings.response_length,
+                                              lockstep=self._tp > 1)
             self._tokenizer = AutoTokenizer.from_pretrained(
                 tokenizer_path, trust_remote_code=bool(self._engine_args[1].get("trust_remote_code", False)))
         return agent_rollout(rows, sampling, server=self._server, tokenizer=self._tokenizer, settings=settings)

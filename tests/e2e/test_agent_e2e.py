@@ -30,9 +30,10 @@ def test_single_turn_grpo_through_agent_loops_equals_the_sync_path(tiny_model_di
 
 def test_the_calculator_recipe_calls_its_tool_and_trains_on_model_tokens_only(tmp_path):
     """The embedded agent recipe (recipes/agent_calculator_cpu), shortened, on a briefly warmed base model (80
-    supervised steps: it writes a well-formed tool call in about a quarter of its samples): trajectories call
-    the add tool through vLLM, the tool's tokens are context but not trained on, and the report draws turns
-    and tool calls per step."""
+    supervised steps: it writes a well-formed tool call in about a quarter of its samples), on two ranks whose
+    vLLM engine is tensor-parallel over both (its processes run the same agent loops in lock step): trajectories
+    call the add tool, the tool's tokens are context but not trained on, and the report draws turns and tool
+    calls per step."""
     from grpo_dist.tasks.calculator import build_model
 
     model = build_model(tmp_path / "model", warmup_steps=80, batch_size=16)
@@ -42,7 +43,8 @@ def test_the_calculator_recipe_calls_its_tool_and_trains_on_model_tokens_only(tm
                      "actor_rollout_ref.rollout.n=4", "trainer.total_training_steps=3", "trainer.test_freq=3",
                      "data.val_max_samples=16", "trainer.save_freq=-1", "trainer.progress_bar=false",
                      "trainer.logger=[console,file]", f"trainer.default_local_dir={out}",
-                     "actor_rollout_ref.rollout.calculate_log_probs=true"])
+                     "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.n_gpus_per_node=2",
+                     "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = read_metrics(out)
     steps = [m[s] for s in (1, 2, 3)]

@@ -1,7 +1,8 @@
 """verl's gsm8k tool-agent script (tests/verl_multiturn: run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh with its
 ``--config-path``/``--config-name`` YAML and tool config) trained for two steps on the CPU through
 ``python -m grpo_dist.main`` (real Ray, vLLM, FSDP2): the module name, the paths and the engine name changed,
-one-rank engines, the sizes scaled down.
+the sizes scaled down; the script's tensor parallelism of 2 kept (one vLLM engine over both ranks, its two
+processes running the same agent loops in lock step).
 
 The rows are written in the format of verl's ``examples/data_preprocess/gsm8k_tool_agent_loop.py``
 (``agent_name: tool_agent``, a system and a user message, ``extra_info.tools_kwargs`` with the ground truth
@@ -43,17 +44,23 @@ def gsm8k_tool_agent_rows(split: str) -> list[dict]:
     } for i, (question, answer) in enumerate(QUESTIONS)]
 
 
-def test_the_tool_agent_script_trains_two_steps_through_the_tool_agent(tiny_model_dir, tmp_path):
+def test_the_tool_agent_script_trains_two_steps_through_the_tool_agent(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    # two attention heads (one per rank of the tensor-parallel engine), printable ASCII (a tool call can be written)
+    model = build_tiny_model(tmp_path / "model", hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=2,
+                             head_dim=64, intermediate_size=128, max_position_embeddings=256, seed=0)
 
     files = {}
     for split in ("train", "test"):
         files[split] = tmp_path / f"{split}.parquet"
         pq.write_table(pa.Table.from_pylist(gsm8k_tool_agent_rows(split)), files[split])
     out = tmp_path / "run"
-    args = script_argv(TOOL_AGENT_MLFLOW, cpu=True, model=str(tiny_model_dir), train=str(files["train"]),
-                       test=str(files["test"]), out=str(out))
+    args = script_argv(TOOL_AGENT_MLFLOW, cpu=True, model=str(model), train=str(files["train"]),
+                       test=str(files["test"]), out=str(out)) + ["actor_rollout_ref.rollout.calculate_log_probs=true"]
     t0 = time.time()
     proc = run_main(args)
     took = time.time() - t0
@@ -67,6 +74,9 @@ def test_the_tool_agent_script_trains_two_steps_through_the_tool_agent(tiny_mode
         for key in ("agent/tool_calls/mean", "agent/model_token_ratio", "actor/pg_loss", "actor/kl_loss",
                     "critic/score/mean", "timing_s/ref"):
             assert key in m[step], (step, key)
+        # both engine processes sampled the same trajectories, and their log-probs are the actor's
+        assert 0 <= m[step]["training/rollout_probs_diff_max"] < 1e-3, m[step]["training/rollout_probs_diff_max"]
+    assert "tensor_model_parallel_size=2" in " ".join(proc.args)
     # the trace keys are accepted and said to have no effect
     assert "actor_rollout_ref.rollout.trace.backend" in proc.stdout and "tracing of agent loops is not built" in proc.stdout
     assert took < 90, f"the run took {took:.0f} s"

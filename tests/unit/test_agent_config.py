@@ -50,8 +50,6 @@ def refused_with_files(*overrides: str) -> str:
     ([ASYNC, AG + "default_agent_loop=react_agent"],
      [AG + "default_agent_loop", "'react_agent'", "single_turn_agent, tool_agent", "agent_loop_config_path"]),
     ([ASYNC, AG + "custom_async_server.name=MyServer"], [AG + "custom_async_server.name", "custom async rollout server"]),
-    ([ASYNC, R + "tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
-     [R + "tensor_model_parallel_size", "one-rank engines", "tensor_model_parallel_size=1 or rollout.mode=sync"]),
     (["data.tool_config_path=/t.yaml"], ["data.tool_config_path", MT + "tool_config_path"]),
     (["data.function_tool_path=/f.py"], ["data.function_tool_path", MT + "function_tool_path"]),
 ])
@@ -62,8 +60,9 @@ def test_each_refusal_names_the_key_and_what_is_valid(overrides, needles):
         assert needle in message, (needle, message)
 
 
-def test_tensor_parallel_engines_stay_allowed_in_sync_mode():
-    cfg = cfg_of(R + "tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2")
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_tensor_parallel_engines_are_allowed_in_both_modes(mode):
+    cfg = cfg_of(R + f"mode={mode}", R + "tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2")
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
 
 

@@ -31,17 +31,10 @@ def as_shipped(name: str, **extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(vmt.SCRIPTS))
-def test_the_scripts_rollout_tensor_parallelism_is_refused_with_the_fix(name):
-    """Both scripts ask for tensor parallelism 2 with agent loops, which run on one-rank engines here."""
-    with pytest.raises(ConfigError, match=r"tensor_model_parallel_size = 2 is not valid: agent-loop rollouts run on "
-                                          r"one-rank engines here; use tensor_model_parallel_size=1"):
-        load(as_shipped(name, use_kl_loss="True"))
-
-
-@pytest.mark.parametrize("name", sorted(vmt.SCRIPTS))
-def test_the_script_validates_with_one_rank_engines(name):
-    cfg = load(as_shipped(name, use_kl_loss="True") + vmt.ONE_RANK_ENGINES)
+def test_the_script_validates_as_shipped(name):
+    cfg = load(as_shipped(name, use_kl_loss="True"))
     r = cfg.actor_rollout_ref.rollout
+    assert r.tensor_model_parallel_size == 2  # agent loops on a tensor-parallel engine, in lock step
     assert (r.name, r.mode, r.multi_turn.enable) == ("vllm", "async", True)
     assert r.multi_turn.max_assistant_turns == 5  # from verl's YAML, not the command line
     assert r.multi_turn.tool_config_path == str(vmt.TOOL_CONFIG)
@@ -54,16 +47,16 @@ def test_the_script_validates_with_one_rank_engines(name):
 def test_the_vllm_scripts_unset_variable_is_refused_naming_the_key_and_the_empty_value():
     """``actor_rollout_ref.actor.use_kl_loss=${use_kl_loss}`` with the variable unset, as the script ships."""
     with pytest.raises(ConfigError) as info:
-        load(as_shipped("vllm_fsdp") + vmt.ONE_RANK_ENGINES)
+        load(as_shipped("vllm_fsdp"))
     message = str(info.value)
     assert message.startswith("invalid value for actor_rollout_ref.actor.use_kl_loss = '' (an empty value")
     assert "shell variable" in message and "'True', ''" in message
-    cfg = load(as_shipped("vllm_fsdp", use_kl_loss="False") + vmt.ONE_RANK_ENGINES)
+    cfg = load(as_shipped("vllm_fsdp", use_kl_loss="False"))
     assert cfg.actor_rollout_ref.actor.use_kl_loss is False  # the last value wins, as on verl's command line
 
 
 def test_the_trace_keys_are_accepted_and_named_as_no_ops():
-    cfg = load(as_shipped("tool_agent_mlflow") + vmt.ONE_RANK_ENGINES)
+    cfg = load(as_shipped("tool_agent_mlflow"))
     assert (cfg.actor_rollout_ref.rollout.trace.backend, cfg.actor_rollout_ref.rollout.trace.token2text) == ("mlflow", True)
     notes = [n for n in noop_notes(cfg) if "rollout.trace." in n]
     assert len(notes) == 2 and all("tracing of agent loops is not built" in n for n in notes)
@@ -75,7 +68,7 @@ def test_the_command_line_checks_at_full_and_cpu_sizes(name, capsys):
     """``python -m grpo_dist.main --config-path=... --config-name=...`` with the script's overrides, as verl's
     script passes them: the configuration at the script's sizes (``--check=config``: its 8 or 16 ranks are not
     on this machine), and at CPU sizes with every file read and the tool config's tools built (``--check``)."""
-    argv = vmt.script_argv(vmt.SCRIPTS[name], cpu=False, **PATHS, use_kl_loss="True") + vmt.ONE_RANK_ENGINES
+    argv = vmt.script_argv(vmt.SCRIPTS[name], cpu=False, **PATHS, use_kl_loss="True")
     assert main(["--check=config", *argv]) == 0
     out = capsys.readouterr().out
     assert "the configuration is valid" in out and "multi-turn: assistant turns 5" in out
@@ -87,7 +80,7 @@ def test_the_command_line_checks_at_full_and_cpu_sizes(name, capsys):
 
 def test_a_missing_config_file_or_tool_config_is_named(tmp_path, capsys):
     with pytest.raises(ConfigError, match=r"config 'gsm8k_multiturn_grpo' not found in .*" + str(tmp_path)):
-        load(as_shipped("tool_agent_mlflow") + vmt.ONE_RANK_ENGINES, config_dir=tmp_path)
+        load(as_shipped("tool_agent_mlflow"), config_dir=tmp_path)
     argv = vmt.script_argv(vmt.TOOL_AGENT_MLFLOW, cpu=True, **PATHS, tool_config=str(tmp_path / "gone.yaml"))
     assert main(["--check", *argv]) == 2
     err = capsys.readouterr().err

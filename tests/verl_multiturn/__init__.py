@@ -14,8 +14,8 @@ the value is empty. The tool-agent script's ``rollout.name=sglang`` is ``vllm`` 
 
 ``CPU_SIZES`` scales a script down for a CPU run and ``ENVIRONMENT`` replaces what names this machine's
 setup rather than the training (the loggers); both are appended (later overrides win, as on verl's
-command line). ``ONE_RANK_ENGINES`` is what the scripts need beyond that here: both ask for a rollout
-tensor parallelism of 2, and agent-loop rollouts run on one-rank engines.
+command line). Both scripts ask for a rollout tensor parallelism of 2, which they get: agent loops run on
+tensor-parallel engines in lock step (grpo_dist/rollout/async_server.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ CONFIG_DIR = Path(__file__).resolve().parent / "config"
 TOOL_CONFIG = CONFIG_DIR / "tool_config" / "gsm8k_tool_config.yaml"
 CONFIG_NAME = "gsm8k_multiturn_grpo"
 TP = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-ONE_RANK_ENGINES = [f"{TP}=1"]
 ENVIRONMENT = ["trainer.logger=[console,file]", "trainer.progress_bar=false", "trainer.default_local_dir={out}"]
 CPU_SIZES = ["data.train_batch_size=4", "data.max_prompt_length=144", "data.max_response_length=32",
              "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -149,10 +148,10 @@ def fill(script: dict, **paths: str) -> list[str]:
 
 def script_argv(script: dict, *, cpu: bool, **paths: str) -> list[str]:
     """The script's command line after the module name: ``--config-path``, ``--config-name``, its overrides;
-    with ``cpu`` the one-rank engines, the CPU sizes and the environment appended."""
+    with ``cpu`` the CPU sizes and the environment appended."""
     values = {"config_path": str(CONFIG_DIR), **paths}
     args = [f"--config-path={script['config_path'].format(**values)}", f"--config-name={script['config_name']}",
             *fill(script, **paths)]
     if cpu:
-        args += ONE_RANK_ENGINES + CPU_SIZES + [o.format(**paths) for o in ENVIRONMENT]
+        args += CPU_SIZES + [o.format(**paths) for o in ENVIRONMENT]
     return args
