@@ -15,6 +15,7 @@ import os
 import re
 
 from grpo_dist.tasks import calculator, larger, reverse, smollm2
+from grpo_dist.tasks.cache import cache_root
 
 #: Config values starting with this name an embedded task or model (built on first use).
 BUILTIN_PREFIX = "builtin:"
@@ -27,10 +28,6 @@ BUILTIN_TOOLS = ("calculator/tools",)
 def builtin_names(kind: str) -> tuple[str, ...]:
     """The embedded names of a kind ("model", "data" or "tools": a function-tool file)."""
     return {"model": BUILTIN_MODELS, "data": BUILTIN_DATA, "tools": BUILTIN_TOOLS}.get(kind, ())
-
-
-def cache_root() -> str:
-    return os.path.expanduser(os.environ.get("GRPO_DIST_CACHE", "~/.cache/grpo_dist"))
 
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

@@ -379,7 +379,7 @@ def evaluate(model_dir: str | os.PathLike, n: int = 256, *, temperature: float =
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_dist.data.rows import load_rows
-    from grpo_dist.tasks import cache_root
+    from grpo_dist.tasks.cache import cache_root
     from grpo_dist.tools.calls import ERROR_PREFIX, run_tool_call
     from grpo_dist.tools.registry import load_tools
 
