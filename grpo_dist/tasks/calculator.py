@@ -248,6 +248,8 @@ def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpo_dist.tasks.warmup import supervised_step
+
     torch.manual_seed(seed)
     rng = random.Random(seed + 1)
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -275,21 +277,7 @@ def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e
                 lab += piece if trained else [-100] * len(piece)
             seqs.append(ids)
             labels.append(lab)
-        width = max(len(s) for s in seqs)
-        ids_BT = torch.full((batch_size, width), pad_id)
-        lab_BT = torch.full((batch_size, width), -100)
-        att_BT = torch.zeros((batch_size, width), dtype=torch.long)
-        for i, (s, l) in enumerate(zip(seqs, labels)):
-            ids_BT[i, : len(s)] = torch.tensor(s)
-            lab_BT[i, : len(l)] = torch.tensor(l)
-            att_BT[i, : len(s)] = 1
-        loss = model(input_ids=ids_BT, attention_mask=att_BT, labels=lab_BT).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_val = loss.item()
+        loss_val = supervised_step(model, opt, sched, seqs, labels, pad_id)
         if log_every and (step + 1) % log_every == 0:
             print(f"warm-up step {step + 1}/{steps}: loss {loss_val:.4f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     model.save_pretrained(model_dir)

@@ -151,6 +151,7 @@ def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grpo_dist.data.dataset import tokenize_prompt
+    from grpo_dist.tasks.warmup import supervised_step
 
     torch.manual_seed(seed)
     rng = random.Random(seed + 1)
@@ -172,21 +173,7 @@ def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e
             a = tok.encode(ans, add_special_tokens=False) + [end_id]
             seqs.append(list(p) + a)
             labels.append([-100] * len(p) + a)
-        width = max(len(s) for s in seqs)
-        ids = torch.full((batch_size, width), pad_id)
-        lab = torch.full((batch_size, width), -100)
-        att = torch.zeros((batch_size, width), dtype=torch.long)
-        for i, (s, l) in enumerate(zip(seqs, labels)):
-            ids[i, : len(s)] = torch.tensor(s)
-            lab[i, : len(l)] = torch.tensor(l)
-            att[i, : len(s)] = 1
-        loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss_val = loss.item()
+        loss_val = supervised_step(model, opt, sched, seqs, labels, pad_id)
         if log_every and (step + 1) % log_every == 0:
             print(f"warm-up step {step + 1}/{steps}: loss {loss_val:.4f}", flush=True)
     model.save_pretrained(model_dir)

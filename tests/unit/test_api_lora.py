@@ -16,6 +16,7 @@ from torch import nn
 from grpo_dist.api.models import policy_module
 from grpo_dist.training.lora import base_name
 from grpo_dist.training.policy import forward_logprobs
+from tests.unit.test_api import TinyLM
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = list("abcdefgh ")  # ids 4..12; 0 pads, 1 and 3 end a completion (the generation config's EOS)
@@ -244,27 +245,13 @@ def test_a_peft_model_trains_its_adapters_and_its_reference_is_the_base(model_di
     assert trainer.model.active_adapters == ["default"]  # the reference forward switched them back on
 
 
-class TinyLM(nn.Module):
-    """A plain causal model: embedding, GRU, linear head; ``forward(input_ids) -> logits [B, T, V]``."""
-
-    def __init__(self, vocab: int = 8, hidden: int = 16) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, hidden)
-        self.rnn = nn.GRU(hidden, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, vocab)
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        h, _ = self.rnn(self.emb(input_ids))
-        return self.head(h)
-
-
 def test_a_peft_model_around_a_plain_module_trains_with_the_base_as_reference():
     from peft import LoraConfig, get_peft_model
 
     from grpo_dist import GRPO
 
     torch.manual_seed(0)
-    plain = TinyLM()
+    plain = TinyLM(hidden=16)
     base_copy = copy.deepcopy(plain)
     peft_model = get_peft_model(plain, LoraConfig(r=2, target_modules=["head"], init_lora_weights=False))
     trainer = GRPO(peft_model, reward_fn=lambda c, p: [float((x == 3).float().mean()) for x in c],
@@ -315,7 +302,7 @@ def test_lora_needs_a_hugging_face_or_peft_model():
     from grpo_dist import GRPO
 
     with pytest.raises(ValueError) as e:
-        GRPO(TinyLM(), reward_fn=count_e, lora_rank=4, progress=False)
+        GRPO(TinyLM(hidden=16), reward_fn=count_e, lora_rank=4, progress=False)
     assert "GRPO lora_rank=4 needs a Hugging Face causal LM (a transformers PreTrainedModel) or a peft model, " \
            "got TinyLM" in str(e.value)
 
