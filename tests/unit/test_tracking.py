@@ -124,6 +124,8 @@ def read_wandb_records(run_file: str) -> list:
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
         pos += 7
+        if pos + length > len(data):  # the writer is still writing this chunk: read what is whole
+            break
         chunk, pos = data[pos:pos + length], pos + length
         if kind == 1:
             records.append(chunk)
@@ -143,6 +145,8 @@ def read_wandb_records(run_file: str) -> list:
 
 @needs("wandb")
 def test_wandb_offline_run_gets_the_resolved_config_metrics_and_table(tmp_path, monkeypatch):
+    from google.protobuf.message import DecodeError
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_DIR", raising=False)
@@ -156,7 +160,13 @@ def test_wandb_offline_run_gets_the_resolved_config_metrics_and_table(tmp_path, 
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))  # under default_local_dir
     deadline = time.time() + 30  # wandb's service process may still be writing the file when finish() returns
     while True:
-        records = read_wandb_records(run_file)
+        try:
+            records = read_wandb_records(run_file)
+        except DecodeError:  # a record the service process had not finished writing
+            if time.time() > deadline:
+                raise
+            time.sleep(0.2)
+            continue
         if any(r.WhichOneof("record_type") == "exit" for r in records) or time.time() > deadline:
             break
         time.sleep(0.2)
