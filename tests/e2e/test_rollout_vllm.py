@@ -229,6 +229,93 @@ def test_hf_engine_update_weights_rejects_unknown_names(hf_engine):
         hf_engine.update_weights([("model.not_a_layer.weight", torch.zeros(2))])
 
 
+# ---------------------------------------------------------------- the asynchronous rollout server
+# (before the tests that build and close engines of their own in this process: closing one ends vLLM's
+# process-wide parallel state, which the module's engine needs)
+
+
+def _served(server, requests):
+    """Run ``(request_id, prompt_ids, sampling_params)`` requests concurrently on ``server``."""
+    import asyncio
+
+    async def all_of():
+        return await asyncio.gather(*(server.generate(rid, prompt_ids=p, sampling_params=sp)
+                                      for rid, p, sp in requests))
+
+    return asyncio.run(all_of())
+
+
+def test_async_server_samples_what_the_sync_engine_samples(vllm_engine):
+    """Single-turn GRPO through the server: trajectory j of prompt i, seeded with the seed the synchronous
+    call gives it (``seed + i * n + j``), has the same tokens and log-probs, and the requests run in one
+    continuous batch."""
+    from grpo_dist.rollout.async_server import AsyncRolloutServer
+
+    engine = vllm_engine
+    n, seed, prompts = 3, 1234, PROMPTS[:3]
+    sampling = SamplingSettings(n=n, temperature=1.0, max_tokens=12, seed=seed)
+    sync = engine.generate(prompts, sampling)
+    server = AsyncRolloutServer(engine, max_model_len=MAX_MODEL_LEN)
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 12}
+    outs = _served(server, [(f"r{i}-{j}", p, {**params, "seed": seed + i * n + j})
+                            for i, p in enumerate(prompts) for j in range(n)])
+    assert [o.token_ids for o in outs] == sync.response_ids
+    for o, lps, eos in zip(outs, sync.logprobs, sync.finished_by_eos):
+        torch.testing.assert_close(torch.tensor(o.log_probs), torch.tensor(lps), atol=1e-5, rtol=0)
+        assert (o.stop_reason == "stop") == eos
+    assert server.requests == len(prompts) * n
+    assert server.stepping and server.peak_concurrency == len(prompts) * n
+    assert not _served(server, [])  # an idle server is fine
+
+
+def test_async_server_on_the_hf_engine_answers_one_request_at_a_time(hf_engine):
+    """The Hugging Face engine has no request-level API (and one random stream per call, so its seeded samples
+    depend on the batch): the server answers each request alone; greedy answers equal its own greedy call."""
+    from grpo_dist.rollout.async_server import AsyncRolloutServer
+
+    server = AsyncRolloutServer(hf_engine, max_model_len=MAX_MODEL_LEN)
+    outs = _served(server, [(f"g{i}", p, {"temperature": 0.0, "max_tokens": 6}) for i, p in enumerate(PROMPTS[:3])])
+    greedy = hf_engine.generate(PROMPTS[:3], SamplingSettings.greedy(6))
+    assert [o.token_ids for o in outs] == greedy.response_ids
+    assert not server.stepping and server.peak_concurrency == 1
+
+
+def test_async_server_lets_a_later_turn_join_the_running_batch(vllm_engine):
+    """A request sent while another decodes is answered before the long one finishes (continuous batching,
+    not one batch after another), and a greedy request equals the engine's own greedy answer."""
+    import asyncio
+
+    from grpo_dist.rollout.async_server import AsyncRolloutServer
+
+    server = AsyncRolloutServer(vllm_engine, max_model_len=MAX_MODEL_LEN)
+    order = []
+
+    async def long_one():
+        out = await server.generate("long", prompt_ids=PROMPTS[0], sampling_params={
+            "temperature": 1.0, "seed": 7, "max_tokens": 40, "logprobs": False})
+        order.append("long")
+        return out
+
+    async def short_turns():
+        outs = []
+        for turn in range(3):  # three turns of one trajectory, each sent after the previous answer
+            outs.append(await server.generate(f"short-{turn}", prompt_ids=PROMPTS[1], sampling_params={
+                "temperature": 0.0, "max_tokens": 2}))
+            order.append(f"short-{turn}")
+        return outs
+
+    async def both():
+        return await asyncio.gather(long_one(), short_turns())
+
+    long_out, shorts = asyncio.run(both())
+    greedy = vllm_engine.generate([PROMPTS[1]], SamplingSettings.greedy(2))
+    assert all(o.token_ids == greedy.response_ids[0] for o in shorts)
+    if len(long_out.token_ids) == 40:  # the long request really decoded 40 steps
+        assert order[-1] == "long", order
+    with pytest.raises(ValueError, match="not supported by the rollout server"):
+        _served(server, [("x", PROMPTS[1], {"repetition_penalty": 1.3})])
+
+
 def test_seeded_sampling_of_a_batch_larger_than_one_engine_step(model_dir):
     """More prompt tokens than one scheduler step takes, each request seeded: no chunked-prefill
     generator rewind on CPU ("CPU Generator does not use offset"), and the call is reproducible."""
@@ -349,89 +436,3 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
     (alone,) = one["held_before"]
     assert alone["size"] == 1 and all(alone[n][0] == alone[n][1] for n in SHARDED), alone
     assert one["before"][0].response_ids != one["after"][0].response_ids  # the sync changed the policy
-
-
-
-# ---------------------------------------------------------------- the asynchronous rollout server
-
-
-def _served(server, requests):
-    """Run ``(request_id, prompt_ids, sampling_params)`` requests concurrently on ``server``."""
-    import asyncio
-
-    async def all_of():
-        return await asyncio.gather(*(server.generate(rid, prompt_ids=p, sampling_params=sp)
-                                      for rid, p, sp in requests))
-
-    return asyncio.run(all_of())
-
-
-def test_async_server_samples_what_the_sync_engine_samples(vllm_engine):
-    """Single-turn GRPO through the server: trajectory j of prompt i, seeded with the seed the synchronous
-    call gives it (``seed + i * n + j``), has the same tokens and log-probs, and the requests run in one
-    continuous batch."""
-    from grpo_dist.rollout.async_server import AsyncRolloutServer
-
-    engine = vllm_engine
-    n, seed, prompts = 3, 1234, PROMPTS[:3]
-    sampling = SamplingSettings(n=n, temperature=1.0, max_tokens=12, seed=seed)
-    sync = engine.generate(prompts, sampling)
-    server = AsyncRolloutServer(engine, max_model_len=MAX_MODEL_LEN)
-    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "max_tokens": 12}
-    outs = _served(server, [(f"r{i}-{j}", p, {**params, "seed": seed + i * n + j})
-                            for i, p in enumerate(prompts) for j in range(n)])
-    assert [o.token_ids for o in outs] == sync.response_ids
-    for o, lps, eos in zip(outs, sync.logprobs, sync.finished_by_eos):
-        torch.testing.assert_close(torch.tensor(o.log_probs), torch.tensor(lps), atol=1e-5, rtol=0)
-        assert (o.stop_reason == "stop") == eos
-    assert server.requests == len(prompts) * n
-    assert server.stepping and server.peak_concurrency == len(prompts) * n
-    assert not _served(server, [])  # an idle server is fine
-
-
-def test_async_server_on_the_hf_engine_answers_one_request_at_a_time(hf_engine):
-    """The Hugging Face engine has no request-level API (and one random stream per call, so its seeded samples
-    depend on the batch): the server answers each request alone; greedy answers equal its own greedy call."""
-    from grpo_dist.rollout.async_server import AsyncRolloutServer
-
-    server = AsyncRolloutServer(hf_engine, max_model_len=MAX_MODEL_LEN)
-    outs = _served(server, [(f"g{i}", p, {"temperature": 0.0, "max_tokens": 6}) for i, p in enumerate(PROMPTS[:3])])
-    greedy = hf_engine.generate(PROMPTS[:3], SamplingSettings.greedy(6))
-    assert [o.token_ids for o in outs] == greedy.response_ids
-    assert not server.stepping and server.peak_concurrency == 1
-
-
-def test_async_server_lets_a_later_turn_join_the_running_batch(vllm_engine):
-    """A request sent while another decodes is answered before the long one finishes (continuous batching,
-    not one batch after another), and a greedy request equals the engine's own greedy answer."""
-    import asyncio
-
-    from grpo_dist.rollout.async_server import AsyncRolloutServer
-
-    server = AsyncRolloutServer(vllm_engine, max_model_len=MAX_MODEL_LEN)
-    order = []
-
-    async def long_one():
-        out = await server.generate("long", prompt_ids=PROMPTS[0], sampling_params={
-            "temperature": 1.0, "seed": 7, "max_tokens": 40, "logprobs": False})
-        order.append("long")
-        return out
-
-    async def short_turns():
-        outs = []
-        for turn in range(3):  # three turns of one trajectory, each sent after the previous answer
-            outs.append(await server.generate(f"short-{turn}", prompt_ids=PROMPTS[1], sampling_params={
-                "temperature": 0.0, "max_tokens": 2}))
-            order.append(f"short-{turn}")
-        return outs
-
-    async def both():
-        return await asyncio.gather(long_one(), short_turns())
-
-    long_out, shorts = asyncio.run(both())
-    greedy = vllm_engine.generate([PROMPTS[1]], SamplingSettings.greedy(2))
-    assert all(o.token_ids == greedy.response_ids[0] for o in shorts)
-    if len(long_out.token_ids) == 40:  # the long request really decoded 40 steps
-        assert order[-1] == "long", order
-    with pytest.raises(ValueError, match="not supported by the rollout server"):
-        _served(server, [("x", PROMPTS[1], {"repetition_penalty": 1.3})])
