@@ -181,3 +181,30 @@ def test_one_lora_step_does_not_depend_on_the_micro_batch_size(result):
         if "lora_B" in name:
             moved = max(moved, float(a[name].abs().max()))
     assert moved > 0  # the step did move the adapters
+
+
+def two_rank_step(rank: int, world_size: int, model_dir: str) -> dict:
+    """The micro-batch test's step (8 rows, one mini-batch, micro-batches of 2) with each rank holding its half."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from grpo_dist.training.actor import FSDPActor
+    from grpo_dist.training.micro_batches import rank_shard_indices
+    from tests.distributed._dist_helpers import rows
+
+    data = make_batch(0, rows=8)
+    mine = rows(data, rank_shard_indices(8, num_mini_batches=1, rank=rank, world_size=world_size))
+    actor = FSDPActor(model_dir, actor_settings(ppo_micro_batch_size_per_gpu=2), rank=rank, world_size=world_size,
+                      device="cpu")
+    metrics = actor.update_policy(mine)
+    return {"metrics": metrics, "state": get_model_state_dict(actor.model, options=StateDictOptions(full_state_dict=True))}
+
+
+def test_one_lora_step_on_two_ranks_equals_one_rank(result):
+    two = run_ranks(two_rank_step, 2, result["model_dir"])
+    one_metrics, one_state = result["micro2_metrics"], result["micro2"]
+    for out in two:  # both ranks hold the same whole adapters after the step
+        for key in ("actor/grad_norm", "actor/pg_loss"):
+            assert out["metrics"][key] == pytest.approx(one_metrics[key], rel=1e-5, abs=1e-7), key
+        assert set(out["state"]) == set(one_state)
+        for name, value in out["state"].items():
+            torch.testing.assert_close(value, one_state[name], atol=5e-3 * LR, rtol=0)
