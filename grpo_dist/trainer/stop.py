@@ -88,6 +88,8 @@ class StopSignal:
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
         self._out_of_time = False
+        self._redeliver: Interrupted | None = None  # raised where Python could not raise it: raise it again
+        self._previous_unraisable: Callable[[Any], None] | None = None
         self.waiting_for: Callable[[], str | None] = waiting.now
         """What the run waits for now (a worker call and its deadline), named when a signal arrives."""
 
@@ -95,6 +97,17 @@ class StopSignal:
     def install(self) -> None:
         """Handle SIGTERM in this, the main, thread."""
         self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+        self._previous_unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
+
+    def _unraisable(self, info: Any) -> None:
+        """The handler's exception can land where Python cannot raise it (a fork handler of the logging module
+        while Ray starts a process, a finalizer): Python would print "Exception ignored in ..." with a traceback
+        and go on as if no signal had come. Say nothing and raise it again in the main thread at once."""
+        if info.exc_value is not None and info.exc_value is self.interrupted:
+            self._redeliver = info.exc_value
+            threading.Timer(0.01, _thread.interrupt_main, args=(signal.SIGTERM,)).start()
+            return
+        (self._previous_unraisable or sys.__unraisablehook__)(info)
 
     def reassert(self) -> None:
         """Take SIGTERM back after a library replaced the handler (``ray.init`` installs its own,
@@ -108,6 +121,8 @@ class StopSignal:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self._previous_unraisable is not None:
+            sys.unraisablehook, self._previous_unraisable = self._previous_unraisable, None
 
     # The grace period's deadline: a timer thread that, when it fires, has the main thread run the
     # SIGTERM handler once more (``_thread.interrupt_main``), marked as the deadline (no SIGALRM: other
@@ -183,6 +198,9 @@ class StopSignal:
         return f"this run has no checkpoint{where} yet: a rerun starts from the beginning"
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._redeliver is not None:  # the stop an ignored exception lost (see _unraisable)
+            exc, self._redeliver = self._redeliver, None
+            raise exc
         name = signal.Signals(signum).name
         if self._out_of_time:
             self._out_of_time = False

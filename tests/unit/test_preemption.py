@@ -59,6 +59,29 @@ def test_signal_during_start_up_stops_at_once(installed):
                               "in /runs/x yet: a rerun starts from the beginning")
 
 
+class RaisesInAFinalizer:
+    """Its finalizer sends SIGTERM: the handler's exception is raised inside ``__del__``, where Python cannot
+    raise it (as in the logging module's fork handlers while Ray starts processes)."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_stop_raised_where_python_ignores_exceptions_is_raised_again_without_a_traceback(installed, capsys):
+    import sys
+
+    before = sys.unraisablehook
+    stop = installed(300, "/runs/x")
+    with pytest.raises(Interrupted) as err:
+        obj = RaisesInAFinalizer()
+        del obj  # the signal's exception lands in the finalizer: ignored by Python, then raised again
+        time.sleep(5)  # the redelivery raises before this ends
+    assert str(err.value).startswith("stopped on SIGTERM during start-up")
+    assert "Exception ignored" not in capsys.readouterr().err
+    stop.uninstall()
+    assert sys.unraisablehook is before  # given back
+
+
 def test_step_boundary_within_the_grace_period_is_waited_for(installed):
     clock = Clock()
     stop = installed(300, "/runs/x", clock=clock)  # margin: min(30, 300 / 10) = 30 s
