@@ -170,13 +170,14 @@ def agent_settings(cfg: GRPOConfig) -> AgentSettings | None:
     if r.mode != "async":
         return None
     mt = r.multi_turn
+    tool_config, function_tools = tool_paths(cfg)
     return AgentSettings(
         default_agent_loop=default_agent_loop(cfg),
         agent_loop_config_path=r.agent.agent_loop_config_path,
         prompt_length=int(r.prompt_length),
         response_length=int(r.response_length),
-        tool_config_path=tool_paths(cfg)[0],
-        function_tool_path=tool_paths(cfg)[1],
+        tool_config_path=tool_config,
+        function_tool_path=function_tools,
         max_assistant_turns=mt.max_assistant_turns,
         max_user_turns=mt.max_user_turns,
         max_parallel_calls=int(mt.max_parallel_calls),
