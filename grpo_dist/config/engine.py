@@ -17,7 +17,9 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float |
     overrides = dict(cfg.actor_rollout_ref.model.override_config) or None  # the policy's config as the actor builds it
     if r.name == "hf":
         return dict(model_path=model_path, dtype=dtype, device=device, trust_remote_code=trust, config_overrides=overrides)
+    rank = served_adapter_rank(cfg)
     return dict(
+        **({"max_lora_rank": rank} if rank else {}),
         model_path=model_path,
         dtype=dtype,
         trust_remote_code=trust,
@@ -34,6 +36,25 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float |
         kv_cache_gib=(kv_gib if kv_gib is not None else None if r.kv_cache_gib == "auto" else float(r.kv_cache_gib))
         if device == "cpu" else None,
     )
+
+
+def served_adapter_rank(cfg: GRPOConfig) -> int:
+    """The rank of the LoRA adapter the rollout engine serves: the policy's LoRA rank (a saved adapter's own,
+    from its ``adapter_config.json``, when training starts from one) when the weight sync sends adapters only
+    (``lora.merge=false``); 0 when the engine gets whole weights."""
+    from grpo_dist.config.validate import lora_settings
+
+    lora = lora_settings(cfg)
+    if not lora.enabled or lora.merge:
+        return 0
+    if lora.adapter_path is None:
+        return lora.rank
+    import json
+    import os
+    from pathlib import Path
+
+    saved = json.loads((Path(os.path.expanduser(lora.adapter_path)) / "adapter_config.json").read_text())
+    return max([int(saved["r"]), *(int(r) for r in (saved.get("rank_pattern") or {}).values())])
 
 
 #: The fields of a model's ``config.json`` that :class:`~grpo_dist.training.memory.ModelShape` reads.

@@ -67,6 +67,7 @@ class HFEngine:
         self.pad_token_id: int = self.eos_token_ids[0] if pad is None else int(pad)
         self._seeds = torch.Generator().manual_seed(seed)
         self._asleep = False
+        self._adapter_config: dict | None = None  # the LoRA adapter's peft config once one is loaded
 
     accepts_partial_weights = True  # update_weights copies tensor by tensor
 
@@ -165,6 +166,29 @@ class HFEngine:
                     f"{tuple(target.shape)}"
                 )
             target.data.copy_(tensor)
+
+    @torch.no_grad()
+    def load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict) -> None:
+        """Sample through this LoRA adapter from now on (:meth:`grpo_dist.rollout.vllm_engine.VLLMEngine.load_adapter`'s
+        contract): the first call wraps the model in a peft model built from ``config``; every call loads the
+        tensors (peft's saved names) into its adapter."""
+        from peft import get_peft_config, get_peft_model, set_peft_model_state_dict
+
+        from grpo_dist.rollout.adapters import check_adapter_names
+
+        tensors = {name: t.to(self.device) for name, t in named_tensors}
+        check_adapter_names(tensors)
+        if self._adapter_config is None:
+            self.model = get_peft_model(self.model, get_peft_config(dict(config))).eval()
+            self._adapter_config = dict(config)
+        elif dict(config) != self._adapter_config:
+            raise ValueError("load_adapter got an adapter configured differently from the one loaded before "
+                             "(rank, alpha or target modules changed during the run)")
+        result = set_peft_model_state_dict(self.model, tensors)
+        missing = [k for k in result.missing_keys if ".lora_" in k]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"load_adapter: the adapter's tensors do not match the model's adapter (missing "
+                             f"{missing[:2]}, unexpected {list(result.unexpected_keys)[:2]})")
 
     def sleep(self) -> None:
         """Give the memory ``generate`` cached (its KV cache) back to the device; the weights stay.

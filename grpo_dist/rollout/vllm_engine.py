@@ -28,6 +28,11 @@ Measured facts about vLLM 0.32 (CPU build) that shape this module:
   process, most of them the modules torch, transformers and vLLM just imported (~0.3 s each on 2
   loaded cores). The engine freezes the heap as it is before the build (:func:`freeze_heap_for_build`,
   what vLLM itself does after it), so those collections walk only what the build creates.
+- LoRA adapters (``max_lora_rank`` set): the engine is built with ``enable_lora`` and samples every request
+  through the one adapter loaded last (:meth:`VLLMEngine.load_adapter`). vLLM loads an adapter from a peft
+  folder, so each version is written to a folder of the engine's own (in ``/dev/shm`` where it exists) and
+  added under a new id; the previous one is removed. vLLM's LoRA adapts the decoder's linear layers only
+  (``lm_head`` or the embeddings as targets are refused when the adapter loads).
 - The first request that asks for log-probs would compile a small ``torch.compile`` (inductor) kernel
   for token ranks (~10-15 s on 2 cores with a cold inductor cache, ~1-2 s warm); on the CPU the
   engine counts them eagerly instead (:func:`count_token_ranks_eagerly`).
@@ -52,7 +57,18 @@ _GIB = 1 << 30
 #: Arguments of ``vllm.LLM`` that the engine always sets (``extra_kwargs`` may not repeat them).
 _OWN_LLM_ARGS = frozenset({"model", "dtype", "max_model_len", "gpu_memory_utilization", "tensor_parallel_size",
                            "max_num_seqs", "enforce_eager", "seed", "enable_sleep_mode", "logprobs_mode",
-                           "distributed_executor_backend", "trust_remote_code", "hf_overrides"})
+                           "distributed_executor_backend", "trust_remote_code", "hf_overrides",
+                           "enable_lora", "max_lora_rank", "max_loras"})
+#: The LoRA ranks vLLM's engine can be built for (``max_lora_rank``); an adapter may have any rank up to it.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest of :data:`VLLM_LORA_RANKS` that holds an adapter of ``rank``."""
+    for r in VLLM_LORA_RANKS:
+        if rank <= r:
+            return r
+    raise ValueError(f"vLLM serves LoRA adapters up to rank {VLLM_LORA_RANKS[-1]}, got rank {rank}")
 
 
 class _DropRotaryReloadWarning(logging.Filter):
@@ -105,6 +121,8 @@ class VLLMEngine:
             classes), as ``actor_rollout_ref.model.trust_remote_code`` asks.
         hf_overrides: fields set on the model's Hugging Face config (``model.override_config``, as the
             actor builds the policy).
+        max_lora_rank: the rank of the LoRA adapters the engine will serve (:meth:`load_adapter`); None:
+            no adapters (the weight sync sends whole weights).
     """
 
     def __init__(
@@ -127,6 +145,7 @@ class VLLMEngine:
         tp_master: tuple[str, int] | None = None,
         trust_remote_code: bool = False,
         hf_overrides: dict[str, Any] | None = None,
+        max_lora_rank: int | None = None,
     ) -> None:
         if max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {max_model_len}")
@@ -181,6 +200,10 @@ class VLLMEngine:
         if clash:
             raise ValueError(f"extra_kwargs repeat arguments the engine sets itself: {', '.join(clash)}")
         engine_kwargs.update(extra_kwargs or {})
+        self._lora = None  # the LoRARequest of the adapter every request is sampled with (load_adapter)
+        self._lora_dir: str | None = None
+        if max_lora_rank is not None:
+            engine_kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_max_lora_rank(max_lora_rank))
 
         from vllm import LLM
 
@@ -241,7 +264,7 @@ class VLLMEngine:
         else:
             params = [_sampling_params(sampling, sampling.seed + i * n) for i in range(len(prompt_token_ids))]
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids]
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        outputs = self._llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
 
         response_ids: list[list[int]] = []
         logprobs: list[list[float]] | None = [] if sampling.logprobs else None
@@ -279,7 +302,8 @@ class VLLMEngine:
         # the finished response only, as LLM.generate asks: the default (cumulative) output rebuilds every
         # running request's whole token and log-prob lists at every engine step
         params.output_kind = RequestOutputKind.FINAL_ONLY
-        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params)
+        self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                         lora_request=self._lora)
 
     def step(self) -> list[tuple[str, TokenOutput]]:
         """Run one engine iteration over every queued and running request; the requests it finished, by
@@ -330,7 +354,7 @@ class VLLMEngine:
             TokensPrompt(prompt_token_ids=list(p) + list(r))
             for p, r in zip(prompt_ids, response_ids)
         ]
-        outputs = self._llm.generate(prompts, params, use_tqdm=False)
+        outputs = self._llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
         result: list[list[float]] = []
         for out, p, r in zip(outputs, prompt_ids, response_ids):
             plp = out.prompt_logprobs
@@ -359,6 +383,43 @@ class VLLMEngine:
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
 
+    def load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]], config: dict[str, Any]) -> None:
+        """Serve every later request through this LoRA adapter (replacing the one loaded before).
+
+        ``named_tensors``: the adapter's tensors under peft's saved names
+        (``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``, full tensors in every process of a
+        tensor-parallel engine); ``config``: its peft ``LoraConfig`` as a dict (``adapter_config.json``).
+        Needs the engine built with ``max_lora_rank`` >= the adapter's rank.
+        """
+        from vllm.lora.request import LoRARequest
+
+        from grpo_dist.rollout.adapters import write_adapter
+
+        self._check_awake()
+        if not self._llm.llm_engine.vllm_config.lora_config:
+            raise RuntimeError("load_adapter needs the engine built with max_lora_rank (LoRA adapters)")
+        if self._lora_dir is None:
+            import tempfile
+
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            self._lora_dir = tempfile.mkdtemp(prefix="grpo_dist_lora_", dir=shm)
+        previous = self._lora
+        version = 1 if previous is None else previous.lora_int_id + 1
+        folder = write_adapter(Path(self._lora_dir) / f"v{version}", named_tensors, config)
+        request = LoRARequest(f"policy-v{version}", version, str(folder))
+        try:
+            self._llm.llm_engine.add_lora(request)
+        except ValueError as e:
+            raise ValueError(f"vLLM could not load the policy's LoRA adapter: {e}. vLLM adapts the decoder's linear "
+                             "layers only; with other target modules set actor_rollout_ref.model.lora.merge=true "
+                             "(the merged weights are sent instead)") from None
+        self._lora = request
+        if previous is not None:
+            self._llm.llm_engine.remove_lora(previous.lora_int_id)
+            _remove_tree(previous.lora_path)
+        if not self._llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after an adapter update")
+
     def sleep(self) -> None:
         """Offload the weights to host memory and free the KV cache (``enable_sleep_mode`` only;
         otherwise a no-op)."""
@@ -378,6 +439,9 @@ class VLLMEngine:
         if llm is None:
             return
         self._llm = None
+        if self._lora_dir is not None:
+            _remove_tree(self._lora_dir)
+            self._lora_dir = None
         try:
             llm.llm_engine.engine_core.shutdown()
         except Exception:  # best effort: the engine is going away either way
@@ -389,6 +453,12 @@ class VLLMEngine:
             raise RuntimeError("VLLMEngine is closed")
         if self._asleep:
             raise RuntimeError("VLLMEngine is asleep; call wake_up() first")
+
+
+def _remove_tree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def tp_launcher_env(tp: int, tp_rank: int, master: tuple[str, int], *, on_gpu: bool) -> dict[str, Any]:

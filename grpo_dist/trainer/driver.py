@@ -102,8 +102,11 @@ class GRPOTrainer:
                                                reference=self.ref, device=dev, reference_dtype=p.reference_dtype)
         self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
                                dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes)
+        if self.sync.prepare():  # LoRA, adapters only: the engines serve the policy's adapter from the first step
+            self.sync()
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
-        for line in startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, self.sync.transport,
+        sync_label = self.sync.transport + (" (LoRA adapters only)" if self.sync.adapter_only else "")
+        for line in startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, sync_label,
                                         w.model_notes):
             print(f"grpo_dist: {line}", flush=True)
 
@@ -232,6 +235,7 @@ class GRPOTrainer:
                 with timer("update_weights"):
                     for name, seconds in self.sync().items():
                         timer.add(name, seconds)
+                m["perf/weight_sync_bytes"] = float(self.sync.last_bytes)
             elif p.free_cache_engine:
                 # critic warm-up: the policy did not change, so there is nothing to send; the engine
                 # only gets its memory back

@@ -12,6 +12,9 @@ The pieces it drives live with the workers: bucket planning, packing and unpacki
    - ``object_store``: actor rank 0 puts its buffer in Ray's object store, every rollout rank maps it;
 3. engines that load all weights at once do so (``finish_load``); the actor ranks drop their buffers.
 
+With LoRA and ``lora.merge=false`` the buckets hold the adapter factors alone and ``finish_load`` loads them as
+the engine's LoRA adapter (set up once by :meth:`WeightSync.prepare`).
+
 The object talks to the groups only through ``call(method, *args, per_rank=...)`` and ``len()``, so it
 is tested with stand-in groups (tests/unit/test_weight_sync_protocol.py).
 """
@@ -62,6 +65,19 @@ class WeightSync:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.actor, self.rollout = actor, rollout
         self.transport, self.dtype, self.bucket_bytes = transport, dtype, bucket_bytes
+        self.adapter_only = False
+        self.last_bytes = 0
+        """Bytes the last sync sent each engine (the buckets' sizes: the weights, or the adapters alone)."""
+
+    def prepare(self) -> bool:
+        """Once, before the first sync: when the actor sends LoRA adapters only (``lora.merge=false``), tell
+        every rollout rank their configuration, so that each sync loads them as the engine's adapter. Returns
+        whether the sync is adapter-only (the engines then serve the adapter only after a first sync)."""
+        config = self.actor.call("adapter_config")[0]
+        if config is not None:
+            self.rollout.call("set_adapter_config", config)
+        self.adapter_only = config is not None
+        return self.adapter_only
 
     def __call__(self) -> dict[str, float]:
         """Run one sync. Returns where the time went, in seconds, keyed by name under ``timing_s/``:
@@ -74,6 +90,7 @@ class WeightSync:
         """
         t0 = time.perf_counter()
         plans, gather_s = unwrap_timed(self.actor.call("sync_begin", self.dtype, self.bucket_bytes))
+        self.last_bytes = sum(b.nbytes for b in plans[0])
         _, wake_s = unwrap_timed(self.rollout.call("wake_up"))
         put_s = load_s = 0.0
         for i, bucket in enumerate(plans[0]):

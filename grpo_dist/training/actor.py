@@ -96,6 +96,9 @@ class FSDPActor(FSDPRole):
         self._merge = self._lora_merge_sources() if settings.lora.enabled else None
         """With LoRA: the base model's weight names -> where each comes from in the peft model (the weight
         sync and the export send the merged weights under the base model's names); None otherwise."""
+        self._adapters = self._lora_adapter_sources() if settings.lora.enabled and not settings.lora.merge else None
+        """With LoRA and ``lora.merge=false``: the adapter-only sync's names (peft's saved names) -> their
+        state-dict keys; the engine receives these tensors alone (:meth:`adapter_config`). None otherwise."""
 
     # ------------------------------------------------------------------------------------------
     def compute_log_prob(
@@ -192,6 +195,20 @@ class FSDPActor(FSDPRole):
 
         return merge_sources(self.model, list(self.model.state_dict()))
 
+    def _lora_adapter_sources(self) -> dict[str, str]:
+        from grpo_dist.training.lora import adapter_sources
+
+        return adapter_sources(list(self.model.state_dict()))
+
+    def adapter_config(self) -> dict | None:
+        """The adapter's peft configuration (``adapter_config.json``) the engine serves the synced adapter with,
+        when the weight sync sends adapters only (``lora.merge=false``); None when it sends whole weights."""
+        if self._adapters is None:
+            return None
+        from grpo_dist.training.lora import adapter_config_dict
+
+        return adapter_config_dict(self.model)
+
     # ------------------------------------------------------------------------------------------
     def state_dict_for_sync(self, dtype: str | torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """Collective: the full unsharded weights on CPU (rank 0); ``{}`` on other ranks. With LoRA: the
@@ -217,22 +234,30 @@ class FSDPActor(FSDPRole):
         state = self.model.state_dict()
         meta = []
         for name in self._sync_names(state):
-            t = state[self._merge[name].weight] if self._merge is not None else state[name]
+            if self._adapters is not None:
+                t = state[self._adapters[name]]
+            else:
+                t = state[self._merge[name].weight] if self._merge is not None else state[name]
             dt = target if (target is not None and t.is_floating_point()) else t.dtype
             meta.append((name, tuple(t.shape), dt))
         return plan_buckets(meta, bucket_bytes)
 
     def _sync_names(self, state: Mapping[str, torch.Tensor]) -> list[str]:
-        """The names the rollout engine receives: the base model's (merged weights) with LoRA, else the
-        state dict's."""
+        """The names the rollout engine receives: the adapters' (peft's saved names) with an adapter-only sync,
+        the base model's (merged weights) with LoRA, else the state dict's."""
+        if self._adapters is not None:
+            return list(self._adapters)
         return list(self._merge) if self._merge is not None else list(state)
 
     def pack_weight_bucket(self, bucket: Bucket) -> torch.Tensor:
         """Collective: the full (unsharded) weights of ``bucket`` in one new flat buffer, on the
         compute device (the GPU under nccl, the CPU under gloo), on every rank. With LoRA each weight
-        is merged, ``W + scale * (B @ A)``, from its gathered parts."""
+        is merged, ``W + scale * (B @ A)``, from its gathered parts; with an adapter-only sync the bucket
+        holds the adapter factors themselves."""
         state = self.model.state_dict()
-        if self._merge is None:
+        if self._adapters is not None:
+            full = {e.name: self._full_tensor(state[self._adapters[e.name]]) for e in bucket.entries}
+        elif self._merge is None:
             full = {e.name: self._full_tensor(state[e.name]) for e in bucket.entries}
         else:
             from grpo_dist.training.lora import merged_weight

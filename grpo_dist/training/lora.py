@@ -15,7 +15,9 @@ The weight sync sends the merged weights under the base model's parameter names:
 
     W' = W + s * (B @ A)        (the same expression and order as peft's ``merge_and_unload``)
 
-so the rollout engine holds the same function as the adapted policy and loads it as a plain model.
+so the rollout engine holds the same function as the adapted policy and loads it as a plain model. With
+``merge=False`` the sync sends the adapter tensors alone (:func:`adapter_sources`) and the engine serves them
+as a LoRA adapter on the base weights it loaded at start (:mod:`grpo_dist.rollout.adapters`).
 Nothing here shards or communicates: the actor (:mod:`grpo_dist.training.actor`) gathers the full
 tensors and calls :func:`merged_weight`.
 """
@@ -36,7 +38,7 @@ from grpo_dist.core.lora import merge_lora
 from grpo_dist.training.settings import LoraSettings
 
 __all__ = ["ADAPTER_NAME", "add_adapters", "is_adapter_folder", "linear_module_names", "unmatched_targets",
-           "MergeSource", "merge_sources", "merged_weight", "base_name"]
+           "MergeSource", "merge_sources", "merged_weight", "adapter_sources", "adapter_config_dict", "base_name"]
 
 ADAPTER_NAME = "default"
 """peft's name of the one adapter the policy has."""
@@ -126,6 +128,25 @@ def unmatched_targets(module_names: list[str], settings: LoraSettings) -> list[s
     if isinstance(targets, str):
         return [] if any(_matches(n, targets) for n in kept) else [targets]
     return [t for t in targets if not any(_matches(n, (t,)) for n in kept)]
+
+
+def adapter_sources(state_keys: Iterable[str]) -> dict[str, str]:
+    """The adapter-only weight sync's names: peft's saved name of each LoRA factor (what
+    ``adapter_model.safetensors`` holds, e.g. ``base_model.model.model.layers.0.mlp.up_proj.lora_A.weight``) ->
+    its key in the peft model's state dict (``...up_proj.lora_A.default.weight``), in state-dict order."""
+    out: dict[str, str] = {}
+    for key in state_keys:
+        if ".lora_A." in key or ".lora_B." in key:
+            saved = key.replace(f".{ADAPTER_NAME}.", ".")
+            assert saved != key, key
+            out[saved] = key
+    return out
+
+
+def adapter_config_dict(model: nn.Module) -> dict:
+    """The peft model's adapter configuration as ``adapter_config.json`` holds it (sets as sorted lists)."""
+    config = model.peft_config[ADAPTER_NAME].to_dict()
+    return {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in config.items()}
 
 
 def base_name(name: str) -> str:

@@ -266,9 +266,9 @@ class LoraSettings:
     """A saved peft adapter folder to start from (its rank, alpha and modules win over the above)."""
     seed: int = 0
     """Seeds the adapters' initialisation (``A`` is drawn the same on every rank)."""
-    merge: bool = True
-    """The weight sync sends the merged weights ``W + (alpha / rank) B A`` under the base model's names
-    (adapter-only sync is not built)."""
+    merge: bool = False
+    """The weight sync: False sends the adapter factors alone (the engine serves them as a LoRA adapter on its
+    base weights); True sends the merged weights ``W + (alpha / rank) B A`` under the base model's names."""
 
     @property
     def enabled(self) -> bool:

@@ -69,6 +69,10 @@ class ActorWorker(ModelShell):
         ref = ray.put(flat.cpu().view(torch.uint8).numpy())
         return [ref], time.perf_counter() - t0
 
+    def adapter_config(self) -> dict | None:
+        """The adapter's peft configuration when the weight sync sends LoRA adapters only, else None."""
+        return self.model.adapter_config()
+
     def sync_end(self) -> None:
         self._sync_buffer = self._sync_buckets = None
         if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -33,6 +33,7 @@ class RolloutWorker:
         self.engine = None if tp > 1 else self._make_engine()
         startup.mark("engine built")
         self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
+        self._adapter_config: dict | None = None  # set when the weight sync sends LoRA adapters only
         self._server = None  # the asynchronous server of rollout.mode=async, made on first use
         self._tokenizer = None
 
@@ -83,6 +84,11 @@ class RolloutWorker:
 
         return gpu_uuid()
 
+    def set_adapter_config(self, config: dict) -> None:
+        """From now on the weight sync sends LoRA adapters only, configured by ``config`` (peft's
+        ``adapter_config.json``): :meth:`finish_load` hands them to the engine's ``load_adapter``."""
+        self._adapter_config = dict(config)
+
     @timed
     def load_bucket(self, bucket: Any, payload: Any) -> None:
         """Load one bucket of the weight sync (see :mod:`grpo_dist.rollout.weight_sync`).
@@ -98,7 +104,9 @@ class RolloutWorker:
 
         flat = bucket_buffer(bucket, payload) if isinstance(payload, np.ndarray) else open_cuda(payload)
         named = list(unpack(bucket, flat))
-        if self.engine.accepts_partial_weights:
+        if self._adapter_config is not None:
+            self._pending.extend((name, t.clone()) for name, t in named)  # the actor may reuse its buffer
+        elif self.engine.accepts_partial_weights:
             self.engine.update_weights(named)
             if flat.is_cuda:
                 torch.cuda.synchronize()  # the actor may free or reuse its buffer once this returns
@@ -110,7 +118,9 @@ class RolloutWorker:
         import torch
 
         pending, self._pending = self._pending, []
-        if pending:
+        if pending and self._adapter_config is not None:
+            self.engine.load_adapter(pending, self._adapter_config)
+        elif pending:
             self.engine.update_weights(pending)
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()

@@ -1,7 +1,8 @@
 """The FSDP2 actor with peft LoRA adapters (gloo, one rank): only the adapters of the target modules are
 trained; the reference is the base model with the adapters off (equal to a plain forward of the model
-folder); the weights sent to the rollout engine are peft's merge_and_unload under the base model's
-names; one optimizer step does not depend on the micro-batch size."""
+folder); the weights sent to the rollout engine are the adapter factors alone (``lora.merge=false``, a peft
+adapter folder's tensors and config) or peft's merge_and_unload under the base model's names
+(``merge=true``); one optimizer step does not depend on the micro-batch size."""
 
 from __future__ import annotations
 
@@ -41,10 +42,9 @@ def plain_logprobs(model_dir: str, data: dict, **kw) -> torch.Tensor:
 
 
 def job(rank: int, world_size: int, model_dir: str, tied_dir: str, export_dir: str) -> dict:
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from grpo_dist.rollout.weight_sync import unpack
     from grpo_dist.training.actor import FSDPActor
     from grpo_dist.training.reference import AdapterOffReference
     from grpo_dist.training.settings import ReferenceSettings
@@ -80,12 +80,11 @@ def job(rank: int, world_size: int, model_dir: str, tied_dir: str, export_dir: s
                                LoraConfig(r=4, lora_alpha=8.0, target_modules="all-linear", task_type="CAUSAL_LM"))
     missing, unexpected = reference.load_state_dict(full, strict=False)
     assert not unexpected and not [k for k in missing if "lora_" in k], (missing, unexpected)
+    out["peft_adapter"] = {k: v.clone() for k, v in get_peft_model_state_dict(reference).items()}
     out["peft_merged"] = reference.merge_and_unload().state_dict()
     out["synced"] = actor.state_dict_for_sync()
-    packed_sync = {}
-    for b in actor.weight_buckets(None, bucket_bytes=20_000):
-        packed_sync.update({k: v.clone() for k, v in unpack(b, actor.pack_weight_bucket(b))})
-    out["bucketed"] = packed_sync
+    out["bucketed"] = bucketed(actor)  # merge=false: the adapters alone
+    out["adapter_config"] = actor.adapter_config()
     actor.export_hf(export_dir)
     # --- micro-batch invariance: one optimizer step, micro-batch 1 vs 2 ---------------------------
     for micro in (1, 2):
@@ -94,11 +93,23 @@ def job(rank: int, world_size: int, model_dir: str, tied_dir: str, export_dir: s
         out[f"micro{micro}_metrics"] = a.update_policy(data)
         out[f"micro{micro}"] = get_model_state_dict(a.model, options=StateDictOptions(full_state_dict=True))
     # --- tied embeddings: the output layer is not adapted, the reference is still the base ---------
-    tied = FSDPActor(tied_dir, actor_settings(), rank=rank, world_size=world_size, device="cpu")
+    tied = FSDPActor(tied_dir, actor_settings(lora=lora(merge=True)), rank=rank, world_size=world_size, device="cpu")
     tied.update_policy(data)
     out["tied_ref_logp"] = AdapterOffReference(tied, ReferenceSettings()).compute_ref_log_prob(data, temperature=T)
-    out["tied_synced_keys"] = sorted(tied.state_dict_for_sync())
+    out["tied_synced"] = tied.state_dict_for_sync()
+    out["tied_bucketed"] = bucketed(tied)  # merge=true: the merged weights
+    out["tied_adapter_config"] = tied.adapter_config()
     return out
+
+
+def bucketed(actor) -> dict:
+    """What the weight sync sends the engine: every bucket gathered and unpacked (small buckets: several)."""
+    from grpo_dist.rollout.weight_sync import unpack
+
+    sent = {}
+    for b in actor.weight_buckets(None, bucket_bytes=20_000):
+        sent.update({k: v.clone() for k, v in unpack(b, actor.pack_weight_bucket(b))})
+    return sent
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +153,43 @@ def test_the_synced_weights_are_peft_merge_and_unload_under_the_base_names(resul
     assert set(synced) == set(merged) and set(base) <= set(synced)
     for name, t in synced.items():
         torch.testing.assert_close(t, merged[name], atol=0, rtol=0)
-        torch.testing.assert_close(result["bucketed"][name], t, atol=0, rtol=0)
     # B starts at zero: before any update the merged weights are the base model's
     for name, t in result["merged_before"].items():
         torch.testing.assert_close(t, base[name], atol=0, rtol=0) if name in base else None
     assert any((synced[n] - base[n]).abs().max() > 0 for n in base if n.endswith("q_proj.weight"))
-    assert not any("lora_" in n or "base_layer" in n for n in result["tied_synced_keys"])
+    tied = result["tied_synced"]
+    assert not any("lora_" in n or "base_layer" in n for n in tied)
+    # merge=true: the sync sends these merged weights, bucket by bucket
+    assert set(result["tied_bucketed"]) == set(tied) and result["tied_adapter_config"] is None
+    for name, t in tied.items():
+        torch.testing.assert_close(result["tied_bucketed"][name], t, atol=0, rtol=0)
+
+
+def test_the_adapter_only_sync_sends_a_peft_adapter_that_loads_as_the_policy(result, tmp_path):
+    """merge=false: the buckets hold exactly the adapter's factors under peft's saved names, equal to what
+    peft saves for the same model; written with the configuration the actor reports, they load back in
+    peft on the base folder as the trained policy (what the engines serve)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from grpo_dist.rollout.adapters import write_adapter
+
+    sent, saved = result["bucketed"], result["peft_adapter"]
+    assert set(sent) == set(saved) and all(".lora_A." in n or ".lora_B." in n for n in sent)
+    for name, t in sent.items():
+        torch.testing.assert_close(t, saved[name], atol=0, rtol=0)
+    config = result["adapter_config"]
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8.0, "LORA")
+    folder = write_adapter(tmp_path / "adapter", sent.items(), config)
+    base = AutoModelForCausalLM.from_pretrained(result["model_dir"], dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(folder)).eval()
+    data = make_batch(0, rows=8)
+    mask = data["response_mask"].bool()
+    from grpo_dist.training.policy import batched_logprobs
+
+    logp, _ = batched_logprobs(model, data, device=torch.device("cpu"), micro_batch_size=None, max_token_len=None,
+                               temperature=T, compute_entropy=False)
+    torch.testing.assert_close(logp[mask], result["policy_logp"][mask], atol=1e-5, rtol=1e-5)
 
 
 def test_packed_and_fused_forwards_run_through_the_adapted_layers(result):

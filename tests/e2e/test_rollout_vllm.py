@@ -333,6 +333,95 @@ def test_seeded_sampling_of_a_batch_larger_than_one_engine_step(model_dir):
     assert a.response_ids == b.response_ids
 
 
+def _tied_model(model_dir, out):
+    """The module's tiny model with tied input and output embeddings (as SmolLM2 and Qwen2.5's small models)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
+
+
+def _adapted(base_dir, seed: int):
+    """A peft LoRA model (rank 8, every linear layer but the output) on ``base_dir`` whose adapters are random
+    (B nonzero: the adapted policy differs from the base), with its adapter's saved tensors and config."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from grpo_dist.training.lora import adapter_config_dict
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return peft_model.eval(), get_peft_model_state_dict(peft_model), adapter_config_dict(peft_model)
+
+
+def _logprobs(model, prompt, response) -> torch.Tensor:
+    return _hf_logits(model, prompt, response).log_softmax(-1).gather(-1, torch.tensor(response)[:, None])[:, 0]
+
+
+def test_lora_weight_sync_both_modes_on_tied_embeddings(model_dir, tmp_path):
+    """The two LoRA weight syncs into one engine built for adapters (tied embeddings): the merged weights
+    (``lora.merge=true``) and the adapter alone (``merge=false``, served through vLLM's LoRA, a new adapter id
+    per version). After each, the engine's log-probs of fixed tokens equal the peft policy's, and sampling
+    follows the adapter; the Hugging Face engine's adapter mode agrees."""
+    from grpo_dist.training.lora import merge_sources, merged_weight
+
+    base = _tied_model(model_dir, tmp_path / "tied")
+    prompt, response = PROMPTS[2], [40, 41, 42, 43, 44, 45, 3]
+    engine = make_engine("vllm", model_path=base, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
+                         seed=0, kv_cache_gib=0.25, max_lora_rank=8)
+    hf = make_engine("hf", model_path=base, dtype="float32", device="cpu", seed=0)
+    try:
+        base_lp = torch.tensor(engine.compute_logprobs([prompt], [response])[0])
+        v1, tensors1, config = _adapted(base, seed=1)
+        torch.testing.assert_close(base_lp, _logprobs(_plain(base), prompt, response),
+                                   atol=1e-4, rtol=0)
+        # merge=true: whole merged weights under the base model's names
+        state = v1.state_dict()
+        merged = {name: merged_weight(src, state) for name, src in merge_sources(v1, list(state)).items()}
+        engine.update_weights(merged.items())
+        want1 = _logprobs(v1, prompt, response)
+        torch.testing.assert_close(torch.tensor(engine.compute_logprobs([prompt], [response])[0]), want1,
+                                   atol=1e-4, rtol=0)
+        assert (want1 - base_lp).abs().max() > 0.05  # the adapter changes the policy
+        engine.update_weights(_plain(base).state_dict().items())  # back to the base weights
+
+        # merge=false: the adapter alone, version after version
+        engine.load_adapter(tensors1.items(), config)
+        hf.load_adapter(tensors1.items(), config)
+        torch.testing.assert_close(torch.tensor(engine.compute_logprobs([prompt], [response])[0]), want1,
+                                   atol=1e-4, rtol=0)
+        greedy = SamplingSettings.greedy(max_tokens=12)
+        assert engine.generate([prompt], greedy).response_ids == hf.generate([prompt], greedy).response_ids
+        v2, tensors2, _ = _adapted(base, seed=2)
+        engine.load_adapter(tensors2.items(), config)
+        torch.testing.assert_close(torch.tensor(engine.compute_logprobs([prompt], [response])[0]),
+                                   _logprobs(v2, prompt, response), atol=1e-4, rtol=0)
+        assert engine._llm.llm_engine.list_loras() == {2}  # the first version was removed
+        sampled = engine.generate([prompt], SamplingSettings(n=2, temperature=1.0, max_tokens=8, seed=3))
+        for ids, lps in zip(sampled.response_ids, sampled.logprobs):
+            torch.testing.assert_close(torch.tensor(lps), _logprobs(v2, prompt, ids), atol=1e-4, rtol=0)
+        hf.load_adapter(tensors2.items(), config)
+        assert engine.generate([prompt], greedy).response_ids == hf.generate([prompt], greedy).response_ids
+    finally:
+        engine.close()
+        hf.close()
+
+
+def _plain(base_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+
+
 def test_hf_engine_sleep_refuses_generate_until_wake_up_and_keeps_the_weights(hf_engine):
     greedy = SamplingSettings.greedy(max_tokens=8)
     before = hf_engine.generate(PROMPTS[:2], greedy)

@@ -46,7 +46,7 @@ def test_both_layouts_resolve_to_the_actors_lora_settings(overrides, expected):
     lora = lora_of(*overrides)
     for name, value in expected.items():
         assert getattr(lora, name) == value, name
-    assert lora.enabled and lora.merge
+    assert lora.enabled and not lora.merge  # verl's default: the adapters alone go to the engine
     ref = role_settings.reference_kwargs(load(*overrides), "cpu")
     assert ref["adapters_off_of"] == "actor" and "param_offload" not in ref  # no model of its own
 
@@ -59,7 +59,6 @@ def test_both_layouts_resolve_to_the_actors_lora_settings(overrides, expected):
     ((f"{M}lora_rank=8", f"{M}lora.rank=4"), ["lora.rank = 4", "contradicts", "lora_rank = 8"]),
     ((f"{M}lora_rank=8", f"{M}lora.dropout=1.0"), [f"{M}lora.dropout", "[0, 1)"]),
     ((f"{M}lora_rank=8", f"{M}target_modules=[]"), [f"{M}target_modules", "all-linear"]),
-    ((f"{M}lora_rank=8", f"{M}lora.merge=false"), [f"{M}lora.merge", "adapter-only", "merged"]),
     ((f"{M}lora_rank=8", f"{M}lora.type=loha"), [f"{M}lora.type", "LoRA"]),
     ((f"{M}lora_rank=8", "critic.model.lora_rank=8"), ["critic.model.lora_rank", "not built"]),
     ((f"{M}lora_rank=8", "reward_model.enable=true", "reward_model.model.path=/rm", "reward_model.iterative.enable=true",
@@ -71,6 +70,31 @@ def test_bad_lora_values_are_refused_with_one_message(overrides, needles):
     assert "\n" not in msg
     for needle in needles:
         assert needle in msg, (needle, msg)
+
+
+@pytest.mark.parametrize("overrides,served", [
+    ((f"{M}lora_rank=8",), 8),  # merge=false (verl's default): the engine serves a rank-8 adapter
+    ((f"{M}lora.rank=12",), 12),
+    ((f"{M}lora_rank=8", f"{M}lora.merge=true"), 0),  # the merged weights: a plain engine
+    ((), 0),
+])
+def test_the_engine_is_built_for_the_adapter_the_sync_sends(overrides, served):
+    from grpo_dist.config.engine import engine_kwargs, served_adapter_rank
+
+    cfg = load(*overrides)
+    assert lora_of(*overrides).merge == (f"{M}lora.merge=true" in overrides)
+    assert served_adapter_rank(cfg) == served
+    kwargs = engine_kwargs(cfg, "/m", "cpu")
+    assert kwargs.get("max_lora_rank") == (served or None)
+    assert "max_lora_rank" not in engine_kwargs(load(*overrides, "actor_rollout_ref.rollout.name=hf"), "/m", "cpu")
+
+
+def test_vllm_serves_adapter_ranks_up_to_its_largest():
+    from grpo_dist.rollout.vllm_engine import vllm_max_lora_rank
+
+    assert [vllm_max_lora_rank(r) for r in (1, 2, 8, 9, 64, 100, 512)] == [1, 8, 8, 16, 64, 128, 512]
+    with pytest.raises(ValueError, match="up to rank 512"):
+        vllm_max_lora_rank(513)
 
 
 def write_adapter(folder, peft_type="LORA", weights=True):

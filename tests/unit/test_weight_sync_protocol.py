@@ -28,8 +28,15 @@ class FakeGroup:
         return out
 
 
+class FakeBucket(str):
+    """A bucket's name standing in for its layout; each is 100 bytes."""
+
+    nbytes = 100
+
+
 def make(ranks: int, buckets: list[str], transport: str, uuids=None):
     log: list = []
+    buckets = [FakeBucket(b) for b in buckets]
 
     def actor_answer(method, rank, args):
         if method == "sync_begin":
@@ -55,7 +62,9 @@ def make(ranks: int, buckets: list[str], transport: str, uuids=None):
 
 def test_object_store_sends_rank0_reference_to_every_rollout_rank_bucket_by_bucket():
     actor, rollout, log = make(2, ["b0", "b1"], "object_store")
-    timings = WeightSync(actor, rollout, transport="object_store", dtype="bfloat16", bucket_bytes=1024)()
+    sync = WeightSync(actor, rollout, transport="object_store", dtype="bfloat16", bucket_bytes=1024)
+    timings = sync()
+    assert sync.last_bytes == 200  # what each engine was sent: both buckets
     # planning with the dtype and size, wake-up, then per bucket: gather (all ranks) before load (all ranks)
     assert log[0] == ("actor", "sync_begin", 0, ("bfloat16", 1024))
     order = [(g, m) for g, m, r, _ in log if r == 0]

@@ -30,7 +30,7 @@ class PolicyLoraConfig(LoraConfig):
     same order, as the critic's (:class:`LoraConfig`, whose LoRA is not built); here rank, alpha, dropout,
     the modules and the adapter path are honoured, the first five as other spellings of the early layout's
     keys (``model.lora_rank`` ...). A setting given in neither spelling takes the default of the layout
-    the rank was given in (alpha: 16 early, 32 current); the current layout's default modules (Megatron's
+    the rank was given in (alpha: 16 early, 32 current); ``merge`` picks the weight sync; the current layout's default modules (Megatron's
     linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear layer of the blocks) are all-linear."""
 
     rank: int = F(0, "LoRA rank; 0 = full fine-tuning", Honoured(alias_of=_M + "lora_rank"))
@@ -42,9 +42,10 @@ class PolicyLoraConfig(LoraConfig):
     exclude_modules: List[str] = F([], "modules that get none", Honoured(alias_of=_M + "exclude_modules"))
     adapter_path: Optional[str] = F(None, "a saved peft adapter folder to start from",
                                     Honoured(alias_of=_M + "lora_adapter_path"))
-    merge: bool = F(True, "merge the adapters into the weights for the rollout (W + alpha/rank * B A)", Refused(
-        "adapter-only weight sync (merge=false: the engine loads the adapters) is not built yet; the merged "
-        "weights go to the rollout engine, which samples the same policy", accept=(True,)))
+    merge: bool = F(False, "the weight sync: false sends the adapters alone and the rollout engine samples through "
+                    "them as a LoRA adapter on its base weights (vLLM's enable_lora); true sends the merged weights "
+                    "W + alpha/rank * B A (needed when an adapted module is one vLLM's LoRA cannot serve, e.g. lm_head)",
+                    HONOURED)
     type: str = F("lora", "adapter type", Refused("only LoRA adapters (peft) are built", accept=("lora",)))
     freeze_language_model: bool = F(True, "freeze the language model's base weights", Refused(
         "the base weights are always frozen under LoRA here", accept=(True,)))

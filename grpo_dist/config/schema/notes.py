@@ -34,10 +34,6 @@ VERL_DEFAULT_DIFFERENCES = {
         "only memory and time differ; set true for verl's behaviour"
     ),
     "critic.model.enable_gradient_checkpointing": "auto, as the actor's (verl: true)",
-    "actor_rollout_ref.model.lora.merge": (
-        "true: the merged weights go to the rollout engine (verl: false, the adapters alone into vLLM's LoRA, not built "
-        "here yet); the engine samples the same policy either way"
-    ),
     "actor_rollout_ref.rollout.n": "a GRPO group (verl: 1)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "one rank per engine (verl: 2)",
     "algorithm.adv_estimator": "GRPO (verl: gae)",
