@@ -95,13 +95,22 @@ def scored_rollout(cfg):
     return fake
 
 
+class NoSync:
+    """The weight sync, sending nothing."""
+
+    last_bytes, adapter_only = 0, False
+
+    def __call__(self) -> dict:
+        return {}
+
+
 def step(tmp_path, *overrides):
     cfg = config(*overrides)
     trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
     trainer.scored_rollout = scored_rollout(cfg)
-    trainer.sync = lambda: {}
+    trainer.sync = NoSync()
     metrics = trainer.train_step([{}, {}])
     return trainer, metrics
 
@@ -182,7 +191,7 @@ def test_remax_takes_one_greedy_response_per_prompt_as_the_baseline_of_its_respo
     trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
-    trainer.rewards, trainer.sync = Rewards(), (lambda: {})
+    trainer.rewards, trainer.sync = Rewards(), NoSync()
     sampled = scored_rollout(cfg)
     asked = []
 
