@@ -32,7 +32,7 @@ AGENT_PANEL = ("agents", ["num_turns/mean", "agent/tool_calls/mean", "agent/tool
 TIMING_PREFIX = "timing_s/"
 TIMING_TOTAL = "timing_s/step"
 #: The phases of a step in the order they run (the stack's order, bottom up); other phases follow.
-PHASE_ORDER = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "testing",
+PHASE_ORDER = ("gen", "wait_prev_gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "update_weights", "testing",
                "save_checkpoint")
 
 

@@ -70,6 +70,10 @@ class DriverPlan:
     agents: AgentSettings | None
     """``rollout.mode=async``: the agent loops each trajectory runs through; None: the engines' batch generation."""
     free_cache_engine: bool
+    """The engines give their memory back while the model roles work (colocated only)."""
+    one_step_off: bool
+    """``actor_rollout_ref.hybrid_engine=false``: the engines run on a pool of their own and generate the next
+    batch while the current one trains (:class:`grpo_dist.trainer.one_step_off.RolloutAhead`)."""
     # the algorithm
     estimator: str
     gamma: float
@@ -160,7 +164,8 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         rollout_seed=spec.rollout_seed,
         rollout_tp=spec.rollout_tp,
         agents=spec.agent_settings,
-        free_cache_engine=rollout.free_cache_engine,
+        free_cache_engine=rollout.free_cache_engine and arr.hybrid_engine,
+        one_step_off=not arr.hybrid_engine,
         estimator=alg.adv_estimator,
         gamma=alg.gamma,
         lam=alg.lam,

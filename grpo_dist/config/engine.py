@@ -32,7 +32,7 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float |
         enable_chunked_prefill=r.enable_chunked_prefill,
         extra_kwargs={k: v for k, v in r.engine_kwargs.vllm.items() if v is not None},
         enforce_eager=r.enforce_eager,
-        enable_sleep_mode=bool(r.free_cache_engine and device == "cuda"),
+        enable_sleep_mode=bool(r.free_cache_engine and device == "cuda" and cfg.actor_rollout_ref.hybrid_engine),
         kv_cache_gib=(kv_gib if kv_gib is not None else None if r.kv_cache_gib == "auto" else float(r.kv_cache_gib))
         if device == "cpu" else None,
     )
@@ -96,7 +96,9 @@ def kv_cache_gib(cfg: GRPOConfig, model_path: str, available: float | None = Non
 
     from grpo_dist.training.memory import auto_kv_cache_gib
 
-    ranks = data_parallel_size(cfg)
+    from grpo_dist.config.roles import rollout_pool_ranks
+
+    ranks = rollout_pool_ranks(cfg) or data_parallel_size(cfg)  # the engines' ranks
     per_rank = -(-prompts_per_draw(cfg) * r.n // ranks)
     sequences = max(1, min(r.max_num_seqs, per_rank))
     b = 2 if compute_dtype(r.dtype, "cpu") in ("bfloat16", "float16") else 4

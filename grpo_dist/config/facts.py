@@ -89,10 +89,11 @@ def rollout_log_probs(cfg: GRPOConfig) -> bool:
 
 def on_policy(cfg: GRPOConfig) -> bool:
     """Whether the update is one optimizer step on fresh samples (one mini-batch, one epoch, no KL in
-    the reward, not bypass mode): then the old policy IS the current one (ratio 1) and the actor needs
-    no old log-probs."""
+    the reward, not bypass mode, samples of the current policy: not one-step-off): then the old policy IS
+    the current one (ratio 1) and the actor needs no old log-probs."""
     return (step_shape(cfg).num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
-            and not cfg.algorithm.use_kl_in_reward and not rollout_correction(cfg).bypass)
+            and not cfg.algorithm.use_kl_in_reward and not rollout_correction(cfg).bypass
+            and cfg.actor_rollout_ref.hybrid_engine)
 
 
 def old_log_prob_forward(cfg: GRPOConfig) -> bool:

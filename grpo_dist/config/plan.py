@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from grpo_dist.config.agents import default_agent_loop
-from grpo_dist.config.roles import GLOBAL, Pool, active_specs, describe, device_shares, placement, rank_processes
+from grpo_dist.config.roles import (GLOBAL, ROLLOUT_POOL, Pool, active_specs, describe, device_shares, placement,
+                                    rank_processes, rollout_pool_ranks)
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.reward_sources import reward_model_spec, reward_sources
 from grpo_dist.config.validate import critic_enabled, data_parallel_size
@@ -94,8 +95,10 @@ class Plan:
         for name, members in pools.items():
             pool = self.pools.get(name, Pool(GLOBAL, self.nnodes, self.ranks_per_node, "trainer"))
             if name != GLOBAL:
+                what = ("; it generates the next batch while the current one trains: one-step-off-policy"
+                        if name == ROLLOUT_POOL else " (its own process group)")
                 L.append(f"pool        {name}: {pool.keys}.nnodes {pool.nnodes} x {pool.keys}.n_gpus_per_node "
-                         f"{pool.per_node} = {pool.world_size} rank(s) of its own (its own process group)")
+                         f"{pool.per_node} = {pool.world_size} rank(s) of its own{what}")
             shares = _shares_note(members)
             for node in range(pool.nnodes):
                 lo, hi = node * pool.per_node, (node + 1) * pool.per_node - 1
@@ -286,7 +289,7 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
     dp = data_parallel_size(cfg)
     roles, pools = role_placements(cfg)
     tp = rollout.tensor_model_parallel_size
-    engines = len(tp_groups(dp, tp))
+    engines = len(tp_groups(rollout_pool_ranks(cfg) or dp, tp))
     n = rollout.n
     prompts = d.train_batch_size
     rows, why = data_rows(as_path_list(d.train_files)) if count_rows else (None, "--check=config")

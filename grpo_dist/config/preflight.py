@@ -10,6 +10,7 @@ import torch
 from grpo_dist.config.facts import compute_dtype
 from grpo_dist.config.role_settings import critic_model_path, reward_model_path, reward_model_reencodes
 from grpo_dist.config.reward_sources import RewardSource, model_sources
+from grpo_dist.config.roles import rollout_pool_ranks
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.validate import critic_enabled, data_parallel_size, lora_settings, lora_spellings
@@ -214,6 +215,7 @@ def worker_threads(cfg: GRPOConfig, device: str, world: int, cluster_cpus: Calla
     CPUs (``ray_kwargs.ray_init.address``) its CPUs shared out over the ranks."""
     if device != "cpu":
         return 4
+    world += rollout_pool_ranks(cfg)  # the rollout's own ranks take cores too
     if cfg.ray_kwargs.ray_init.address:
         return max(1, int(cluster_cpus() // max(world, 1)))
     return threads_per_rank(usable_cores(cfg), world)
@@ -230,6 +232,12 @@ def check_cpu_ranks(cfg: GRPOConfig, cores: int | None) -> None:
     if not local_cpu_run(cfg) or not cores:
         return
     ranks = data_parallel_size(cfg)
+    own = rollout_pool_ranks(cfg)
+    if own and ranks + own > cores:
+        raise ValueError(
+            f"trainer.nnodes x trainer.n_gpus_per_node = {ranks} training rank(s) and rollout.nnodes x "
+            f"rollout.n_gpus_per_node = {own} rollout rank(s) (actor_rollout_ref.hybrid_engine=false) need "
+            f"{ranks + own} cores, but this machine has {cores} this process may use (its CPU affinity); lower one of them")
     if ranks > cores:
         gpu_hint = ("; for a GPU cluster, set trainer.device=cuda: `--check` then validates for its GPUs on any machine"
                     if t.device == "auto" else "")
@@ -248,8 +256,9 @@ def machine_notes(cfg: GRPOConfig, cores: int | None) -> list[str]:
     configuration names (the run itself must start where they are)."""
     t = cfg.trainer
     if local_cpu_run(cfg) and cores:
-        ranks = data_parallel_size(cfg)
-        return [f"{ranks} CPU rank(s) x {threads_per_rank(cores, ranks)} thread(s) on the {cores} core(s) this process "
+        ranks, own = data_parallel_size(cfg), rollout_pool_ranks(cfg)
+        what = f"{ranks} CPU rank(s)" + (f" + {own} rollout rank(s)" if own else "")
+        return [f"{what} x {threads_per_rank(cores, ranks + own)} thread(s) on the {cores} core(s) this process "
                 "may use (its CPU affinity)"]
     if t.device == "cuda" and not torch.cuda.is_available():
         return [f"this machine has no GPU: checked for the cluster the config names (trainer.nnodes x "

@@ -26,7 +26,9 @@ per data-parallel rank (on CPU, a rank is a process with a bundle of one CPU). A
 a pool of its own: a reward model with ``enable_resource_pool=true`` (verl's ``reward_model.*`` keys,
 or its entry of ``reward.sources``) gets ``nnodes x n_gpus_per_node`` bundles, its own ranks and its
 own torch.distributed group, instead of a share of every training rank's device; the pool is named
-after its role.
+after its role. With ``actor_rollout_ref.hybrid_engine=false`` the rollout engines have a pool of their own,
+``rollout`` (``rollout.nnodes x rollout.n_gpus_per_node``), and the training ranks' devices hold the model
+roles alone.
 
 Device shares. In each pool, each rank's Ray worker processes split the rank's device: a process
 whose roles name a ``device_share`` takes the sum of those; the processes whose roles name none split
@@ -46,6 +48,9 @@ from grpo_dist.config.validate import critic_enabled, needs_reference
 
 GLOBAL = "global"
 """The training ranks' pool (``trainer.nnodes x trainer.n_gpus_per_node``)."""
+ROLLOUT_POOL = "rollout"
+"""The rollout engines' own pool with ``actor_rollout_ref.hybrid_engine=false`` (``rollout.nnodes x
+rollout.n_gpus_per_node``)."""
 MODELS = "models"
 """The ``process`` of the roles that hold an FSDP2 model: one process per rank holds them all."""
 
@@ -64,6 +69,22 @@ def needs_reward_model(cfg: GRPOConfig) -> bool:
 def reward_model_trained(cfg: GRPOConfig) -> bool:
     """Whether a reward model is trained during the run (iterative RL): it is then checkpointed."""
     return any(s.trained for s in model_sources(cfg))
+
+
+def separate_rollout(cfg: GRPOConfig) -> bool:
+    """Whether the rollout engines run on devices of their own (``actor_rollout_ref.hybrid_engine=false``):
+    then they generate the next batch while the current one trains (one-step-off-policy)."""
+    return not cfg.actor_rollout_ref.hybrid_engine
+
+
+def rollout_pool_ranks(cfg: GRPOConfig) -> int:
+    """The rollout's own ranks (``actor_rollout_ref.hybrid_engine=false``: ``rollout.nnodes x
+    rollout.n_gpus_per_node``); 0 when the rollout shares the training ranks."""
+    return cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if separate_rollout(cfg) else 0
+
+
+def _rollout_pool(cfg: GRPOConfig) -> str:
+    return ROLLOUT_POOL if separate_rollout(cfg) else GLOBAL
 
 
 def reference_is_reset(cfg: GRPOConfig) -> bool:
@@ -93,6 +114,8 @@ def pool(cfg: GRPOConfig, name: str) -> Pool:
     t = cfg.trainer
     if name == GLOBAL:
         return Pool(GLOBAL, t.nnodes, t.n_gpus_per_node, "trainer")
+    if name == ROLLOUT_POOL and separate_rollout(cfg):
+        return Pool(ROLLOUT_POOL, cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, "rollout")
     for s in model_sources(cfg):
         if s.own_pool and s.role == name:
             return Pool(name, s.nnodes, s.n_gpus_per_node, s.pool_keys)
@@ -153,7 +176,7 @@ ROLE_SPECS: tuple[RoleSpec, ...] = (
              process=MODELS, checkpoint=True),
     RoleSpec(IMPLICIT_MODEL, "the learned reward model under FSDP2: scores (and its update in iterative RL)",
              enabled=needs_reward_model, process=MODELS),
-    RoleSpec("rollout", "the generation engine: responses and their sampling log-probs"),
+    RoleSpec("rollout", "the generation engine: responses and their sampling log-probs", pool=_rollout_pool),
     RoleSpec("reward", "1 scoring worker ({num_workers} scoring process(es)), placed by Ray on any node, no device",
              per_rank=False),
 )

@@ -87,19 +87,40 @@ def _check_rollout_extras(cfg: GRPOConfig) -> None:
             raise _bad(pre + f"engine_kwargs.vllm.{k}", vllm_kwargs[k], VLLM_KWARGS_OWNED[k])
 
 
-def _check_rollout_tp(cfg: GRPOConfig, dp: int) -> None:
-    """``rollout.tensor_model_parallel_size``: engines of tp consecutive ranks, never across nodes."""
-    r, t = cfg.actor_rollout_ref.rollout, cfg.trainer
+def _check_rollout_tp(cfg: GRPOConfig) -> None:
+    """``rollout.tensor_model_parallel_size``: engines of tp consecutive ranks of the rollout's pool (the training
+    ranks', or its own with ``hybrid_engine=false``), never across nodes."""
+    r = cfg.actor_rollout_ref.rollout
     tp, key = r.tensor_model_parallel_size, "actor_rollout_ref.rollout.tensor_model_parallel_size"
     if tp == 1:
         return
     if r.name != "vllm":
         raise _bad(key, tp, f"tensor parallelism needs rollout.name=vllm (the {r.name} engine runs on one rank); use 1")
-    if t.n_gpus_per_node % tp:
-        fits = [k for k in _divisors(t.n_gpus_per_node)]
-        raise _bad(key, tp, f"an engine spans {tp} consecutive ranks of one node, so trainer.n_gpus_per_node "
-                   f"({t.n_gpus_per_node}) must be divisible by it; valid: {', '.join(str(k) for k in fits)}")
-    assert dp % tp == 0  # dp = nnodes x n_gpus_per_node
+    per_node, pool_key = ((cfg.trainer.n_gpus_per_node, "trainer.n_gpus_per_node") if cfg.actor_rollout_ref.hybrid_engine
+                          else (cfg.rollout.n_gpus_per_node, "rollout.n_gpus_per_node"))
+    if per_node % tp:
+        fits = [k for k in _divisors(per_node)]
+        raise _bad(key, tp, f"an engine spans {tp} consecutive ranks of one node, so {pool_key} "
+                   f"({per_node}) must be divisible by it; valid: {', '.join(str(k) for k in fits)}")
+
+
+def _check_separate_rollout(cfg: GRPOConfig) -> None:
+    """``actor_rollout_ref.hybrid_engine=false`` (one-step-off-policy on the rollout's own devices): the pool's
+    size, and what the overlapped step cannot do (generation batches decided while the step trains)."""
+    if cfg.actor_rollout_ref.hybrid_engine:
+        return
+    from grpo_dist.core.advantages import get_adv_estimator
+
+    _positive("rollout.nnodes", cfg.rollout.nnodes)
+    _positive("rollout.n_gpus_per_node", cfg.rollout.n_gpus_per_node)
+    why = ("with actor_rollout_ref.hybrid_engine=false the next batch is generated while this one trains (one-step-off-"
+           "policy), so {}; use actor_rollout_ref.hybrid_engine=true with it")
+    if cfg.algorithm.filter_groups.enable:
+        raise _bad("algorithm.filter_groups.enable", True, why.format(
+            "how many generation batches a step needs is not known when the next one starts (dynamic sampling)"))
+    if get_adv_estimator(cfg.algorithm.adv_estimator).needs_baseline_rollout:
+        raise _bad("algorithm.adv_estimator", cfg.algorithm.adv_estimator, why.format(
+            "the greedy baseline responses would come from another policy than the sampled ones"))
 
 
 #: vLLM arguments that grpo_dist sets itself; passing them through engine_kwargs.vllm is refused.
@@ -571,7 +592,8 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             micro if micro else actor.ppo_mini_batch_size,
             f"a mini-batch of ppo_mini_batch_size x rollout.n = {mini_responses} responses must split evenly over {what}",
         )
-    _check_rollout_tp(cfg, dp)
+    _check_rollout_tp(cfg)
+    _check_separate_rollout(cfg)
 
     if critic_enabled(cfg):
         validate_critic(cfg, check_paths=check_paths)

@@ -498,14 +498,26 @@ class WorkerGroup:
              timeout_s: float | None = None, **kwargs: Any) -> list:
         """``method`` on every rank, waiting at most ``timeout_s`` (default: the group's deadline for
         ``method``); ``WorkerError`` naming the ranks that did not answer."""
+        return self.call_later(method, *args, per_rank=per_rank, timeout_s=timeout_s, **kwargs)()
+
+    def call_later(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None,
+                   timeout_s: float | None = None, **kwargs: Any) -> Callable[[], list]:
+        """Start ``method`` on every rank now and return at once; the returned function waits for the results
+        as :meth:`call` does, the deadline counted from now (the driver works meanwhile: one-step-off-policy
+        generates the next batch while the current one trains)."""
         what = method if self.deadlines is None else self.deadlines.key(method)
         if timeout_s is None and self.deadlines is not None:
             timeout_s = self.deadlines.limit(what)
         t0 = time.monotonic()
-        out = self.collect(self.submit(method, *args, per_rank=per_rank, **kwargs), what, timeout_s)
-        if self.deadlines is not None:
-            self.deadlines.record(what, time.monotonic() - t0)
-        return out
+        refs = self.submit(method, *args, per_rank=per_rank, **kwargs)
+
+        def wait() -> list:
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - t0))
+            out = self.collect(refs, what, left)
+            if self.deadlines is not None:
+                self.deadlines.record(what, time.monotonic() - t0)
+            return out
+        return wait
 
     def kill(self) -> None:
         for w in self.workers:

@@ -19,6 +19,7 @@ the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch i
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import checkpoint, validation
 from grpo_dist.trainer.dynamic_sampling import step_sampler
 from grpo_dist.trainer.iterative import IterativeRL
+from grpo_dist.trainer.one_step_off import RolloutAhead, load_ahead
 from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
                                        throughput_metrics, token_count)
 from grpo_dist.trainer.reward_stage import RewardStage
@@ -84,6 +86,11 @@ class GRPOTrainer:
         self.rc, self.sampling = p.rollout_correction, step_sampler(p.step_sampling)
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
         self.on_policy, self.old_logp_forward = p.on_policy, p.old_logp_forward
+        self.policy_version = self.engine_version = 0
+        """The actor's updates so far, and the version the rollout engines hold (they differ between an update
+        and the next sync)."""
+        self.ahead: RolloutAhead | None = None
+        """One-step-off-policy: the next step's batch, being generated (:mod:`grpo_dist.trainer.one_step_off`)."""
 
     # ================================================================ set-up / tear-down
     def start_workers(self, workers: Workers | None = None) -> None:
@@ -119,20 +126,77 @@ class GRPOTrainer:
     def generate(self, items: list[dict], uid_prefix: str, sampling: SamplingSettings) -> tuple[Batch, float]:
         """``sampling.n`` responses per prompt from the rollout ranks, as the step's batch (rows grouped
         by prompt); and the slowest rollout rank's busy seconds."""
+        prompts, method, per_rank = self._generation_call(items, uid_prefix, sampling)
+        return self._generated(prompts, self.rollout.call(method, per_rank=per_rank), sampling)
+
+    def _generation_call(self, items: list[dict], uid_prefix: str, sampling: SamplingSettings) -> tuple[Batch, str, list]:
+        """The prompts of ``items``, and the rollout call generating their responses: its method and each rank's
+        arguments (prompts split over the engines, the same share for every process of an engine)."""
         prompts = prompt_batch(collate_prompts(items, self.pad_id, self.plan.max_prompt_length), uid_prefix)
         tp = self.plan.rollout_tp  # one engine per tp ranks
         if self.plan.agents is not None:  # rollout.mode=async: agent loops on each engine's processes
             shares = shard_prompts([agent_row(item) for item in items], len(self.rollout) // tp, sampling)
-            outs, busy_s = unwrap_timed(self.rollout.call("run_agents", per_rank=engine_shares(
-                [(rows, s, self.plan.agents, self.tokenizer_path) for rows, s in shares], tp)))
-            outs = engine_outputs(outs, tp)
-        else:
-            shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout) // tp, sampling)
-            outs, busy_s = unwrap_timed(self.rollout.call("generate", per_rank=engine_shares(shares, tp)))
-            outs = engine_outputs(outs, tp)
+            return prompts, "run_agents", engine_shares(
+                [(rows, s, self.plan.agents, self.tokenizer_path) for rows, s in shares], tp)
+        shares = shard_prompts(list(prompts["prompt_ids"]), len(self.rollout) // tp, sampling)
+        return prompts, "generate", engine_shares(shares, tp)
+
+    def _generated(self, prompts: Batch, results: list, sampling: SamplingSettings) -> tuple[Batch, float]:
+        """The step's batch from the rollout ranks' results, and the slowest rank's busy seconds."""
+        outs, busy_s = unwrap_timed(results)
+        outs = engine_outputs(outs, self.plan.rollout_tp)
         batch = responses_to_batch(prompts, merge_outputs(outs, sampling), n=sampling.n, pad_id=self.pad_id,
                                    response_length=self.plan.response_length)
         return batch, busy_s
+
+    # ================================================================ one-step-off-policy
+    def start_ahead(self, items: list[dict], step: int, epoch: int) -> RolloutAhead:
+        """Start generating the batch of ``step`` (1-based) from ``items`` with the engines' current weights, with
+        that step's sampling seed; returns at once (:mod:`grpo_dist.trainer.one_step_off`)."""
+        sampling = replace(self.plan.train_sampling,
+                           seed=rollout_step_seed(self.plan.rollout_seed, step - 1, self.shape.responses))
+        prompts, method, per_rank = self._generation_call(items, f"s{step - 1}", sampling)
+        wait = self.rollout.call_later(method, per_rank=per_rank)
+        return RolloutAhead(step=step, epoch=epoch, version=self.engine_version,
+                            finish=lambda: self._generated(prompts, wait(), sampling))
+
+    def scored_ahead(self, items: list[dict] | None, timer: Timer, m: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """One-step-off-policy: this step's batch (started during the previous step; at the first step from
+        ``items``, now), scored; before scoring, the next step's batch is started with the current policy.
+        ``m`` gets ``training/sample_age`` (the policy's updates since the engines' weights sampled it) and
+        the sync's bytes."""
+        step = self.global_step + 1
+        if self.ahead is None:
+            assert items is not None, "the loop draws a step's prompts when no batch was started for it"
+            self.ahead = self.start_ahead(items, step, self.sampler.epoch)
+        ahead, self.ahead = self.ahead, None
+        assert ahead.step == step, (ahead.step, step)
+        with timer("wait_prev_gen"):  # verl's name: the part of generation the step still waits for
+            batch, busy_s = ahead.result()
+        timer.add("gen/worker", busy_s)
+        m["training/sample_age"] = float(self.policy_version - ahead.version)
+        if step < self.total_steps and self.plan.one_step_off:
+            self.sync_engines(timer, m)  # the engines are idle: the current policy, then the next batch
+            self.ahead = self.start_ahead(self.next_items(), step + 1, self.sampler.epoch)
+        with timer("reward"):
+            batch["scores"], stats = self.rewards.score(batch, timer=timer)
+        return batch, stats
+
+    def sync_engines(self, timer: Timer | None = None, m: dict[str, float] | None = None) -> None:
+        """Send the engines the current policy unless they hold it, after the batch they are generating;
+        its timings go to ``timer`` and its bytes to ``m`` (``perf/weight_sync_bytes``) when given."""
+        if self.engine_version == self.policy_version:
+            return
+        if self.ahead is not None:
+            self.ahead.result()  # the engines finish the batch of the version they started it with
+        with timer("update_weights") if timer is not None else nullcontext():
+            timings = self.sync()
+        if timer is not None:
+            for name, seconds in timings.items():
+                timer.add(name, seconds)
+        if m is not None:
+            m["perf/weight_sync_bytes"] = float(self.sync.last_bytes)
+        self.engine_version = self.policy_version
 
     def scored_rollout(self, items: list[dict], k: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Generation batch ``k`` of the step, scored (``scores``: the reward function's; ``reward_baselines``:
@@ -194,11 +258,17 @@ class GRPOTrainer:
         return rollout_step_seed(self.plan.rollout_seed, self.global_step, self.shape.responses)
 
     # ================================================================ one step
-    def train_step(self, items: list[dict]) -> dict[str, float]:
+    def train_step(self, items: list[dict] | None) -> dict[str, float]:
+        """One step on ``items`` (the step's prompts; None with one-step-off-policy when the step's batch was
+        started during the previous step)."""
         p, timer, m, W = self.plan, Timer(), {}, self.shape.world_size
         t0 = time.perf_counter()
         with timer("step"):
-            batch, reward_stats = self.sampling.collect(items, self.next_items, lambda it, k: self.scored_rollout(it, k, timer))
+            if p.one_step_off or self.ahead is not None:  # (a one-step-off checkpoint's batch is trained on in any mode)
+                batch, reward_stats = self.scored_ahead(items, timer, m)
+            else:
+                batch, reward_stats = self.sampling.collect(items, self.next_items,
+                                                            lambda it, k: self.scored_rollout(it, k, timer))
             if p.free_cache_engine:
                 self.rollout.call("sleep")  # colocated: the engine gives its device memory back while the actor trains
             if self.rc.bypass:
@@ -232,10 +302,9 @@ class GRPOTrainer:
                     actor_metrics, busy_s = self.update_actor(batch)
                 timer.add("update_actor/worker", busy_s)
                 m.update(actor_metrics)
-                with timer("update_weights"):
-                    for name, seconds in self.sync().items():
-                        timer.add(name, seconds)
-                m["perf/weight_sync_bytes"] = float(self.sync.last_bytes)
+                self.policy_version += 1
+                if not p.one_step_off:  # one-step-off: the engines are generating; they get it before the next batch
+                    self.sync_engines(timer, m)
             elif p.free_cache_engine:
                 # critic warm-up: the policy did not change, so there is nothing to send; the engine
                 # only gets its memory back
@@ -258,6 +327,9 @@ class GRPOTrainer:
     def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
         """Scores of the validation set by the verifier (:func:`grpo_dist.trainer.validation.validate`)."""
         p = self.plan
+        if self.ahead is not None:  # one-step-off: the engines finish the next batch, then hold the current policy
+            self.ahead.result()
+        self.sync_engines()
         with self.workers.calls_labelled("validation"):  # its calls' sizes are not the step's: own deadlines
             return validation.validate(
                 self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],
@@ -284,8 +356,10 @@ class GRPOTrainer:
             self.workers.save(tmp, export_hf=export_hf)
             if self.iterative is not None:
                 self.iterative.save(tmp)
+            if self.ahead is not None:  # one-step-off: the batch generated for the next step, trained on after a resume
+                self.ahead.save(tmp)
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
-                 "total_steps": self.total_steps}
+                 "total_steps": self.total_steps, "policy_version": self.policy_version}
         final = checkpoint.save(p.checkpoint_root, self.global_step, state, max_keep=p.max_ckpt_to_keep,
                                 write_shards=write_shards, newest=self.stop.last_checkpoint,
                                 root_key="trainer.default_local_dir", resume_settings=self.stop.resume_settings)
@@ -303,7 +377,9 @@ class GRPOTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.global_step = point.step
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        self.policy_version = self.engine_version = int(state.get("policy_version", self.global_step))
         self.sync()
+        self.ahead = load_ahead(point.path)  # a one-step-off run's batch for its next step
         print(f"grpo_dist: resumed from {point.path} (step {self.global_step})", flush=True)
 
     def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
@@ -338,9 +414,9 @@ class GRPOTrainer:
                 tracker.log(self.summary.val_before, step=0)
             last_val: dict[str, float] = {}
             while self.global_step < self.total_steps:
-                epoch = self.sampler.epoch
+                epoch = self.sampler.epoch if self.ahead is None else self.ahead.epoch
                 self.stop.step_begins(self.global_step + 1)
-                metrics = self.train_step(self.next_items())
+                metrics = self.train_step(self.next_items() if self.ahead is None else None)
                 self.global_step += 1
                 metrics["training/global_step"], metrics["training/epoch"] = self.global_step, epoch
                 is_last = self.global_step >= self.total_steps

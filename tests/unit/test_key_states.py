@@ -109,8 +109,7 @@ def test_states_that_accept_only_the_default_have_plain_defaults():
     # the policy's LoRA is built (tests/unit/test_lora_config.py); the critic's is not, nor adapter-only sync
     ("critic.model.lora_rank=8", ["lora_rank", "8", "LoRA", "0"]),
     ("critic.model.lora.rank=16", ["lora.rank", "16", "full fine-tuning"]),
-    ("actor_rollout_ref.model.lora.merge=false", ["lora.merge", "False", "adapter-only", "merged", "true"]),
-    ("actor_rollout_ref.hybrid_engine=false", ["hybrid_engine", "False", "split placement", "true"]),
+    ("trainer.v1.trainer_mode=separate_async", ["trainer_mode", "'separate_async'", "hybrid_engine=false"]),
     ("actor_rollout_ref.rollout.name=sglang", ["rollout.name", "'sglang'", "vllm"]),
     ("global_profiler.tool=nsys", ["global_profiler.tool", "'nsys'", "timing_s"]),
     ("actor_rollout_ref.actor.profiler.enable=true", ["profiler.enable", "True"]),
@@ -128,7 +127,7 @@ def test_states_that_accept_only_the_default_have_plain_defaults():
     ("actor_rollout_ref.actor.optim.optimizer=SGD", ["optim.optimizer", "'SGD'", "AdamW"]),
     ("actor_rollout_ref.actor.fsdp_config.full_determinism=true", ["full_determinism"]),
     ("data.custom_cls.path=/x.py", ["data.custom_cls.path", "row format"]),
-    ("actor_rollout_ref.rollout.nnodes=2", ["rollout.nnodes", "actor's ranks"]),
+    ("actor_rollout_ref.rollout.nnodes=2", ["rollout.nnodes", "standalone rollout", "hybrid_engine=false"]),
     ("actor_rollout_ref.actor.checkpoint.strict=false", ["checkpoint.strict", "False"]),
     ("actor_rollout_ref.rollout.logprobs_mode=raw_logprobs", ["logprobs_mode", "'raw_logprobs'", "processed_logprobs"]),
     ("actor_rollout_ref.actor.rollout_n=3", ["actor.rollout_n", "3", "actor_rollout_ref.rollout.n"]),

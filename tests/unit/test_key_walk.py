@@ -45,6 +45,8 @@ MATRIX = {
              "actor_rollout_ref.actor.use_kl_loss=true"],
     "agents": ["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.multi_turn.enable=true",
                "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"],
+    "one_step_off": ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1",
+                     "rollout.nnodes=1"],
     "epochs": ["trainer.total_epochs=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.val_kwargs.n=2",
                "reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_kwargs.overlong_buffer_cfg.len=4"],

@@ -95,6 +95,16 @@ from grpo_dist.config.sections.profiler import GlobalProfilerConfig, global_prof
 
 
 @dataclass
+class RolloutPoolConfig:
+    """The rollout's own devices with ``actor_rollout_ref.hybrid_engine=false`` (verl's top-level ``rollout``
+    section of its one-step-off and fully asynchronous recipes); unused with the hybrid engine."""
+
+    nnodes: int = F(1, "nodes of the rollout's own devices (with actor_rollout_ref.hybrid_engine=false)")
+    n_gpus_per_node: int = F(1, "devices per node of the rollout's own (with trainer.device=cpu: rollout ranks per node, "
+                                "one core each)")
+
+
+@dataclass
 class GRPOConfig:
     data: DataConfig = S(DataConfig, "prompt data")
     actor_rollout_ref: ActorRolloutRefConfig = S(ActorRolloutRefConfig, "policy, reference and rollout")
@@ -104,6 +114,7 @@ class GRPOConfig:
     reward: RewardConfig = S(RewardConfig, "reward arguments (verl's newer section)")
     custom_reward_function: CustomRewardFunctionConfig = S(CustomRewardFunctionConfig, "a user-supplied reward function")
     trainer: TrainerConfig = S(TrainerConfig, "the training loop")
+    rollout: RolloutPoolConfig = S(RolloutPoolConfig, "the rollout's own devices (actor_rollout_ref.hybrid_engine=false)")
     ray_kwargs: RayKwargsConfig = S(RayKwargsConfig, "Ray")
     reward_manager: EarlyRewardManagerConfig = S(EarlyRewardManagerConfig, "the reward manager (verl's early-2026 section)")
     sandbox_fusion: SandboxFusionConfig = sandbox_section("verl's top-level section")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpo_dist.config.fields import F, Refused, S
+from grpo_dist.config.fields import F, S
 from grpo_dist.config.schema.actor import ActorConfig
 from grpo_dist.config.schema.model import ModelConfig
 from grpo_dist.config.schema.ref import RefConfig
@@ -14,9 +14,10 @@ from grpo_dist.config.schema.rollout import RolloutConfig
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = F(True, "colocate actor, reference and rollout of a rank on one device", Refused(
-        "the split placement (actor, reference and rollout on separate devices) is not built; the roles of a rank "
-        "always share its device: use true"))
+    hybrid_engine: bool = F(True, "true: actor, reference and rollout of a rank share its device and take turns; "
+                            "false: the rollout engines run on devices of their own (the top-level rollout.nnodes x "
+                            "rollout.n_gpus_per_node) and generate the next batch while the current one trains "
+                            "(one-step-off-policy, as verl's one-step-off recipe)")
     nccl_timeout: int = F(600, "seconds a collective of the actor, reference or critic may wait before it fails")
     model: ModelConfig = S(ModelConfig, "the policy model")
     actor: ActorConfig = S(ActorConfig, "the policy update")

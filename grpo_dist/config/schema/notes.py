@@ -39,6 +39,7 @@ VERL_DEFAULT_DIFFERENCES = {
     "algorithm.adv_estimator": "GRPO (verl: gae)",
     "trainer.device": "auto-detect (verl: cuda)",
     "trainer.n_gpus_per_node": "one device (verl: 8)",
+    "rollout.n_gpus_per_node": "one device (verl's one-step-off recipe: 8)",
     "trainer.logger": "console and metrics.jsonl (verl: console, wandb)",
     "trainer.total_training_steps": f"null, as verl's, except for the no-argument job (embedded task, total_epochs left at 30): {DEFAULT_JOB_STEPS} steps",
     "data.seed": "a fixed seed, so that runs repeat (verl: null, a fresh seed)",

@@ -176,10 +176,12 @@ class RolloutConfig:
         "pipeline parallelism in the engine", "leave it at 1"))
     expert_parallel_size: int = F(1, "expert-parallel ranks of the engine (MoE)", off_feature(
         "expert parallelism in the engine", "leave it at 1"))
-    nnodes: int = F(0, "nodes of a separate rollout pool; 0 = colocated with the actor", off_feature(
-        "a separate rollout pool", "the rollout runs on the actor's ranks (hybrid engine); leave it at 0"))
-    n_gpus_per_node: int = F(II("trainer.n_gpus_per_node"), "devices per node of the separate rollout pool", NoOp(
-        "read only with a separate rollout pool (rollout.nnodes > 0), which is accepted only off here"))
+    nnodes: int = F(0, "nodes of verl's standalone rollout servers; 0 = none", off_feature(
+        "verl's standalone rollout servers", "leave it at 0; for the rollout on devices of its own set "
+        "actor_rollout_ref.hybrid_engine=false and the top-level rollout.nnodes / rollout.n_gpus_per_node"))
+    n_gpus_per_node: int = F(II("trainer.n_gpus_per_node"), "devices per node of verl's standalone rollout servers", NoOp(
+        "read only by verl's standalone rollout servers (actor_rollout_ref.rollout.nnodes > 0), which are not built; the "
+        "rollout's own devices are the top-level rollout.n_gpus_per_node (with actor_rollout_ref.hybrid_engine=false)"))
     over_sample_rate: float = F(0, "start more prompts than needed and keep the first finished", off_feature(
         "over-sampling the rollout", "leave it at 0"))
     ignore_eos: bool = F(False, "keep generating past the end-of-sequence token", off_feature(

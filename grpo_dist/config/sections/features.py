@@ -139,7 +139,8 @@ class ColocateAsyncConfig:
 @dataclass
 class TrainerV1Config:
     trainer_mode: str = F("sync", "verl's v1 trainer loop: sync | colocate_async | separate_async", Refused(
-        "verl's asynchronous trainer loops are not built here; the loop is synchronous (generate, then train)"))
+        "verl's v1 trainer loops are not built here; for generation on devices of its own overlapping the update "
+        "(one-step-off-policy) set actor_rollout_ref.hybrid_engine=false, as verl's one-step-off recipe does"))
     sync: Dict[str, Any] = F({}, "settings of the synchronous mode")
     colocate_async: ColocateAsyncConfig = S(ColocateAsyncConfig, "colocated asynchronous mode")
     separate_async: SeparateAsyncConfig = S(SeparateAsyncConfig, "separated asynchronous mode")
