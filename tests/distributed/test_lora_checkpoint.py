@@ -192,7 +192,7 @@ def test_resume_from_a_lora_checkpoint_is_exact_on_two_ranks(fsdp_model_dir, tmp
 
 
 def test_the_export_is_a_peft_adapter_folder_that_loads_as_the_trained_policy(one_rank):
-    from peft import PeftModel
+    from peft import PeftConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
     from grpo_dist.training.policy import batched_logprobs
@@ -200,8 +200,6 @@ def test_the_export_is_a_peft_adapter_folder_that_loads_as_the_trained_policy(on
     folder = one_rank["work"] / "adapter_only" / "lora_adapter"
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
     assert not (one_rank["work"] / "adapter_only" / "model.safetensors").exists()  # no merged model unless asked
-    from peft import PeftConfig
-
     base_path = PeftConfig.from_pretrained(str(folder)).base_model_name_or_path
     assert Path(base_path) == Path(one_rank["model_dir"]).resolve()
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32),
@@ -233,6 +231,13 @@ def test_the_merged_export_equals_peft_merge_and_unload_of_the_exported_adapter(
     original = load_file(str(Path(one_rank["model_dir"]) / "model.safetensors"))
     assert (exported["model.layers.0.self_attn.q_proj.weight"] - original["model.layers.0.self_attn.q_proj.weight"]
             ).abs().max() > 0  # trained adapters, merged in
+    # every exported file was hashed as written, for the checkpoint's manifest
+    from grpo_dist.utils.file_digest import collect
+
+    recorded = collect(root)
+    on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert {"model.safetensors", "lora_adapter/adapter_model.safetensors", "lora_adapter/adapter_config.json"} <= on_disk
+    assert set(recorded) == on_disk
 
 
 def test_an_exported_adapter_is_a_valid_lora_adapter_path(one_rank):
