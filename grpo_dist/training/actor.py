@@ -279,17 +279,36 @@ class FSDPActor(FSDPRole):
         return t.full_tensor()
 
     def export_hf(
-        self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, dtype: str | None = None
+        self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None, dtype: str | None = None,
+        *, merged: bool = True,
     ) -> None:
         """Collective: rank 0 writes a Hugging Face model directory (safetensors + config + tokenizer, and
-        the folder's generation config); ``dtype`` casts the floating weights. With LoRA: the merged
-        model (the base model's names and classes)."""
-        checkpoint_io.export_hf(
-            directory,
-            self.model,
-            config=self.config,
-            tokenizer_path=tokenizer_path,
-            generation_config_path=self.model_path,
-            dtype=dtype,
-            state_dict=self.state_dict_for_sync() if self._merge is not None else None,
-        )
+        the folder's generation config); ``dtype`` casts the floating weights.
+
+        With LoRA: ``directory/lora_adapter/``, a peft adapter folder (``adapter_config.json`` naming the
+        model folder as its base, ``adapter_model.safetensors``, the tokenizer files) that
+        ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), folder)`` loads as the
+        policy; and, with ``merged``, the merged model ``W + (alpha / r) B A`` (peft's ``merge_and_unload``,
+        under the base model's names and classes) in ``directory`` itself. ``merged`` is ignored without
+        LoRA (the model is always written)."""
+        if self._merge is None or merged:
+            checkpoint_io.export_hf(
+                directory,
+                self.model,
+                config=self.config,
+                tokenizer_path=tokenizer_path,
+                generation_config_path=self.model_path,
+                dtype=dtype,
+                state_dict=self.state_dict_for_sync() if self._merge is not None else None,
+            )
+        if self._merge is not None:
+            from grpo_dist.training.lora import ADAPTER_EXPORT_DIR, adapter_export_config, adapter_sources
+
+            checkpoint_io.export_adapter(
+                os.path.join(directory, ADAPTER_EXPORT_DIR),
+                self.model,
+                config=adapter_export_config(self.model, os.path.abspath(self.model_path)
+                                             if os.path.isdir(self.model_path) else self.model_path),
+                saved_names=adapter_sources(self.model.state_dict()),
+                tokenizer_path=tokenizer_path,
+            )

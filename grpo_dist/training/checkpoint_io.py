@@ -6,8 +6,13 @@ For any trainable model (the policy, and later a value or reward model):
   ``torch.distributed.checkpoint`` (DCP, under ``directory/dcp``; loadable on another world size),
   and per rank a small file ``directory/extra_rank{r}.pt`` with the LR scheduler's state, the RNG
   states and the caller's counters.
+- ``trainable_only``: the model and optimizer shards of the trainable parameters alone (a LoRA
+  policy's adapters: the frozen base is the model folder's and is not written), and
+  :func:`write_adapter_layout` / :func:`read_adapter_layout`: ``directory/lora.json``, what such a
+  checkpoint's adapters are (rank, alpha, adapted modules), checked before anything is loaded.
 - :func:`export_hf`: a Hugging Face model directory (config, safetensors, generation config and a
-  verbatim copy of the tokenizer files) that transformers and vLLM load.
+  verbatim copy of the tokenizer files) that transformers and vLLM load; :func:`export_adapter`: a peft
+  adapter folder (``adapter_config.json`` + ``adapter_model.safetensors`` + the tokenizer files).
 
 Every file written here is hashed as it is written (:mod:`grpo_dist.utils.file_digest`): DCP's shards
 and metadata through :class:`HashingWriter`, the per-rank files through a hashing stream; the Hugging
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import os
 import pickle
 import random
@@ -47,6 +53,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint._traverse import set_element
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -58,7 +65,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.errors import UnsafeCheckpointError
 from grpo_dist.training.fsdp import full_state_dict
-from grpo_dist.utils.file_digest import DIGESTS_PREFIX, Digests, HashingStream
+from grpo_dist.utils.file_digest import DIGESTS_PREFIX, Digests, HashingStream, hashing_open
 
 __all__ = [
     "save_train_state",
@@ -74,6 +81,10 @@ __all__ = [
     "TOKENIZER_FILES",
     "copy_tokenizer_files",
     "export_hf",
+    "export_adapter",
+    "LAYOUT_FILE",
+    "write_adapter_layout",
+    "read_adapter_layout",
 ]
 
 _SCHEDULER_KEY, _RNG_KEY = "lr_scheduler", "rng"
@@ -267,19 +278,28 @@ without ``hf_model``): the model's shards, the optimizer's shards, and ``extra``
 the RNG states)."""
 
 
+def _options(trainable_only: bool) -> StateDictOptions:
+    """DCP's state-dict options: the frozen parameters left out with ``trainable_only``; a state dict
+    without them is loaded non-strictly (DCP itself refuses a checkpoint that lacks an asked-for key)."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
 def save_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 parts: tuple[str, ...] = ("model", "optimizer"), digests: Digests | None = None) -> None:
+                 parts: tuple[str, ...] = ("model", "optimizer"), digests: Digests | None = None,
+                 *, trainable_only: bool = False) -> None:
     """Collective: write the ``parts`` (model and/or optimizer) shards with DCP under ``directory/dcp``,
-    hashed as written into ``digests`` (stored in ``directory`` when none is given)."""
+    hashed as written into ``digests`` (stored in ``directory`` when none is given). ``trainable_only``:
+    the parameters with ``requires_grad`` alone (the frozen ones are not written)."""
     directory = Path(directory)
     mine = digests is None
     digests = Digests() if digests is None else digests
     directory.mkdir(parents=True, exist_ok=True)
+    options = _options(trainable_only)
     if "optimizer" in parts:
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         state = {k: v for k, v in (("model", model_sd), ("optimizer", optim_sd)) if k in parts}
     else:
-        state = {"model": get_model_state_dict(model)} if "model" in parts else {}
+        state = {"model": get_model_state_dict(model, options=options)} if "model" in parts else {}
     if not state:
         return
     try:
@@ -311,9 +331,10 @@ def saved_parts(directory: str | os.PathLike) -> set[str]:
 
 
 def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 parts: tuple[str, ...] = ("model", "optimizer")) -> None:
+                 parts: tuple[str, ...] = ("model", "optimizer"), *, trainable_only: bool = False) -> None:
     """Collective: load the ``parts`` (model and/or optimizer) :func:`save_sharded` wrote into ``model``
-    and ``optimizer`` (in place); what is not asked for keeps its current state.
+    and ``optimizer`` (in place); what is not asked for keeps its current state. ``trainable_only``: as
+    saved, the trainable parameters alone (the frozen ones keep what ``model`` holds).
 
     The mesh size may differ from the one that saved (DCP reshards). ``FileNotFoundError`` when
     ``directory/dcp`` is missing or lacks an asked-for part.
@@ -325,19 +346,21 @@ def load_sharded(directory: str | os.PathLike, model: nn.Module, optimizer: torc
     if missing:
         raise FileNotFoundError(f"the checkpoint {directory} holds no {' or '.join(missing)} state (it was saved "
                                 "without it: checkpoint.save_contents); leave it out of checkpoint.load_contents")
+    options = _options(trainable_only)
     if "optimizer" in parts:
         # get_state_dict initialises the optimizer state (a zero-lr step) so DCP has tensors to load into.
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
         state = {k: v for k, v in (("model", model_sd), ("optimizer", optim_sd)) if k in parts}
     else:  # the optimizer is left exactly as it is (fresh on a resume)
-        state = {"model": get_model_state_dict(model)} if "model" in parts else {}
+        state = {"model": get_model_state_dict(model, options=options)} if "model" in parts else {}
     safe_dcp_load(state, directory / "dcp")
     if "model" in state and "optimizer" in state:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=options)
     elif "model" in state:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
     elif "optimizer" in state:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
 
 
 def save_model_sharded(directory: str | os.PathLike, model: nn.Module) -> None:
@@ -374,6 +397,8 @@ def save_train_state(
     scheduler: LRScheduler | None,
     extra: Mapping[str, Any],
     contents: tuple[str, ...] = ALL_PARTS,
+    *,
+    trainable_only: bool = False,
 ) -> None:
     """Collective: what is needed to continue training ``model`` where it is (``contents``: the parts
     of :data:`ALL_PARTS` to write; all of them for an exact continuation).
@@ -382,14 +407,16 @@ def save_train_state(
     ``extra_rank{r}.pt`` holding the small picklable objects of ``extra`` (counters) and, with
     ``"extra"`` in ``contents``, ``scheduler.state_dict()`` (when a scheduler is given) and this rank's
     RNG states; ends with a barrier, so the folder is complete on return. ``extra`` may not use the
-    names ``lr_scheduler`` or ``rng`` (``ValueError``).
+    names ``lr_scheduler`` or ``rng`` (``ValueError``). ``trainable_only``: the shards of the trainable
+    parameters alone (:func:`save_sharded`).
     """
     clash = sorted({_SCHEDULER_KEY, _RNG_KEY} & set(extra))
     if clash:
         raise ValueError(f"save_train_state: extra may not use the reserved names {clash}")
     directory = Path(directory)
     digests = Digests()
-    save_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")), digests)
+    save_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")), digests,
+                 trainable_only=trainable_only)
     directory.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = dict(extra)
     if "extra" in contents:
@@ -408,6 +435,8 @@ def load_train_state(
     optimizer: torch.optim.Optimizer,
     scheduler: LRScheduler | None,
     contents: tuple[str, ...] = ALL_PARTS,
+    *,
+    trainable_only: bool = False,
 ) -> dict[str, Any]:
     """Collective: restore the ``contents`` parts of what :func:`save_train_state` wrote; returns the
     ``extra`` it was given.
@@ -416,10 +445,12 @@ def load_train_state(
     part left out of ``contents`` keeps its fresh state. With ``"extra"``, the scheduler state and the
     RNG come from this rank's file; a rank that did not exist when the checkpoint was written reads
     rank 0's file and keeps its own RNG stream (another rank's would not be its own).
-    ``FileNotFoundError`` when the folder lacks an asked-for part or rank 0's file.
+    ``FileNotFoundError`` when the folder lacks an asked-for part or rank 0's file. ``trainable_only``: as
+    it was saved (:func:`load_sharded`).
     """
     directory = Path(directory)
-    load_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")))
+    load_sharded(directory, model, optimizer, tuple(p for p in contents if p in ("model", "optimizer")),
+                 trainable_only=trainable_only)
     mine = _extra_path(directory, _rank())
     if mine.exists():
         record = safe_torch_load(mine)
@@ -438,6 +469,37 @@ def load_train_state(
         if _RNG_KEY in record:
             set_rng_state(record[_RNG_KEY])
     return {k: v for k, v in record.items() if k not in (_SCHEDULER_KEY, _RNG_KEY)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the adapters' layout of a trainable-only (LoRA) checkpoint
+# --------------------------------------------------------------------------------------------------
+LAYOUT_FILE = "lora.json"
+"""In a checkpoint of a LoRA policy: what its adapters are (:func:`grpo_dist.training.lora.lora_layout`);
+absent from a checkpoint of a fully fine-tuned model."""
+
+
+def write_adapter_layout(directory: str | os.PathLike, layout: Mapping[str, Any]) -> None:
+    """Collective: rank 0 writes ``layout`` as ``directory/lora.json`` (hashed as written, its record left in
+    ``directory``); ends with a barrier."""
+    if _rank() == 0:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        digests = Digests()
+        with hashing_open(directory / LAYOUT_FILE, digests) as f:
+            f.write(json.dumps(dict(layout), indent=1, sort_keys=True).encode())
+        digests.store(directory)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def read_adapter_layout(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """What :func:`write_adapter_layout` wrote in ``directory``; None when the checkpoint has no
+    ``lora.json`` (a fully fine-tuned model's)."""
+    path = Path(directory) / LAYOUT_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -525,6 +587,38 @@ def export_hf(
         # stream: they are hashed now, while their pages are still in the page cache
         digests = Digests()
         for p in sorted(q for q in directory.rglob("*") if q.is_file() and not q.name.startswith(DIGESTS_PREFIX)):
+            digests.add_written(p)
+        digests.store(directory)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def export_adapter(
+    directory: str | os.PathLike,
+    model: nn.Module,
+    *,
+    config: Mapping[str, Any],
+    saved_names: Mapping[str, str],
+    tokenizer_path: str | os.PathLike | None = None,
+) -> None:
+    """Collective: write a peft adapter folder that ``PeftModel.from_pretrained(base, directory)`` loads.
+
+    Every rank takes part in gathering the trainable parameters (only they: the frozen base is not
+    gathered); rank 0 writes ``adapter_model.safetensors`` (the tensors under ``saved_names``, peft's saved
+    name -> state-dict key), ``adapter_config.json`` (``config``) and a verbatim copy of the tokenizer files
+    of ``tokenizer_path`` when given, every file hashed (its record left in ``directory``).
+    """
+    from grpo_dist.rollout.adapters import write_adapter
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                              ignore_frozen_params=True))
+    if _rank() == 0:
+        directory = Path(directory)
+        write_adapter(directory, ((name, _own_storage(sd[key])) for name, key in saved_names.items()), dict(config))
+        if tokenizer_path is not None:
+            copy_tokenizer_files(tokenizer_path, directory)
+        digests = Digests()
+        for p in sorted(q for q in directory.iterdir() if q.is_file() and not q.name.startswith(DIGESTS_PREFIX)):
             digests.add_written(p)
         digests.store(directory)
     if dist.is_initialized():

@@ -45,7 +45,8 @@ reduce-scatter runs once per mini-batch (:attr:`FSDPRole.defer_grad_sync`).
 
 Checkpoints: the sharded model and optimizer (DCP) and, per rank, the LR schedule, the RNG and the
 counters, as far as the settings' ``save_contents`` / ``load_contents`` ask
-(:mod:`grpo_dist.training.checkpoint_io`).
+(:mod:`grpo_dist.training.checkpoint_io`); of a model with LoRA adapters, only the adapters and their
+optimizer state, with ``lora.json`` saying what the adapters are.
 """
 
 from __future__ import annotations
@@ -282,18 +283,34 @@ class FSDPRole:
     # ---- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters, as far as
-        ``settings.save_contents`` asks (the counters always)."""
+        ``settings.save_contents`` asks (the counters always). A model with LoRA adapters: the adapters and
+        their optimizer state alone (the frozen base is the model folder's), and ``lora.json``, what the
+        adapters are (:func:`grpo_dist.training.lora.lora_layout`), which :meth:`load_checkpoint` checks."""
+        from grpo_dist.training.lora import lora_layout
+
+        layout = lora_layout(self.model)
         checkpoint_io.save_train_state(
             directory, self.model, self.optimizer, self.lr_scheduler,
             extra={"update_count": self.update_count, "nonfinite_grad_norm_total": self.nonfinite_grad_norm_total},
-            contents=self.settings.save_contents,
+            contents=self.settings.save_contents, trainable_only=layout is not None,
         )
+        if layout is not None:
+            checkpoint_io.write_adapter_layout(directory, layout)
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: restore the ``settings.load_contents`` parts of what :meth:`save_checkpoint` wrote
-        (the world size may differ); the others keep their fresh state."""
+        (the world size may differ); the others keep their fresh state. ``ValueError`` before anything is
+        loaded when the checkpoint's LoRA adapters (or their absence) do not match the model's
+        (:func:`grpo_dist.training.lora.layout_mismatch`)."""
+        from grpo_dist.training.lora import layout_mismatch, lora_layout
+
+        layout = lora_layout(self.model)
+        problem = layout_mismatch(checkpoint_io.read_adapter_layout(directory), layout)
+        if problem:
+            raise ValueError(f"cannot load the checkpoint {directory}: {problem}")
         extra = checkpoint_io.load_train_state(directory, self.model, self.optimizer, self.lr_scheduler,
-                                               contents=self.settings.load_contents)
+                                               contents=self.settings.load_contents,
+                                               trainable_only=layout is not None)
         self.update_count = int(extra["update_count"])
         self.nonfinite_grad_norm_total = int(extra["nonfinite_grad_norm_total"])
         if self._offload_optimizer:

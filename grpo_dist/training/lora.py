@@ -38,7 +38,8 @@ from grpo_dist.core.lora import merge_lora
 from grpo_dist.training.settings import LoraSettings
 
 __all__ = ["ADAPTER_NAME", "add_adapters", "is_adapter_folder", "linear_module_names", "unmatched_targets",
-           "MergeSource", "merge_sources", "merged_weight", "adapter_sources", "adapter_config_dict", "base_name"]
+           "MergeSource", "merge_sources", "merged_weight", "adapter_sources", "adapter_config_dict", "base_name",
+           "ADAPTER_EXPORT_DIR", "lora_layout", "layout_mismatch", "adapter_export_config"]
 
 ADAPTER_NAME = "default"
 """peft's name of the one adapter the policy has."""
@@ -194,3 +195,60 @@ def merged_weight(source: MergeSource, full: Mapping[str, torch.Tensor]) -> torc
     if source.lora_A is None:
         return w
     return merge_lora(w, full[source.lora_A], full[source.lora_B], source.scale)
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoints and the adapter export
+# --------------------------------------------------------------------------------------------------
+ADAPTER_EXPORT_DIR = "lora_adapter"
+"""The folder, inside a LoRA policy's Hugging Face export, that holds its peft adapter (verl's model merger
+writes ``lora_adapter/`` there too)."""
+
+
+def lora_layout(model: nn.Module) -> dict | None:
+    """What a checkpoint of the peft model ``model`` (sharded or not) must match to be loaded into it:
+    ``{"r", "lora_alpha", "modules"}`` (the rank, alpha, and the sorted base-model names of the adapted
+    modules); None when ``model`` has no LoRA adapters (full fine-tuning)."""
+    from peft.tuners.lora import LoraLayer
+
+    if not hasattr(model, "peft_config"):
+        return None
+    config = model.peft_config[ADAPTER_NAME]
+    modules = sorted(name.removeprefix(_PEFT_PREFIX) for name, m in model.named_modules() if isinstance(m, LoraLayer))
+    return {"r": int(config.r), "lora_alpha": float(config.lora_alpha), "modules": modules}
+
+
+def layout_mismatch(saved: Mapping | None, current: Mapping | None) -> str | None:
+    """Why a checkpoint whose adapters are ``saved`` (:func:`lora_layout`; None: a full fine-tuning
+    checkpoint) cannot be loaded into a policy whose adapters are ``current``, or None when it can."""
+    if saved is None and current is None:
+        return None
+    if saved is None:
+        return (f"it holds a fully fine-tuned model, but this policy trains LoRA adapters (rank {current['r']}); "
+                "resume it with LoRA off (lora_rank=0), or start this LoRA run from a fresh folder")
+    if current is None:
+        return (f"it holds only LoRA adapters (rank {saved['r']} on {len(saved['modules'])} modules), not the whole "
+                "model, but this policy is fully fine-tuned (lora_rank=0); resume it with the LoRA settings it was "
+                "saved with")
+    diffs = [f"{key} {saved[key]} (checkpoint) vs {current[key]} (this policy)"
+             for key in ("r", "lora_alpha") if saved[key] != current[key]]
+    only_saved = sorted(set(saved["modules"]) - set(current["modules"]))
+    only_current = sorted(set(current["modules"]) - set(saved["modules"]))
+    if only_saved or only_current:
+        diffs.append("the adapted modules differ (only in the checkpoint: "
+                     f"{', '.join(only_saved[:3]) or 'none'}{' ...' if len(only_saved) > 3 else ''}; only in this "
+                     f"policy: {', '.join(only_current[:3]) or 'none'}{' ...' if len(only_current) > 3 else ''})")
+    if not diffs:
+        return None
+    return ("its LoRA adapters do not match this policy's: " + "; ".join(diffs)
+            + "; resume with the LoRA settings (rank, alpha, target_modules, exclude_modules) it was saved with")
+
+
+def adapter_export_config(model: nn.Module, base_model_path: str | os.PathLike) -> dict:
+    """``adapter_config.json`` of the exported adapter: the peft model's configuration with
+    ``base_model_name_or_path`` set to ``base_model_path`` (so ``PeftModel.from_pretrained`` of a model loaded
+    from there finds its base), inference mode on."""
+    config = adapter_config_dict(model)
+    config["base_model_name_or_path"] = str(base_model_path)
+    config["inference_mode"] = True
+    return config
