@@ -4,6 +4,7 @@ reward model's (the dataclasses of ``training/settings.py``), and where their mo
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from grpo_dist.config.facts import checkpoint_contents, compute_dtype, micro_batch, per_gpu, rollout_correction, step_shape
 from grpo_dist.config.schema import GRPOConfig
@@ -90,7 +91,7 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         override_config=dict(cfg.actor_rollout_ref.model.override_config) or None,
         save_contents=tuple(p for p in save if p != "hf_model"),
         load_contents=tuple(p for p in load if p != "hf_model"),
-        lora=lora_settings(cfg),
+        lora=replace(lora_settings(cfg), export_merged="hf_model" in save),
     )
 
 

@@ -266,6 +266,9 @@ class LoraSettings:
     """A saved peft adapter folder to start from (its rank, alpha and modules win over the above)."""
     seed: int = 0
     """Seeds the adapters' initialisation (``A`` is drawn the same on every rank)."""
+    export_merged: bool = False
+    """The Hugging Face export holds the merged model beside the adapter folder (``hf_model`` in
+    ``actor.checkpoint.save_contents``); the adapter folder is always written."""
     merge: bool = False
     """The weight sync: False sends the adapter factors alone (the engine serves them as a LoRA adapter on its
     base weights); True sends the merged weights ``W + (alpha / rank) B A`` under the base model's names."""

@@ -78,7 +78,9 @@ class ActorWorker(ModelShell):
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.ipc_collect()  # free buffers the rollout side has closed
 
-    def export_hf(self, directory: str, tokenizer_path: str | None, merged: bool = True) -> None:
-        """The Hugging Face export; with LoRA the peft adapter folder ``lora_adapter/`` and, with ``merged``,
-        the merged model (:meth:`grpo_dist.training.actor.FSDPActor.export_hf`)."""
+    def export_hf(self, directory: str, tokenizer_path: str | None, merged: bool | None = None) -> None:
+        """The Hugging Face export; with LoRA the peft adapter folder ``lora_adapter/`` and, with ``merged``
+        (default: the settings' ``lora.export_merged``), the merged model
+        (:meth:`grpo_dist.training.actor.FSDPActor.export_hf`)."""
+        merged = self.model.settings.lora.export_merged if merged is None else merged
         self.model.export_hf(directory, tokenizer_path, merged=merged)

@@ -48,3 +48,9 @@ def test_verls_lora_script_trains_and_vllm_samples_through_the_synced_adapter(re
     # the adapters alone crossed (rank 64 on this tiny model is nearly as large as its linear layers; the
     # benchmark measures a real model): fewer bytes than the model's weights
     assert 0 < m[2]["perf/weight_sync_bytes"] < (model / "model.safetensors").stat().st_size
+    # the final export is the peft adapter folder (the merged model only with hf_model in save_contents), and
+    # the checkpoint holds the adapters alone (lora.json says which)
+    export = out / "global_step_2" / "huggingface"
+    assert (export / "lora_adapter" / "adapter_model.safetensors").is_file()
+    assert not (export / "model.safetensors").exists()
+    assert (out / "global_step_2" / "actor" / "lora.json").is_file()

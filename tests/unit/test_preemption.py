@@ -178,6 +178,7 @@ def trainer_at_step(root: Path, step: int, workers) -> "GRPOTrainer":  # noqa: F
     t = GRPOTrainer.__new__(GRPOTrainer)
     t.plan = SimpleNamespace(checkpoint_root=str(root), max_ckpt_to_keep=None, export_hf_every_checkpoint=False)
     t.global_step, t.total_steps, t.workers, t.iterative = step, 10, workers, None
+    t.policy_version, t.ahead = step, None
     t.sampler = SimpleNamespace(state_dict=lambda: {"epoch": 0})
     t.kl_ctrl = SimpleNamespace(value=0.0)
     t.summary, t.stop = RunSummary(out_dir=str(root)), StopSignal(0, str(root))
