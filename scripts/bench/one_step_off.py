@@ -1,0 +1,97 @@
+"""Synchronous colocated training against one-step-off-policy (``actor_rollout_ref.hybrid_engine=false``) on
+this machine, side by side.
+
+    python scripts/bench/one_step_off.py [--steps 10] [--repeats 1] [--out DIR] [-- extra overrides ...]
+
+Both modes run ``python -m grpo_dist.main`` with the same task, model, data, seeds, batch and group (the
+default job's unless overrides say otherwise), on the same cores: colocated, one training rank whose
+processes (actor + reference, and the rollout engine) take turns on the machine's cores; one-step-off, one
+training rank and one rollout rank of their own (each with its share of the cores) working at once. Each run
+logs its metrics; the table reads them:
+
+- step time: median ``timing_s/step`` over the steps after the first (the first step of one-step-off
+  generates its own batch);
+- samples/s: responses per step / step time;
+- trainer idle share: the part of the step the trainer waited for generation (``timing_s/gen`` colocated,
+  ``timing_s/wait_prev_gen`` one-step-off) / step time;
+- rollout idle share: 1 - the engines' busy time (``timing_s/gen/worker``) / step time;
+- held-out accuracy before and after (greedy, ``val-core/...``), after the same number of samples;
+- wall time of the run (start-up, validation and checkpoint included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = {
+    "colocated": ["actor_rollout_ref.hybrid_engine=true", "trainer.n_gpus_per_node=1"],
+    "one-step-off": ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
+                     "rollout.n_gpus_per_node=1"],
+}
+
+
+def run(mode: str, steps: int, out: Path, extra: list[str]) -> tuple[dict[int, dict], float]:
+    args = MODES[mode] + [f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}", "trainer.save_freq=-1",
+                          "trainer.progress_bar=false", "trainer.logger=[console,file]",
+                          f"trainer.default_local_dir={out}", *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows}, wall
+
+
+def responses_per_step(out: Path) -> int:
+    """``data.train_batch_size x rollout.n`` of the run, from the configuration it saved."""
+    import yaml
+
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    return int(cfg["data"]["train_batch_size"]) * int(cfg["actor_rollout_ref"]["rollout"]["n"])
+
+
+def summarize(m: dict[int, dict], wall: float, responses: int) -> dict[str, float]:
+    steps = sorted(s for s in m if s > 1)
+    val = next(k for k in m[0] if k.startswith("val-core/") and k.endswith("/acc/mean@1"))
+    step_s = statistics.median(m[s]["timing_s/step"] for s in steps)
+    wait = statistics.median(m[s].get("timing_s/wait_prev_gen", m[s].get("timing_s/gen", 0.0)) for s in steps)
+    busy = statistics.median(m[s]["timing_s/gen/worker"] for s in steps)
+    last = max(m)
+    return {"step_s": step_s, "samples_per_s": responses / step_s,
+            "trainer_idle": wait / step_s, "rollout_idle": max(0.0, 1 - busy / step_s),
+            "acc_before": m[0][val], "acc_after": m[last].get(val, float("nan")), "wall_s": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating; the table shows each")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("extra", nargs="*", help="more overrides for both modes")
+    a = ap.parse_args()
+    out = a.out or Path(tempfile.mkdtemp(prefix="one_step_off_bench_"))
+    rows = []
+    for r in range(a.repeats):
+        for mode in MODES:  # alternating, so a change in the machine's load hits both
+            m, wall = run(mode, a.steps, out / f"{mode}-{r}", a.extra)
+            rows.append((mode, r, summarize(m, wall, responses_per_step(out / f"{mode}-{r}"))))
+    print(f"| mode | run | step time (s) | samples/s | trainer idle | rollout idle | held-out acc before -> after | wall (s) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mode, r, s in rows:
+        print(f"| {mode} | {r} | {s['step_s']:.2f} | {s['samples_per_s']:.1f} | {s['trainer_idle']:.0%} | "
+              f"{s['rollout_idle']:.0%} | {s['acc_before']:.3f} -> {s['acc_after']:.3f} | {s['wall_s']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
