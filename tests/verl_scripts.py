@@ -474,6 +474,76 @@ EARLY_GRPO_LORA = {
                   "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5"],
 }
 
+# examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh as in verl's newest snapshot here (commit
+# b178a3cd, 2026-01-29; the script last changed in 25d78fa9, 2025-09-25): the current FSDP + vLLM LoRA example
+# (all linear layers, rank 32, one GPU). Its shell variables are resolved as the script sets them
+# (nproc_per_gpu=nnodes=ngpu_per_node=1, so total_procs=mini_batch_size=1; NOW is the snapshot's date).
+# The grpo_trainer LoRA script of that snapshot is EARLY_GRPO_LORA unchanged; its Megatron ones are refused.
+CURRENT_TUNING_LORA = {
+    "overrides": [
+        "algorithm.adv_estimator=grpo",
+        "trainer.val_before_train=False",
+        "data.train_files={train}",
+        "data.val_files={test}",
+        "data.train_batch_size=1",
+        "data.val_batch_size=1",
+        "data.max_prompt_length=512",
+        "data.max_response_length=1024",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.shuffle=False",
+        "actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.model.lora_rank=32",
+        "actor_rollout_ref.model.lora_alpha=32",
+        "actor_rollout_ref.model.target_modules=all-linear",
+        "actor_rollout_ref.actor.optim.lr=3e-5",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size=1",
+        f"{TP}=1",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+        "actor_rollout_ref.rollout.n=1",
+        "actor_rollout_ref.rollout.max_num_seqs=512",
+        "actor_rollout_ref.rollout.max_model_len=1536",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=1536",
+        "actor_rollout_ref.rollout.enable_chunked_prefill=False",
+        "actor_rollout_ref.rollout.load_format=safetensors",
+        "actor_rollout_ref.rollout.layered_summon=True",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size=1",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
+        "algorithm.kl_ctrl.kl_coef=0.001",
+        "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=gsm8k-grpo-lora-qwen2.5-0.5b-20260129",
+        "trainer.experiment_name=0.5b-20260129",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "trainer.save_freq=20",
+        "trainer.test_freq=5",
+        "trainer.total_epochs=1",
+    ],
+    "cpu_sizes": ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+                  "actor_rollout_ref.rollout.log_prob_micro_batch_size=4",
+                  "actor_rollout_ref.ref.log_prob_micro_batch_size=4", "data.val_batch_size=4",
+                  "actor_rollout_ref.rollout.max_model_len=72", "actor_rollout_ref.rollout.max_num_batched_tokens=72"],
+    # verl's GRPO with one response per prompt divides nothing (mean 0, std 1: the advantage is the raw score);
+    # here GRPO needs a group, so the script as shipped is refused on this key alone, and runs with it changed
+    "refused": ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.n=2"),
+}
+
 SCRIPTS = {
     "early_grpo": EARLY_GRPO,
     "early_gspo": EARLY_GSPO,
@@ -484,6 +554,7 @@ SCRIPTS = {
     "dapo_recipe": DAPO_RECIPE,
     "dapo_gmpo": DAPO_GMPO,
     "early_grpo_lora": EARLY_GRPO_LORA,
+    "current_tuning_lora": CURRENT_TUNING_LORA,
 }
 """The scripts kept here; ``RUN_ON_CPU`` are the ones the end-to-end test trains for two steps."""
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import torch
 
 from grpo_dist.config import preflight
+from grpo_dist.config.engine import model_shape
 from grpo_dist.config.facts import compute_dtype
 from grpo_dist.config.reward_sources import model_sources
 from grpo_dist.config.role_settings import critic_model_path, reward_model_path
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.states import raw_get
 from grpo_dist.config.validate import critic_enabled, critic_fsdp, data_parallel_size, lora_settings, needs_reference
+from grpo_dist.training.memory import ModelShape
 
 
 #: Resident memory of one worker process before it holds a model (Python, torch, transformers; measured
@@ -56,26 +62,99 @@ def model_parameter_count(model_dir: str) -> int | None:
     return total
 
 
+_MEGATRON_ALL_LINEAR = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}
+"""The current layout's default ``lora.target_modules`` (Megatron's names of every linear layer of the
+blocks): all-linear here."""
+
+
+def decoder_linears(shape: ModelShape) -> list[tuple[str, int, int]]:
+    """Every linear layer of the Llama-style decoder ``shape`` describes, as ``(name, in, out)`` under
+    transformers' module names: per layer ``i`` the attention's ``q_proj`` (h -> heads*d), ``k_proj`` and
+    ``v_proj`` (h -> kv_heads*d), ``o_proj`` (heads*d -> h) and the MLP's ``gate_proj``, ``up_proj``
+    (h -> intermediate) and ``down_proj`` (intermediate -> h); then ``lm_head`` (h -> vocab)."""
+    h, q, kv, inter = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    per_layer = [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, kv), ("self_attn.v_proj", h, kv),
+                 ("self_attn.o_proj", q, h), ("mlp.gate_proj", h, inter), ("mlp.up_proj", h, inter),
+                 ("mlp.down_proj", inter, h)]
+    out = [(f"model.layers.{i}.{name}", a, b) for i in range(shape.layers) for name, a, b in per_layer]
+    return out + [("lm_head", h, shape.vocab)]
+
+
+def _peft_matches(name: str, pattern: Any) -> bool:
+    """peft's rule for ``target_modules`` / ``exclude_modules``: a string is a regular expression over the
+    full name; a list entry matches a module whose name is the entry or ends with ``.<entry>``."""
+    if isinstance(pattern, str):
+        return re.fullmatch(pattern, name) is not None
+    return any(name == key or name.endswith("." + key) for key in pattern)
+
+
+def lora_parameter_count(shape: ModelShape, rank: int, target_modules: Any, exclude_modules: Any = None) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on the decoder ``shape`` describes: ``rank * (in + out)``
+    (A: rank x in, B: out x rank) for each linear layer of :func:`decoder_linears` that ``target_modules``
+    matches and ``exclude_modules`` does not. ``"all-linear"`` is every linear layer but ``lm_head`` (so
+    is the current layout's default list of Megatron names); a name matching no layer adds nothing."""
+    if rank <= 0:
+        return 0
+    targets = list(target_modules) if isinstance(target_modules, (list, tuple)) else target_modules
+    all_linear = targets == "all-linear" or (isinstance(targets, list) and set(targets) == _MEGATRON_ALL_LINEAR)
+    total = 0
+    for name, a, b in decoder_linears(shape):
+        if exclude_modules and _peft_matches(name, exclude_modules):
+            continue
+        if (name != "lm_head") if all_linear else _peft_matches(name, targets):
+            total += rank * (a + b)
+    return total
+
+
+def _raw_or(cfg: GRPOConfig, key: str, default: Any) -> Any:
+    try:
+        return raw_get(cfg, key)
+    except AttributeError:  # a key this config's schema does not have
+        return default
+
+
+def critic_lora(cfg: GRPOConfig) -> tuple[int, Any, Any]:
+    """The value model's LoRA ``(rank, target_modules, exclude_modules)`` read from the raw keys of either
+    layout: ``critic.model.lora_rank`` with ``critic.model.target_modules`` / ``exclude_modules``, or
+    ``critic.model.lora.rank`` with ``critic.model.lora.*``; rank 0 when neither is set."""
+    m = "critic.model."
+    early = _raw_or(cfg, m + "lora_rank", 0) or 0
+    if early > 0:
+        return early, _raw_or(cfg, m + "target_modules", "all-linear"), _raw_or(cfg, m + "exclude_modules", None)
+    current = _raw_or(cfg, m + "lora.rank", 0) or 0
+    return current, _raw_or(cfg, m + "lora.target_modules", "all-linear"), _raw_or(cfg, m + "lora.exclude_modules", None)
+
+
 def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params: int | None = None,
-                        reward_model_params: dict[str, int | None] | None = None) -> tuple[float, str]:
+                        reward_model_params: dict[str, int | None] | None = None, shape: ModelShape | None = None,
+                        critic_shape: ModelShape | None = None) -> tuple[float, str]:
     """A floor on the resident memory (GiB) a single-machine CPU run of ``ranks`` ranks needs, and its
     breakdown in words. Counted: the actor's master weights, gradients and Adam's two moments (4 x
     ``fsdp_config.model_dtype``'s bytes per parameter, sharded over the ranks by FSDP2, so counted once in all;
-    under LoRA the frozen base once, the adapters not counted); the reference's weights (sharded, when a KL
+    under LoRA the frozen base once and the adapters 4 x, their count from ``shape`` by
+    :func:`lora_parameter_count`, not counted without it); the reference's weights (sharded, when a KL
     term is used; none under LoRA, where it is the actor's model with the adapters off); the critic's like
-    the actor's; one full copy of the weights in every rank's rollout engine plus its KV cache (``rollout.kv_cache_gib``; 1 GiB for
-    ``auto``, which sizes the cache from the memory left; vLLM only); each reward model's weights
-    (``reward_model_params``, by its role; sharded; 4 x with gradients and Adam when iterative RL trains it)
-    and one process per rank of a reward model's own pool; ``PROCESS_BASE_GIB`` per worker process and
-    for the driver. Not counted: activations, the full weights gathered for weight sync and checkpoints,
-    Ray's own processes."""
+    the actor's (under its own LoRA, ``critic.model.lora_rank`` or ``critic.model.lora.rank``, likewise from
+    ``critic_shape``, else ``shape``; its value head not counted); one full copy of the weights in every
+    rank's rollout engine (and of the policy's adapters when they are synced alone, ``lora.merge=false``)
+    plus its KV cache (``rollout.kv_cache_gib``; 1 GiB for ``auto``, which sizes the cache from the memory
+    left; vLLM only); each reward model's weights (``reward_model_params``, by its role; sharded; 4 x with
+    gradients and Adam when iterative RL trains it) and one process per rank of a reward model's own pool;
+    ``PROCESS_BASE_GIB`` per worker process and for the driver. Not counted: activations, the full weights
+    gathered for weight sync and checkpoints, Ray's own processes."""
     a = cfg.actor_rollout_ref
     gib = 2.0**30
     actor_b = _DTYPE_BYTES.get(a.actor.fsdp_config.model_dtype, 4)  # master weights, their gradients, Adam
     rollout_b = _DTYPE_BYTES.get(compute_dtype(a.rollout.dtype, "cpu"), 4)
-    lora = lora_settings(cfg).rank > 0
-    if lora:  # the base frozen: no gradients or Adam state for it (the small adapters are not counted)
+    policy_lora = lora_settings(cfg)
+    lora = policy_lora.rank > 0
+    adapters = 0
+    if lora:  # the base frozen: no gradients or Adam state for it; the adapters trained in the model's dtype
         parts = [("actor (frozen base weights under LoRA)", actor_b * params / gib)]
+        if shape is not None:
+            adapters = lora_parameter_count(shape, policy_lora.rank, policy_lora.target_modules,
+                                            policy_lora.exclude_modules)
+            parts.append(("actor LoRA adapters (weights, gradients, Adam)", 4 * actor_b * adapters / gib))
     else:
         parts = [("actor (weights, gradients, Adam)", 4 * actor_b * params / gib)]
     processes = 2  # actor + rollout per rank
@@ -86,7 +165,16 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
         processes += 1
     if critic_enabled(cfg):
         cp = critic_params if critic_params is not None else params
-        parts.append(("critic", 4 * _DTYPE_BYTES.get(critic_fsdp(cfg).model_dtype, 4) * cp / gib))
+        critic_b = _DTYPE_BYTES.get(critic_fsdp(cfg).model_dtype, 4)
+        c_rank, c_targets, c_exclude = critic_lora(cfg)
+        if c_rank > 0:
+            parts.append(("critic (frozen base weights under LoRA)", critic_b * cp / gib))
+            c_shape = critic_shape if critic_shape is not None else shape
+            if c_shape is not None:
+                c_adapters = lora_parameter_count(c_shape, c_rank, c_targets, c_exclude)
+                parts.append(("critic LoRA adapters (weights, gradients, Adam)", 4 * critic_b * c_adapters / gib))
+        else:
+            parts.append(("critic", 4 * critic_b * cp / gib))
         processes += 1
     rm_b = _DTYPE_BYTES.get(cfg.reward_model.model.fsdp_config.model_dtype, 4)
     pool_processes = 0
@@ -97,7 +185,9 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
         pool_processes += source.world_size if source.own_pool else 0
     kv_set = a.rollout.kv_cache_gib
     kv = (1.0 if kv_set in (None, "auto") else float(kv_set)) if a.rollout.name == "vllm" else 0.0
-    parts.append((f"{ranks} rollout engine(s) (weights + {kv:g} GiB KV cache each)", ranks * (rollout_b * params / gib + kv)))
+    engine_params = params + (adapters if lora and not policy_lora.merge else 0)
+    parts.append((f"{ranks} rollout engine(s) (weights + {kv:g} GiB KV cache each)",
+                   ranks * (rollout_b * engine_params / gib + kv)))
     count = ranks * processes + pool_processes + 2
     parts.append((f"{count} processes", count * PROCESS_BASE_GIB))
     total = sum(v for _, v in parts)
@@ -105,7 +195,8 @@ def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params:
 
 
 def check_cpu_memory(cfg: GRPOConfig, params: int | None, available_gib: float | None, cores: int | None = None,
-                     critic_params: int | None = None, reward_model_params: dict[str, int | None] | None = None) -> str | None:
+                     critic_params: int | None = None, reward_model_params: dict[str, int | None] | None = None,
+                     shape: ModelShape | None = None, critic_shape: ModelShape | None = None) -> str | None:
     """Refuse (``ValueError`` naming the keys and the largest ``trainer.n_gpus_per_node`` that fits)
     a single-machine CPU run whose memory floor (:func:`cpu_memory_estimate`) is above the memory
     available now; a warning (returned) when it is above ``MEMORY_WARN_SHARE`` of it; None otherwise.
@@ -115,7 +206,7 @@ def check_cpu_memory(cfg: GRPOConfig, params: int | None, available_gib: float |
     if not on_cpu or cfg.ray_kwargs.ray_init.address or not params or not available_gib:
         return None
     ranks = data_parallel_size(cfg)
-    need, parts = cpu_memory_estimate(cfg, ranks, params, critic_params, reward_model_params)
+    need, parts = cpu_memory_estimate(cfg, ranks, params, critic_params, reward_model_params, shape, critic_shape)
     if need <= MEMORY_WARN_SHARE * available_gib:
         return None
     setting = (f"trainer.nnodes x trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node} = {ranks} CPU rank(s) of "
@@ -126,7 +217,8 @@ def check_cpu_memory(cfg: GRPOConfig, params: int | None, available_gib: float |
                 "or a smaller model leave more room")
     nodes = max(t.nnodes, 1)
     fits = [n for n in range(t.n_gpus_per_node - 1, 0, -1)
-            if cpu_memory_estimate(cfg, nodes * n, params, critic_params, reward_model_params)[0] <= available_gib
+            if cpu_memory_estimate(cfg, nodes * n, params, critic_params, reward_model_params, shape,
+                                   critic_shape)[0] <= available_gib
             and (not cores or nodes * n <= cores)]
     fix = (f"use at most trainer.n_gpus_per_node={fits[0]} here (the batch sizes must stay divisible by it)" if fits
            else "even one rank does not fit: lower actor_rollout_ref.rollout.kv_cache_gib, use a smaller model")
@@ -154,4 +246,17 @@ def check_cpu_resources(cfg: GRPOConfig, model_path: str) -> str | None:
         return None
     critic = model_parameter_count(critic_model_path(cfg, model_path)) if critic_enabled(cfg) else None
     rms = {s.role: model_parameter_count(reward_model_path(s)) for s in model_sources(cfg)}
-    return check_cpu_memory(cfg, model_parameter_count(model_path), available_memory_gib(), cores, critic, rms)
+    critic_lora_on = critic_enabled(cfg) and critic_lora(cfg)[0] > 0
+    shape = _shape_or_none(cfg, model_path) if lora_settings(cfg).rank > 0 or critic_lora_on else None
+    critic_shape = _shape_or_none(cfg, critic_model_path(cfg, model_path)) if critic_lora_on else None
+    return check_cpu_memory(cfg, model_parameter_count(model_path), available_memory_gib(), cores, critic, rms,
+                            shape, critic_shape)
+
+
+def _shape_or_none(cfg: GRPOConfig, model_path: str) -> ModelShape | None:
+    """The model's shape for counting LoRA adapters; None when its config cannot be read (the adapters are
+    then left out of the floor)."""
+    try:
+        return model_shape(model_path, cfg.actor_rollout_ref.model.trust_remote_code)
+    except (OSError, ValueError):
+        return None

@@ -207,3 +207,99 @@ def test_gpu_pools_that_fit_one_by_one_but_not_together_are_refused_at_once():
     assert "reward.sources.judge.n_gpus_per_node=2" in msg and "has 8" in msg
     check_pools_fit([train, rm], gpus_per_node=[8.0, 8.0])  # two nodes: room for both
     check_pools_fit([ResourcePlan(1, 2, "cpu"), ResourcePlan(1, 3, "cpu")], gpus_per_node=[])  # CPU ranks: not GPUs
+
+
+# ---- memory: LoRA adapters counted from the model's shape -------------------------------------------
+def small_shape():
+    """hidden 64, 2 layers, 4 query heads and 2 KV heads of 16, MLP 128, vocab 100. Per layer and rank r the
+    adapters hold r x (in + out): q 64+64, k 64+32, v 64+32, o 64+64, gate 64+128, up 64+128, down 128+64
+    = 1024 r; lm_head 64+100 = 164 r."""
+    from grpo_dist.training.memory import ModelShape
+
+    return ModelShape(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=100, tied=False)
+
+
+@pytest.mark.parametrize("targets, exclude, want", [
+    ("all-linear", None, 2 * 1024 * 8),
+    (["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], None, 2 * 1024 * 8),  # current layout's default
+    (["q_proj", "v_proj"], None, 2 * (128 + 96) * 8),
+    (r".*\.mlp\..*", None, 2 * (192 + 192 + 192) * 8),
+    ("all-linear", ["down_proj"], 2 * (1024 - 192) * 8),
+    (["lm_head"], None, 164 * 8),
+    (["c_attn"], None, 0),  # a name no layer has adds nothing
+])
+def test_lora_parameter_count_by_hand(targets, exclude, want):
+    from grpo_dist.config.memory import lora_parameter_count
+
+    assert lora_parameter_count(small_shape(), 8, targets, exclude) == want
+    assert lora_parameter_count(small_shape(), 0, targets, exclude) == 0
+
+
+def test_lora_parameter_count_is_what_peft_trains(tiny_model_dir):
+    """The count from the shape equals the trainable parameters peft adds to the same model (all-linear and
+    a list), so the planner's layer names and sizes are transformers' own."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from grpo_dist.config.engine import model_shape
+    from grpo_dist.config.memory import lora_parameter_count
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    shape = model_shape(str(tiny_model_dir), False)
+    for targets in ("all-linear", ["q_proj", "down_proj"]):
+        model = AutoModelForCausalLM.from_config(config)
+        peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+        trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+        assert lora_parameter_count(shape, 4, targets) == trainable > 0
+
+
+def test_memory_floor_counts_the_policys_adapters_and_their_engine_copy():
+    """Rank 8 on all linear layers (16 384 parameters): weights, gradients and Adam's two moments (16 B each
+    in float32) on the actor, plus one copy (4 B) in each of the 2 rollout engines when the adapters are
+    synced alone (lora.merge=false, the default); merged, the engines hold the base's shape only."""
+    from grpo_dist.config.memory import cpu_memory_estimate
+
+    base = ("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.model.lora_rank=8")
+    without, _ = cpu_memory_estimate(cfg(*base), 2, params=500_000_000)
+    adapters = 2 * 1024 * 8
+    got, parts = cpu_memory_estimate(cfg(*base), 2, params=500_000_000, shape=small_shape())
+    assert got - without == pytest.approx((16 * adapters + 2 * 4 * adapters) / GIB)
+    assert "actor LoRA adapters (weights, gradients, Adam)" in parts
+    merged, _ = cpu_memory_estimate(cfg(*base, "actor_rollout_ref.model.lora.merge=true"), 2, params=500_000_000,
+                                    shape=small_shape())
+    assert merged - without == pytest.approx(16 * adapters / GIB)
+    current = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                  "actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.target_modules=[q_proj,v_proj]")
+    assert cpu_memory_estimate(current, 2, params=500_000_000, shape=small_shape())[0] - without == \
+        pytest.approx((16 + 8) * 2 * (128 + 96) * 8 / GIB)
+
+
+@pytest.mark.parametrize("rank_key", ["critic.model.lora_rank", "critic.model.lora.rank"])
+def test_memory_floor_counts_the_critics_adapters_in_either_layout(rank_key):
+    """A value model under LoRA (rank 8, all linear layers): its frozen base once (4 B a parameter) and its
+    adapters 16 B each, in place of 16 B for every parameter."""
+    from grpo_dist.config.memory import cpu_memory_estimate
+
+    base = ("trainer.device=cpu", "trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae",
+            "actor_rollout_ref.actor.use_kl_loss=false")
+    full, parts = cpu_memory_estimate(cfg(*base), 2, params=500_000_000, critic_params=100_000_000)
+    assert "critic 1.5" in parts
+    got, parts = cpu_memory_estimate(cfg(*base, f"{rank_key}=8"), 2, params=500_000_000, critic_params=100_000_000,
+                                     shape=small_shape())
+    assert got - full == pytest.approx((-12 * 100_000_000 + 16 * 2 * 1024 * 8) / GIB)
+    assert "critic (frozen base weights under LoRA)" in parts and "critic LoRA adapters" in parts
+
+
+def test_the_run_check_reads_the_shape_from_the_models_config(tiny_model_dir, monkeypatch):
+    """check_cpu_resources counts the adapters of the model it is given (its config.json), and leaves them
+    out for a folder whose config cannot be read."""
+    from grpo_dist.config import memory
+
+    seen = []
+    monkeypatch.setattr(memory, "check_cpu_memory", lambda *a: seen.append(a[-2]))
+    monkeypatch.setattr(memory, "available_memory_gib", lambda: 64.0)
+    c = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=1", "actor_rollout_ref.model.lora_rank=8")
+    memory.check_cpu_resources(c, str(tiny_model_dir))
+    memory.check_cpu_resources(c, "/no/such/model")
+    assert seen[0].hidden == 64 and seen[0].layers == 2 and seen[1] is None

@@ -24,12 +24,39 @@ def load(overrides, check_paths=True):
 @pytest.mark.parametrize("name", sorted(verl_scripts.SCRIPTS))
 def test_the_script_validates_unchanged(name):
     script = verl_scripts.SCRIPTS[name]
-    cfg = load(verl_scripts.script_args(script, cpu=False, **PATHS))
+    refused = script.get("refused")
+    cfg = load(verl_scripts.script_args(script, cpu=False, **PATHS) + ([refused[1]] if refused else []))
     steps = [o for o in script["overrides"] if o.startswith("trainer.total_training_steps=")]
     assert cfg.trainer.total_training_steps == (int(steps[-1].split("=")[1]) if steps else None)  # else from epochs
-    assert cfg.trainer.n_gpus_per_node in (2, 8, 16)  # the LoRA script's two
+    gpus = [o for o in script["overrides"] if o.startswith("trainer.n_gpus_per_node=")]
+    assert cfg.trainer.n_gpus_per_node == int(gpus[-1].split("=")[1])
     tp = [o for o in script["overrides"] if o.startswith(verl_scripts.TP + "=")]
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == (int(tp[-1].split("=")[1]) if tp else 1)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in verl_scripts.SCRIPTS.items() if "refused" in s))
+def test_a_refused_script_is_refused_on_its_one_key(name):
+    """A script verl runs but this trainer does not is refused with one message naming the key; with that
+    one override changed (``refused``) it validates (the test above)."""
+    key = verl_scripts.SCRIPTS[name]["refused"][0]
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load(verl_scripts.script_args(verl_scripts.SCRIPTS[name], cpu=False, **PATHS))
+
+
+def test_the_current_lora_script_trains_all_linear_layers_at_its_rank():
+    """verl's current tuning script: rank 32, alpha 32, all-linear adapters; its vLLM limits and offload
+    keys are kept as given; what has no effect here is named."""
+    from grpo_dist.config.validate import lora_settings
+
+    script = verl_scripts.CURRENT_TUNING_LORA
+    cfg = load(verl_scripts.script_args(script, cpu=False, **PATHS) + [script["refused"][1]])
+    lora = lora_settings(cfg)
+    assert (lora.rank, lora.alpha, lora.target_modules) == (32, 32.0, "all-linear")
+    rollout = cfg.actor_rollout_ref.rollout
+    assert (rollout.max_num_seqs, rollout.max_model_len, rollout.max_num_batched_tokens) == (512, 1536, 1536)
+    assert rollout.enable_chunked_prefill is False and cfg.actor_rollout_ref.actor.fsdp_config.optimizer_offload
+    notes = " ".join(noop_notes(cfg))
+    assert "layered_summon" in notes and "load_format" in notes
 
 
 @pytest.mark.parametrize("name", sorted(verl_ppo_scripts.SCRIPTS))
