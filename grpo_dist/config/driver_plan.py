@@ -13,12 +13,21 @@ from grpo_dist.config.preflight import cpu_half_precision_warning
 from grpo_dist.config.role_settings import forward_batching, reference_kwargs
 from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import overlong_buffer
+from grpo_dist.config.validate import overlong_buffer, single_response_grpo
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.rollout.base import SamplingSettings
 
-__all__ = ["DriverPlan", "IterativeSettings", "driver_plan", "total_steps"]
+__all__ = ["DriverPlan", "IterativeSettings", "driver_plan", "single_response_warning", "total_steps"]
+
+
+def single_response_warning(cfg: GRPOConfig) -> str | None:
+    """The start-up warning of GRPO with one response per prompt (``validate.single_response_grpo``)."""
+    if not single_response_grpo(cfg):
+        return None
+    return ("actor_rollout_ref.rollout.n=1 with GRPO: every group holds one response, so its advantage is its raw "
+            "score (as verl computes it: a group of one has mean 0, std 1), with no baseline; GRPO needs n >= 2 to "
+            "compare responses")
 
 
 @dataclass(frozen=True)
@@ -212,5 +221,6 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         test_freq=t.test_freq,
         save_freq=t.save_freq,
         compute_dtype=compute_dtype(actor.fsdp_config.dtype, device),
-        startup_warning=cpu_half_precision_warning(cfg, device),
+        startup_warning="; ".join(w for w in (cpu_half_precision_warning(cfg, device), single_response_warning(cfg)) if w)
+        or None,
     )

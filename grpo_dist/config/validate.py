@@ -104,6 +104,13 @@ def _check_rollout_tp(cfg: GRPOConfig) -> None:
                    f"({per_node}) must be divisible by it; valid: {', '.join(str(k) for k in fits)}")
 
 
+def single_response_grpo(cfg: GRPOConfig) -> bool:
+    """GRPO with one response per prompt (``rollout.n=1``), which verl runs: each group's mean is taken as 0 and
+    its std as 1 (:func:`grpo_dist.core.advantages.compute_grpo_advantage`'s convention for a group of one), so
+    the advantage is the raw score, without a baseline. Accepted, with a warning at start-up."""
+    return cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 1
+
+
 def _check_separate_rollout(cfg: GRPOConfig) -> None:
     """``actor_rollout_ref.hybrid_engine=false`` (one-step-off-policy on the rollout's own devices): the pool's
     size, and what the overlapped step cannot do (generation batches decided while the step trains)."""
@@ -458,7 +465,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
     # --- ranges ------------------------------------------------------------------------------
     spec = get_adv_estimator(alg.adv_estimator)
-    if spec.group_based and rollout.n < 2:
+    if spec.group_based and rollout.n < 2 and not single_response_grpo(cfg):
         raise _bad(
             "actor_rollout_ref.rollout.n",
             rollout.n,

@@ -175,7 +175,7 @@ FAILURES = [
     (["algorithm.adv_estimator=grpo_process", "algorithm.use_kl_in_reward=true"], ["use_kl_in_reward", "step ends"]),
     (["actor_rollout_ref.actor.kl_loss_type=full"], ["kl_loss_type", "'full'", "low_var_kl"]),
     (["actor_rollout_ref.rollout.name=sglang"], ["rollout.name", "'sglang'", "vllm", "hf"]),
-    (["actor_rollout_ref.rollout.n=1"], ["rollout.n", "1", ">= 2", "grpo"]),
+    (["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"], ["rollout.n", "1", ">= 2", "grpo_passk"]),
     (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], ["rollout.n", ">= 2", "rloo"]),
     (["data.train_batch_size=32", "actor_rollout_ref.actor.ppo_mini_batch_size=12"], ["ppo_mini_batch_size", "12", "divisible", "32"]),
     (

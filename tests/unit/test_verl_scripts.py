@@ -48,8 +48,12 @@ def test_the_current_lora_script_trains_all_linear_layers_at_its_rank():
     keys are kept as given; what has no effect here is named."""
     from grpo_dist.config.validate import lora_settings
 
+    from grpo_dist.config.driver_plan import single_response_warning
+
     script = verl_scripts.CURRENT_TUNING_LORA
-    cfg = load(verl_scripts.script_args(script, cpu=False, **PATHS) + [script["refused"][1]])
+    cfg = load(verl_scripts.script_args(script, cpu=False, **PATHS))
+    # one response per prompt, as verl runs it: the raw score is the advantage, and the run says so
+    assert cfg.actor_rollout_ref.rollout.n == 1 and "raw score" in single_response_warning(cfg)
     lora = lora_settings(cfg)
     assert (lora.rank, lora.alpha, lora.target_modules) == (32, 32.0, "all-linear")
     rollout = cfg.actor_rollout_ref.rollout
