@@ -8,7 +8,9 @@ The value model
 A causal-LM backbone with a scalar head, loaded with ``AutoModelForTokenClassification`` and
 ``num_labels=1`` (verl's choice): a causal LM's folder gets a new head (drawn from the settings'
 seed, the same on every rank), a folder saved that way (by verl, or by this critic's Hugging Face
-export) keeps its trained head.
+export) keeps its trained head. With ``settings.lora`` enabled the backbone is frozen under LoRA
+adapters and the head stays trained in full (:mod:`grpo_dist.training.critic_lora`); the optimizer holds
+only those parameters.
 
 Values are read where the policy's log-probs are: the batch is a left-padded prompt (P) followed by
 a right-padded response (R), and the value of response token ``t`` is the head's output at position
@@ -44,10 +46,13 @@ from transformers import AutoModelForTokenClassification
 
 from grpo_dist.core.losses import AggSpec, global_counts
 from grpo_dist.core.value import value_loss
+from grpo_dist.training import checkpoint_io, fsdp
+from grpo_dist.training.critic_lora import add_value_adapters, merged_value_state
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.fsdp_role import FSDPRole
 from grpo_dist.training.memory import forward_token_budget
 from grpo_dist.training.micro_batches import plan_micro_batches, restore_order, take_rows
+from grpo_dist.training.model_builder import load_hf_model, resolve_attn_implementation
 from grpo_dist.training.model_forward import forward_at, response_positions, to_response_grid
 from grpo_dist.training.policy import require_keys, require_same_shape
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, FORWARD_KEYS, CriticSettings
@@ -115,9 +120,33 @@ class FSDPCritic(FSDPRole):
             max_seq_len=settings.max_seq_len, fused_head=True)
         """Token budget of a value forward without a micro-batch size (null: as many rows as fit)."""
         # a head missing from the checkpoint is drawn from the seed, the same on every rank
-        self.build_model(model_class=AutoModelForTokenClassification,
-                         gradient_checkpointing=settings.enable_gradient_checkpointing, seed=settings.seed)
-        self.build_optimizer()
+        if settings.lora.enabled:
+            self._build_adapted_model()
+        else:
+            self.build_model(model_class=AutoModelForTokenClassification,
+                             gradient_checkpointing=settings.enable_gradient_checkpointing, seed=settings.seed)
+        self.build_optimizer()  # AdamW over the trainable parameters (with LoRA: adapters + value head)
+
+    def _build_adapted_model(self) -> None:
+        """Collective: :attr:`model` as :meth:`build_model` builds it (the same load, head drawn from the same
+        seed, the same FSDP2 sharding), with LoRA adapters added before sharding
+        (:func:`grpo_dist.training.critic_lora.add_value_adapters`: backbone frozen, adapters and value head
+        trained)."""
+        s = self.settings
+        compute = to_dtype(s.param_dtype)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(s.seed)
+            model = load_hf_model(
+                self.model_path, dtype=to_dtype(s.model_dtype),
+                attn_implementation=resolve_attn_implementation(s.attn_implementation, self.device, compute),
+                model_class=AutoModelForTokenClassification, config_overrides=self.config_overrides,
+                trust_remote_code=s.trust_remote_code)
+        self.config.architectures = [type(model).__name__]
+        if s.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = add_value_adapters(model, s.lora)
+        self.model = fsdp.apply_fsdp2(model, self.mesh, param_dtype=compute, reduce_dtype=s.reduce_dtype,
+                                      reshard_after_forward=s.reshard_after_forward, cpu_offload=s.param_offload).eval()
 
     # ------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -198,7 +227,17 @@ class FSDPCritic(FSDPRole):
     # ------------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters; with
-        ``settings.export_hf`` also a Hugging Face export under ``directory/huggingface``."""
+        ``settings.export_hf`` also a Hugging Face export under ``directory/huggingface``. With LoRA the
+        sharded model is the whole peft model (frozen base, adapters, head) and the optimizer state that of
+        the adapters and the head."""
         super().save_checkpoint(directory)
         if self.settings.export_hf:
             self.export_hf(os.path.join(directory, "huggingface"))
+
+    def export_hf(self, directory: str | os.PathLike, tokenizer_path: str | os.PathLike | None = None) -> None:
+        """Collective: rank 0 writes the value model as a Hugging Face folder that
+        ``AutoModelForTokenClassification`` loads, head included; with LoRA the merged weights under the
+        value model's own names (:func:`grpo_dist.training.critic_lora.merged_value_state`)."""
+        merged = merged_value_state(self.model, fsdp.full_state_dict(self.model)) if self.settings.lora.enabled else None
+        checkpoint_io.export_hf(directory, self.model, config=self.config, tokenizer_path=tokenizer_path,
+                                state_dict=merged)

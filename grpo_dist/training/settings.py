@@ -249,7 +249,8 @@ class CheckpointSettings:
 
 @dataclass
 class LoraSettings:
-    """The policy's LoRA adapters (peft; :mod:`grpo_dist.training.lora`): each target ``nn.Linear``
+    """A model's LoRA adapters (peft; the policy's: :mod:`grpo_dist.training.lora`, the value model's:
+    :mod:`grpo_dist.training.critic_lora`): each target ``nn.Linear``
     ``y = W x`` becomes ``y = W x + (alpha / rank) * B A x`` with ``A`` [rank, in] and ``B`` [out, rank]
     trained and ``W`` frozen. ``rank == 0``: no adapters, the whole model is trained."""
 
@@ -423,7 +424,15 @@ class CriticSettings(UpdateBatching, OptimizerSettings, ScheduleSettings, FSDPMo
     export_hf: bool = False
     """Every checkpoint also writes a Hugging Face export of the value model (``<dir>/huggingface``)."""
 
+    # --- adapters -------------------------------------------------------------------------------
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA adapters on the frozen backbone, the value head trained in full (``lora.rank > 0``), else
+    the whole value model is trained (``merge`` is not read: the critic syncs no weights)."""
+
     def __post_init__(self) -> None:
+        if not isinstance(self.lora, LoraSettings):
+            raise ValueError(f"CriticSettings.lora must be a LoraSettings, got {type(self.lora).__name__}")
+        self.lora.check_lora()
         self.check_update_batching()
         check_counts(self, ("forward_micro_batch_size_per_gpu",), allow_none=True)
         check_counts(self, ("forward_max_token_len_per_gpu",), allow_none=False)
