@@ -3,6 +3,7 @@ tokenizer against it, the ranks against this machine's cores, and what ``--check
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -13,7 +14,14 @@ from grpo_dist.config.reward_sources import RewardSource, model_sources
 from grpo_dist.config.roles import rollout_pool_ranks
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
-from grpo_dist.config.validate import critic_enabled, data_parallel_size, lora_settings, lora_spellings
+from grpo_dist.config.validate import (
+    CRITIC_MODEL,
+    POLICY_MODEL,
+    critic_enabled,
+    data_parallel_size,
+    lora_settings,
+    lora_spellings,
+)
 
 
 def cpu_half_precision_warning(cfg: GRPOConfig, device: str) -> str | None:
@@ -77,6 +85,7 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
     if critic_enabled(cfg):
         path = critic_model_path(cfg, model_path)
         cc = AutoConfig.from_pretrained(path, trust_remote_code=cfg.critic.model.trust_remote_code)
+        _check_critic_lora_targets(cfg, cc, path)
         ctx, vocab = getattr(cc, "max_position_embeddings", None), getattr(cc, "vocab_size", None)
         if ctx is not None and need > ctx:
             raise ValueError(
@@ -97,12 +106,37 @@ def _check_lora_targets(cfg: GRPOConfig, model_config, model_path: str) -> None:
     lora = lora_settings(cfg)
     if not lora.enabled or lora.adapter_path is not None:
         return
-    from grpo_dist.training.lora import linear_module_names, unmatched_targets
+    from grpo_dist.training.lora import linear_module_names
 
     names = linear_module_names(model_config, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    _refuse_unmatched(cfg, POLICY_MODEL, lora, names, model_path)
+
+
+def _check_critic_lora_targets(cfg: GRPOConfig, value_config, model_path: str) -> None:
+    """The value model's LoRA, as the policy's (:func:`_check_lora_targets`): its linear layers are the
+    value model's (``AutoModelForTokenClassification``), the value head left out (it gets no adapter)."""
+    lora = lora_settings(cfg, CRITIC_MODEL)
+    if not lora.enabled or lora.adapter_path is not None:
+        return
+    from grpo_dist.training.critic import VALUE_HEAD_CONFIG
+    from grpo_dist.training.critic_lora import value_linear_names
+
+    value_config = copy.deepcopy(value_config)
+    for key, value in {**cfg.critic.model.override_config, **VALUE_HEAD_CONFIG}.items():  # as the critic builds it
+        if key != "attn_implementation":
+            setattr(value_config, key, value)
+    names = value_linear_names(value_config, trust_remote_code=cfg.critic.model.trust_remote_code)
+    _refuse_unmatched(cfg, CRITIC_MODEL, lora, names, model_path)
+
+
+def _refuse_unmatched(cfg: GRPOConfig, model: str, lora, names: list[str], model_path: str) -> None:
+    """``ValueError`` naming the key (of the model section ``model``) when an entry of ``lora``'s target
+    modules matches none of the linear layers ``names`` of ``model_path``."""
+    from grpo_dist.training.lora import unmatched_targets
+
     missing = unmatched_targets(names, lora)
     if missing:
-        key, value = lora_spellings(cfg)["target_modules"]
+        key, value = lora_spellings(cfg, model)["target_modules"]
         leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
         raise ValueError(f"{key} = {value!r}: {', '.join(map(str, missing))} matches no linear layer of {model_path} "
                          f"(after exclude_modules); its linear layers are named {', '.join(leaves)}; or use all-linear")

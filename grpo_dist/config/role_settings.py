@@ -10,7 +10,7 @@ from grpo_dist.config.facts import checkpoint_contents, compute_dtype, micro_bat
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.reward_sources import RewardSource
-from grpo_dist.config.validate import critic_fsdp, critic_grad_clip, lora_settings
+from grpo_dist.config.validate import CRITIC_MODEL, critic_fsdp, critic_grad_clip, lora_settings
 from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.training.dtypes import dtype_name
 from grpo_dist.training.settings import ActorSettings, CriticSettings, RewardModelSettings
@@ -166,6 +166,7 @@ def critic_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> 
         export_hf="hf_model" in c.checkpoint.save_contents,
         save_contents=tuple(p for p in c.checkpoint.save_contents if p != "hf_model"),
         load_contents=tuple(p for p in c.checkpoint.load_contents if p != "hf_model"),
+        lora=lora_settings(cfg, CRITIC_MODEL),
     )
 
 

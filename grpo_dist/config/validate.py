@@ -166,18 +166,21 @@ def needs_reference(cfg: GRPOConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
 
 
-_MODEL = "actor_rollout_ref.model."
+POLICY_MODEL = "actor_rollout_ref.model."
+CRITIC_MODEL = "critic.model."
+LORA_MODELS = (POLICY_MODEL, CRITIC_MODEL)
+"""The model sections with LoRA keys: the policy's and the value model's (schema/model.py)."""
 _LORA_KEYS = (("rank", "lora_rank", "lora.rank"), ("alpha", "lora_alpha", "lora.alpha"),
               ("target_modules", "target_modules", "lora.target_modules"),
               ("exclude_modules", "exclude_modules", "lora.exclude_modules"),
               ("adapter_path", "lora_adapter_path", "lora.adapter_path"))
-"""The policy's LoRA settings and their two spellings: verl's early layout (``model.lora_rank`` ...) and
+"""A model section's LoRA settings and their two spellings: verl's early layout (``model.lora_rank`` ...) and
 its current one (``model.lora.rank`` ...), the second an alias of the first (schema/model.py)."""
 
 
 def _changed(cfg: GRPOConfig, key: str, read) -> bool:
-    """Whether the model key ``key`` was given a value other than null and its default."""
-    value, default = read(cfg, _MODEL + key), default_of(_MODEL + key)
+    """Whether ``key`` was given a value other than null and its default."""
+    value, default = read(cfg, key), default_of(key)
     return value is not None and _as_list(value) != _as_list(default)
 
 
@@ -185,39 +188,50 @@ def _as_list(value: Any) -> Any:
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
-def lora_spellings(cfg: GRPOConfig, *, raw: bool = False) -> dict[str, tuple[str, Any]]:
-    """Each LoRA setting of the policy -> ``(the key it was read from, its value)``: the spelling changed
-    from its default (both changed differently: ``ConfigError``); neither: the layout of the rank's, so a
-    current-layout run takes that layout's alpha (32), and its default modules (Megatron's names for every
-    linear layer of the blocks) are all-linear. ``raw``: read as the validation's checks read (not a use)."""
+def _lora_model(model: str) -> str:
+    if model not in LORA_MODELS:
+        raise ValueError(f"no LoRA keys under {model!r}; valid: {', '.join(LORA_MODELS)}")
+    return model
+
+
+def lora_spellings(cfg: GRPOConfig, model: str = POLICY_MODEL, *, raw: bool = False) -> dict[str, tuple[str, Any]]:
+    """Each LoRA setting of the model section ``model`` (:data:`LORA_MODELS`) -> ``(the key it was read
+    from, its value)``: the spelling changed from its default (both changed differently: ``ConfigError``);
+    neither: the layout of the rank's, so a current-layout run takes that layout's alpha (32), and its
+    default modules (Megatron's names for every linear layer of the blocks) are all-linear. ``raw``: read as
+    the validation's checks read (not a use)."""
+    m = _lora_model(model)
     read = raw_get if raw else get
-    current = _changed(cfg, "lora.rank", read)
+    current = _changed(cfg, m + "lora.rank", read)
     out = {}
     for name, early, now in _LORA_KEYS:
-        value = setting(cfg, _MODEL + early, raw=raw)
-        if _changed(cfg, now, read) or (current and name == "alpha" and not _changed(cfg, early, read)):
-            out[name] = (_MODEL + now, read(cfg, _MODEL + now))
+        value = setting(cfg, m + early, raw=raw)
+        if _changed(cfg, m + now, read) or (current and name == "alpha" and not _changed(cfg, m + early, read)):
+            out[name] = (m + now, read(cfg, m + now))
         else:
-            out[name] = (_MODEL + early, value)
+            out[name] = (m + early, value)
     return out
 
 
-def lora_settings(cfg: GRPOConfig) -> LoraSettings:
-    """The policy's :class:`LoraSettings` (rank 0: no adapters) from either layout."""
-    given = {name: value for name, (_, value) in lora_spellings(cfg).items()}
-    lora = cfg.actor_rollout_ref.model.lora
+def lora_settings(cfg: GRPOConfig, model: str = POLICY_MODEL) -> LoraSettings:
+    """The :class:`LoraSettings` (rank 0: no adapters) of the model section ``model`` (the policy's, or the
+    value model's: :data:`CRITIC_MODEL`) from either layout. Only the policy's adapters are synced to a
+    rollout engine (``merge``); the value model's keep the default."""
+    given = {name: value for name, (_, value) in lora_spellings(cfg, model).items()}
     targets, exclude = given["target_modules"], given["exclude_modules"]
     return LoraSettings(
-        rank=int(given["rank"]), alpha=float(given["alpha"]), dropout=float(lora.dropout),
+        rank=int(given["rank"]), alpha=float(given["alpha"]), dropout=float(get(cfg, model + "lora.dropout")),
         target_modules=targets if isinstance(targets, str) else tuple(targets),
         exclude_modules=None if not exclude else exclude if isinstance(exclude, str) else tuple(exclude),
-        adapter_path=given["adapter_path"], seed=cfg.trainer.seed, merge=lora.merge)
+        adapter_path=given["adapter_path"], seed=cfg.trainer.seed,
+        merge=bool(cfg.actor_rollout_ref.model.lora.merge) if model == POLICY_MODEL else False)
 
 
-def _check_lora(cfg: GRPOConfig) -> None:
-    """The policy's LoRA keys, one message each: rank >= 0, alpha > 0, dropout in [0, 1), modules named,
-    the adapter path a peft adapter folder, and what LoRA does not combine with here."""
-    given = lora_spellings(cfg, raw=True)
+def _check_lora(cfg: GRPOConfig, model: str) -> None:
+    """The LoRA keys of the model section ``model``, one message each: rank >= 0, alpha > 0, dropout in
+    [0, 1), modules named, the adapter path a peft adapter folder, and (the policy's) what LoRA does not
+    combine with here."""
+    given = lora_spellings(cfg, model, raw=True)
     key, rank = given["rank"]
     if not isinstance(rank, int) or rank < 0:
         raise _bad(key, rank, "expected an integer >= 0 (0: full fine-tuning, > 0: LoRA adapters of that rank)")
@@ -226,9 +240,9 @@ def _check_lora(cfg: GRPOConfig) -> None:
     key, alpha = given["alpha"]
     if not alpha > 0:
         raise _bad(key, alpha, "expected a number > 0 (the adapters' update is scaled by alpha / rank)")
-    dropout = raw_get(cfg, _MODEL + "lora.dropout")
+    dropout = raw_get(cfg, model + "lora.dropout")
     if not 0.0 <= dropout < 1.0:
-        raise _bad(_MODEL + "lora.dropout", dropout, "expected a probability in [0, 1)")
+        raise _bad(model + "lora.dropout", dropout, "expected a probability in [0, 1)")
     key, targets = given["target_modules"]
     if not isinstance(targets, str) and (not targets or not all(isinstance(t, str) and t for t in targets)):
         raise _bad(key, targets, "expected all-linear, a list of module names, or a regular expression")
@@ -239,8 +253,8 @@ def _check_lora(cfg: GRPOConfig) -> None:
         if not is_adapter_folder(path):
             raise _bad(key, path, "expected a saved peft LoRA adapter folder (adapter_config.json with peft_type LORA "
                        "and adapter_model.safetensors, as PeftModel.save_pretrained writes)")
-    if raw_get(cfg, "reward_model.iterative.enable") and raw_get(cfg, "reward_model.iterative.reset_reference") \
-            and needs_reference(cfg):
+    if model == POLICY_MODEL and raw_get(cfg, "reward_model.iterative.enable") \
+            and raw_get(cfg, "reward_model.iterative.reset_reference") and needs_reference(cfg):
         raise _bad("reward_model.iterative.reset_reference", True, "with LoRA the reference is the policy's base "
                    "model (its adapters off), which a reset to the policy cannot change; set it to false")
 
@@ -398,7 +412,8 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
     check_states(cfg)  # every key's state: refused features, values with no effect, two spellings
     _validate_verl_extras(cfg)
-    _check_lora(cfg)
+    for model in LORA_MODELS:
+        _check_lora(cfg, model)
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
     _positive("trainer.worker_call_timeout_min_s", tr.worker_call_timeout_min_s)

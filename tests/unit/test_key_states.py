@@ -106,9 +106,9 @@ def test_states_that_accept_only_the_default_have_plain_defaults():
 
 # ---- refused features ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("override,needles", [
-    # the policy's LoRA is built (tests/unit/test_lora_config.py); the critic's is not, nor adapter-only sync
-    ("critic.model.lora_rank=8", ["lora_rank", "8", "LoRA", "0"]),
-    ("critic.model.lora.rank=16", ["lora.rank", "16", "full fine-tuning"]),
+    # LoRA of the policy and of the value model is built (tests/unit/test_lora_config.py,
+    # tests/unit/test_critic_lora_config.py); other adapter types are not
+    ("critic.model.lora.type=loha", ["lora.type", "'loha'", "LoRA"]),
     ("trainer.v1.trainer_mode=separate_async", ["trainer_mode", "'separate_async'", "hybrid_engine=false"]),
     ("actor_rollout_ref.rollout.name=sglang", ["rollout.name", "'sglang'", "vllm"]),
     ("global_profiler.tool=nsys", ["global_profiler.tool", "'nsys'", "timing_s"]),
@@ -150,7 +150,7 @@ def test_knobs_with_no_effect_are_accepted_at_any_value_and_noted_once():
     cfg = load("actor_rollout_ref.actor.use_torch_compile=false", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true", "actor_rollout_ref.actor.use_fused_kernels=true",
                "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "global_profiler.steps=[1,2]",
-               "critic.model.lora_alpha=64", "trainer.use_legacy_worker_impl=disable")
+               "critic.model.lora.dtype=bfloat16", "trainer.use_legacy_worker_impl=disable")
     notes = noop_notes(cfg)
     assert len(notes) == 8, notes
     ulysses = next(n for n in notes if "ulysses" in n)

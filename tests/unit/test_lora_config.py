@@ -60,7 +60,6 @@ def test_both_layouts_resolve_to_the_actors_lora_settings(overrides, expected):
     ((f"{M}lora_rank=8", f"{M}lora.dropout=1.0"), [f"{M}lora.dropout", "[0, 1)"]),
     ((f"{M}lora_rank=8", f"{M}target_modules=[]"), [f"{M}target_modules", "all-linear"]),
     ((f"{M}lora_rank=8", f"{M}lora.type=loha"), [f"{M}lora.type", "LoRA"]),
-    ((f"{M}lora_rank=8", "critic.model.lora_rank=8"), ["critic.model.lora_rank", "not built"]),
     ((f"{M}lora_rank=8", "reward_model.enable=true", "reward_model.model.path=/rm", "reward_model.iterative.enable=true",
       "reward_model.iterative.reset_reference=true", "actor_rollout_ref.actor.use_kl_loss=true"),
      ["reward_model.iterative.reset_reference", "base model"]),

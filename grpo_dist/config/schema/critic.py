@@ -12,7 +12,7 @@ from omegaconf import II
 from grpo_dist.config.fields import F, NoOp, S
 from grpo_dist.config.schema.actor import FSDPConfig, OptimConfig
 from grpo_dist.config.schema.common import COPY_OF_N, FSDP2_ONLY, ONE_TIMEOUT
-from grpo_dist.config.schema.model import engine_model_keys, external_lib_field, hf_config_path_field
+from grpo_dist.config.schema.model import CRITIC_LORA_KEYS, engine_model_keys, external_lib_field, hf_config_path_field
 from grpo_dist.config.sections.engine import (
     SPEED_ONLY,
     ULYSSES,
@@ -32,7 +32,7 @@ CriticFSDPConfig = FSDPConfig
 
 
 @dataclass
-@engine_model_keys("LoRA rank of the value model (early layout); 0 = full fine-tuning")
+@engine_model_keys(CRITIC_LORA_KEYS)
 class CriticModelConfig:
     path: str = F(
         II("actor_rollout_ref.model.path"),

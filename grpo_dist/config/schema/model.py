@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from grpo_dist.config.fields import HONOURED, F, Honoured, NoOp, Refused, S
-from grpo_dist.config.schema.common import LORA_ONLY
 from grpo_dist.config.sections.engine import (
     ENTROPY_CHUNKED,
     SPEED_ONLY,
@@ -16,7 +15,6 @@ from grpo_dist.config.sections.engine import (
     LoraConfig,
     MTPConfig,
     TiledMLPConfig,
-    lora_section,
     mtp_section,
     off_feature,
 )
@@ -24,31 +22,74 @@ from grpo_dist.config.sections.engine import (
 _M = "actor_rollout_ref.model."
 
 
+def honoured_lora_layout(model_prefix: str) -> Callable[[type], type]:
+    """A class decorator over a subclass of :class:`LoraConfig` (verl's current LoRA layout, ``<model>.lora.*``):
+    its rank, alpha, dropout, modules and adapter path honoured, the first five as other spellings of the
+    early layout's keys of the model section at ``model_prefix`` (``<model>.lora_rank`` ...). The fields
+    override :class:`LoraConfig`'s, so they keep its order. A setting given in neither spelling takes the
+    default of the layout the rank was given in (alpha: 16 early, 32 current); the current layout's default
+    modules (Megatron's linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear layer of the blocks)
+    are all-linear (:func:`grpo_dist.config.validate.lora_spellings`)."""
+    m = model_prefix
+    keys = [
+        ("rank", int, F(0, "LoRA rank; 0 = full fine-tuning", Honoured(alias_of=m + "lora_rank"))),
+        ("alpha", int, F(32, "LoRA scaling alpha (the update is scaled by alpha / rank)", Honoured(alias_of=m + "lora_alpha"))),
+        ("dropout", float, F(0.0, "LoRA dropout on the adapters' input", HONOURED)),
+        ("target_modules", List[str], F(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+                                        "modules that get adapters (default: every linear layer of the blocks)",
+                                        Honoured(alias_of=m + "target_modules"))),
+        ("exclude_modules", List[str], F([], "modules that get none", Honoured(alias_of=m + "exclude_modules"))),
+        ("adapter_path", Optional[str], F(None, "a saved peft adapter folder to start from",
+                                          Honoured(alias_of=m + "lora_adapter_path"))),
+        ("type", str, F("lora", "adapter type", Refused("only LoRA adapters (peft) are built", accept=("lora",)))),
+        ("freeze_language_model", bool, F(True, "freeze the language model's base weights", Refused(
+            "the base weights are always frozen under LoRA here", accept=(True,)))),
+    ]
+    return _with_fields(keys)
+
+
+def _with_fields(keys: list[tuple[str, Any, Any]]) -> Callable[[type], type]:
+    """A class decorator (before ``@dataclass``): ``keys`` (name, type, field) set on the class as its own
+    annotated fields, after those it declares (a field a base class has keeps the base's place)."""
+
+    def add(cls: type) -> type:
+        own = cls.__dict__.get("__annotations__")
+        if own is None:
+            own = {}
+            cls.__annotations__ = own
+        for name, type_, field_ in keys:
+            assert name not in own, f"{cls.__name__}.{name} is set by the decorator"
+            own[name] = type_
+            setattr(cls, name, field_)
+        return cls
+
+    return add
+
+
 @dataclass
+@honoured_lora_layout(_M)
 class PolicyLoraConfig(LoraConfig):
     """verl's current LoRA layout of the policy (``actor_rollout_ref.model.lora.*``): the same keys, in the
-    same order, as the critic's (:class:`LoraConfig`, whose LoRA is not built); here rank, alpha, dropout,
-    the modules and the adapter path are honoured, the first five as other spellings of the early layout's
-    keys (``model.lora_rank`` ...). A setting given in neither spelling takes the default of the layout
-    the rank was given in (alpha: 16 early, 32 current); ``merge`` picks the weight sync; the current layout's default modules (Megatron's
-    linear_qkv, linear_proj, linear_fc1, linear_fc2: every linear layer of the blocks) are all-linear."""
+    same order, as :class:`LoraConfig`; rank, alpha, dropout, the modules and the adapter path honoured
+    (:func:`honoured_lora_layout`); ``merge`` picks the weight sync."""
 
-    rank: int = F(0, "LoRA rank; 0 = full fine-tuning", Honoured(alias_of=_M + "lora_rank"))
-    alpha: int = F(32, "LoRA scaling alpha (the update is scaled by alpha / rank)", Honoured(alias_of=_M + "lora_alpha"))
-    dropout: float = F(0.0, "LoRA dropout on the adapters' input", HONOURED)
-    target_modules: List[str] = F(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-                                  "modules that get adapters (default: every linear layer of the blocks)",
-                                  Honoured(alias_of=_M + "target_modules"))
-    exclude_modules: List[str] = F([], "modules that get none", Honoured(alias_of=_M + "exclude_modules"))
-    adapter_path: Optional[str] = F(None, "a saved peft adapter folder to start from",
-                                    Honoured(alias_of=_M + "lora_adapter_path"))
     merge: bool = F(False, "the weight sync: false sends the adapters alone and the rollout engine samples through "
                     "them as a LoRA adapter on its base weights (vLLM's enable_lora); true sends the merged weights "
                     "W + alpha/rank * B A (needed when an adapted module is one vLLM's LoRA cannot serve, e.g. lm_head)",
                     HONOURED)
-    type: str = F("lora", "adapter type", Refused("only LoRA adapters (peft) are built", accept=("lora",)))
-    freeze_language_model: bool = F(True, "freeze the language model's base weights", Refused(
-        "the base weights are always frozen under LoRA here", accept=(True,)))
+
+
+_C = "critic.model."
+
+
+@dataclass
+@honoured_lora_layout(_C)
+class CriticLoraConfig(LoraConfig):
+    """verl's current LoRA layout of the value model (``critic.model.lora.*``): as the policy's
+    (:func:`honoured_lora_layout`), with no weight sync to pick (``merge``)."""
+
+    merge: bool = F(False, "merge the adapters into the weights for the rollout", NoOp(
+        "the value model sends no weights to a rollout engine; its Hugging Face export holds the merged weights"))
 
 
 PEFT_LORA = NoOp("an option of verl's Megatron-engine LoRA; the LoRA built here is peft's: dropout on the adapters' "
@@ -66,47 +107,38 @@ POLICY_LORA_KEYS = [
     ("lora", PolicyLoraConfig, S(PolicyLoraConfig, "LoRA, verl's current layout (another spelling of the keys above)",
                                  PEFT_LORA)),
 ]
-"""The policy's LoRA keys, honoured (:class:`grpo_dist.training.settings.LoraSettings`); the critic's are refused."""
+"""The policy's LoRA keys, honoured (:class:`grpo_dist.training.settings.LoraSettings`)."""
+
+CRITIC_LORA_KEYS = [
+    ("lora_rank", int, F(0, "LoRA rank of the value model (verl's early layout): > 0 trains peft LoRA adapters on its "
+                           "frozen backbone, its value head trained in full; 0 = full fine-tuning")),
+    ("lora_alpha", int, F(16, "LoRA alpha (early layout): the adapters' update is scaled by alpha / rank")),
+    ("target_modules", Any, F("all-linear", "modules that get LoRA adapters (early layout): all-linear (every linear "
+                              "layer but the value head) | a list of module names | a regular expression")),
+    ("exclude_modules", Optional[Any], F(None, "modules that get none (names or a regular expression)")),
+    ("lora_adapter_path", Optional[str], F(None, "a saved peft LoRA adapter folder to start from (its rank, alpha "
+                                           "and modules are used; the value head comes from critic.model.path)")),
+    ("lora", CriticLoraConfig, S(CriticLoraConfig, "LoRA, verl's current layout (another spelling of the keys above)",
+                                 PEFT_LORA)),
+]
+"""The value model's LoRA keys, honoured (``CriticSettings.lora``, :mod:`grpo_dist.training.critic_lora`)."""
 
 
-def refused_lora_keys(lora_rank_help: str) -> list[tuple[str, Any, Any]]:
-    """LoRA keys of a model whose LoRA is not built (the critic's): accepted only off."""
-    return [
-        ("lora_rank", int, F(0, lora_rank_help, off_feature("LoRA", "full fine-tuning is what runs; set it to 0"))),
-        ("lora_alpha", int, F(16, "LoRA alpha (early layout)", LORA_ONLY)),
-        ("target_modules", Any, F("all-linear", "modules that get LoRA adapters (early layout)", LORA_ONLY)),
-        ("exclude_modules", Optional[Any], F(None, "modules that get none", LORA_ONLY)),
-        ("lora_adapter_path", Optional[str], F(None, "pretrained LoRA adapter to start from", LORA_ONLY)),
-        ("lora", LoraConfig, lora_section()),
-    ]
-
-
-def engine_model_keys(lora_rank_help: str = "", *, lora_keys: list | None = None) -> Callable[[type], type]:
+def engine_model_keys(lora_keys: list[tuple[str, Any, Any]]) -> Callable[[type], type]:
     """A class decorator: the keys of verl's model sections that the policy's ``model`` and the critic's
     ``model`` both carry (the engine's kernel and memory knobs, LoRA in verl's early and current layouts,
     multi-token prediction), appended after the section's own keys, in verl's order, each with its one
     state. Appended rather than inherited: a base class's fields would come first, and conf/ and
-    docs/configuration.md list a section's keys in field order. ``lora_rank_help``: the section's help
-    text of ``lora_rank`` (the one key whose help names the model) when its LoRA keys are the refused ones;
-    ``lora_keys``: the section's own LoRA keys instead (the policy's, :data:`POLICY_LORA_KEYS`)."""
-
-    def append(cls: type) -> type:
-        keys = [
-            ("use_liger", bool, F(False, "Liger kernels for the model's layers", SPEED_ONLY)),
-            ("use_shm", bool, F(False, "copy the model to shared memory before loading", SPEED_ONLY)),
-            ("enable_activation_offload", bool, F(False, "offload activations to the CPU in the backward", SPEED_ONLY)),
-            ("tiled_mlp", TiledMLPConfig, S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)),
-            *(lora_keys if lora_keys is not None else refused_lora_keys(lora_rank_help)),
-            ("mtp", MTPConfig, mtp_section()),
-        ]
-        own = cls.__dict__["__annotations__"]
-        for name, type_, field_ in keys:
-            assert name not in own, f"{cls.__name__}.{name} is one of the shared model keys"
-            own[name] = type_
-            setattr(cls, name, field_)
-        return cls
-
-    return append
+    docs/configuration.md list a section's keys in field order. ``lora_keys``: the section's LoRA keys
+    (:data:`POLICY_LORA_KEYS`, :data:`CRITIC_LORA_KEYS`)."""
+    return _with_fields([
+        ("use_liger", bool, F(False, "Liger kernels for the model's layers", SPEED_ONLY)),
+        ("use_shm", bool, F(False, "copy the model to shared memory before loading", SPEED_ONLY)),
+        ("enable_activation_offload", bool, F(False, "offload activations to the CPU in the backward", SPEED_ONLY)),
+        ("tiled_mlp", TiledMLPConfig, S(TiledMLPConfig, "tiled MLP computation (memory)", SPEED_ONLY)),
+        *lora_keys,
+        ("mtp", MTPConfig, mtp_section()),
+    ])
 
 
 def hf_config_path_field(model: str, path_key: str) -> Any:
@@ -124,7 +156,7 @@ def external_lib_field(model: str, trust_key: str) -> Any:
 
 
 @dataclass
-@engine_model_keys(lora_keys=POLICY_LORA_KEYS)
+@engine_model_keys(POLICY_LORA_KEYS)
 class ModelConfig:
     path: str = F("builtin:tiny-reverse", "Hugging Face model directory (or hub-cache name) of the policy and reference")
     enable_gradient_checkpointing: Any = F(
