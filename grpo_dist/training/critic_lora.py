@@ -83,8 +83,9 @@ def add_value_adapters(model: nn.Module, settings: LoraSettings) -> nn.Module:
     """``model`` (a value model: a backbone and a head, not yet sharded) as a peft model with LoRA adapters on
     its target modules, the base frozen, the adapters and the value head trainable. With
     ``settings.adapter_path`` the adapters are the saved ones (trainable, with their own rank, alpha and
-    modules); a saved adapter on the value head is refused (the head is trained in full)."""
-    from peft import PeftModel, get_peft_model
+    modules, whatever task they were saved for); an adapter that adapts or saves the value head is refused
+    (the head is trained in full, from the model folder)."""
+    from peft import PeftConfig, PeftModel, get_peft_model
     from peft.tuners.lora import LoraLayer
 
     if not settings.enabled:
@@ -96,7 +97,12 @@ def add_value_adapters(model: nn.Module, settings: LoraSettings) -> nn.Module:
         if not is_adapter_folder(path):
             raise ValueError(f"{settings.adapter_path} is not a peft LoRA adapter folder (adapter_config.json "
                              "with peft_type LORA and adapter_model.safetensors)")
-        peft_model = PeftModel.from_pretrained(model, path, adapter_name=ADAPTER_NAME, is_trainable=True)
+        config = PeftConfig.from_pretrained(path)
+        config.task_type = None  # whatever task it was saved for: the value model's own forward
+        if any(head_name == m or head_name.endswith("." + m) for m in config.modules_to_save or ()):
+            raise ValueError(f"{settings.adapter_path} saves its own value head ({head_name}, modules_to_save); the "
+                             "critic's head comes from critic.model.path: use an adapter saved without it")
+        peft_model = PeftModel.from_pretrained(model, path, adapter_name=ADAPTER_NAME, is_trainable=True, config=config)
         if isinstance(peft_model.get_base_model().get_submodule(head_name), LoraLayer):
             raise ValueError(f"{settings.adapter_path} adapts the value head ({head_name}), which the critic trains "
                              "in full; use an adapter saved without it")

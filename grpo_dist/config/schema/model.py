@@ -16,7 +16,6 @@ from grpo_dist.config.sections.engine import (
     MTPConfig,
     TiledMLPConfig,
     mtp_section,
-    off_feature,
 )
 
 _M = "actor_rollout_ref.model."
