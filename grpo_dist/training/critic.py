@@ -228,8 +228,9 @@ class FSDPCritic(FSDPRole):
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
         """Collective: sharded model + optimizer (DCP) and per-rank scheduler/RNG/counters; with
         ``settings.export_hf`` also a Hugging Face export under ``directory/huggingface``. With LoRA the
-        sharded model is the whole peft model (frozen base, adapters, head) and the optimizer state that of
-        the adapters and the head."""
+        sharded model and optimizer state are those of the trainable parameters alone, the adapters and the
+        value head (the frozen backbone is the model folder's), with ``lora.json``
+        (:meth:`FSDPRole.save_checkpoint`)."""
         super().save_checkpoint(directory)
         if self.settings.export_hf:
             self.export_hf(os.path.join(directory, "huggingface"))

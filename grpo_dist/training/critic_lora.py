@@ -16,8 +16,9 @@ The model is peft's task-neutral ``PeftModel``: its forward is the value model's
 adapted layers, so the critic reads its values as without LoRA
 (:func:`grpo_dist.training.critic.forward_values`). Its parameter names are the value model's under
 ``base_model.model.`` (an adapted layer's frozen weight under ``.base_layer.``, its factors under
-``.lora_A.default`` / ``.lora_B.default``); the sharded checkpoint holds them all (base, adapters, head).
-The Hugging Face export holds the merged weights ``W + s * (B @ A)`` under the value model's own names,
+``.lora_A.default`` / ``.lora_B.default``). A checkpoint holds the trainable ones, adapters and head, and
+their optimizer state (:meth:`grpo_dist.training.fsdp_role.FSDPRole.save_checkpoint`: the frozen backbone is
+the model folder's). The Hugging Face export holds the merged weights ``W + s * (B @ A)`` under the value model's own names,
 which ``AutoModelForTokenClassification`` loads as a plain value model.
 
 Nothing here shards or communicates.

@@ -1,7 +1,8 @@
 """LoRA on the FSDP2 critic (1 rank, gloo): the trainable set is the adapters and the value head, and the
 optimizer holds exactly those; a value-loss update changes only them; at the start (B = 0) the LoRA
-critic's values are the plain critic's, padded and packed; the sharded checkpoint resumes exactly; the
-Hugging Face export holds the merged weights, which a plain critic loads with the same values.
+critic's values are the plain critic's, padded and packed; the sharded checkpoint holds the adapters and
+the head (not the backbone) and resumes exactly; the Hugging Face export holds the merged weights, which a
+plain critic loads with the same values.
 
 One spawned job does the work and returns plain results; a module-scoped fixture runs it once.
 """
@@ -84,7 +85,7 @@ def job_lora(rank: int, world_size: int, model_dir: str, ckpt_dir: str) -> dict:
 @pytest.fixture(scope="module")
 def lora_run(fsdp_model_dir, tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("critic_lora") / "ckpt"
-    return run_ranks(job_lora, 1, str(fsdp_model_dir), str(ckpt))[0]
+    return run_ranks(job_lora, 1, str(fsdp_model_dir), str(ckpt))[0] | {"ckpt": ckpt}
 
 
 def is_adapter(name: str) -> bool:
@@ -127,13 +128,25 @@ def test_a_value_loss_step_changes_only_the_adapters_and_the_head(lora_run):
 
 
 def test_the_lora_critics_checkpoint_resumes_exactly(lora_run):
-    """The checkpoint holds the base, the adapters (another seed would draw another A) and the head, and
-    the optimizer state of the trainable parameters: the resumed second step is the continuous one."""
+    """The checkpoint holds the adapters (another seed would draw another A), the head and their optimizer
+    state, the backbone comes from the model folder: the resumed second step is the continuous one."""
     u = lora_run["update"]
     loaded = lora_run["resumed_loaded"]
     assert set(loaded) == set(u["after_one"])
     assert all(torch.equal(loaded[k], v) for k, v in u["after_one"].items())
     assert max((lora_run["resumed_after_two"][k] - v).abs().max().item() for k, v in u["after_two"].items()) < 1e-7
+
+
+def test_the_lora_critics_checkpoint_holds_the_adapters_and_the_head_not_the_backbone(lora_run):
+    from grpo_dist.training.checkpoint_io import read_dcp_metadata
+
+    keys = list(read_dcp_metadata(lora_run["ckpt"] / "dcp" / ".metadata").state_dict_metadata)
+    model_keys = {k.removeprefix("model.") for k in keys if k.startswith("model.")}
+    assert model_keys == set(lora_run["trainable"])
+    optim_keys = [k for k in keys if k.startswith("optimizer.state.")]
+    assert optim_keys and all(is_adapter(k) or ".score." in k for k in optim_keys)
+    assert not any("embed_tokens" in k or "base_layer" in k for k in keys)
+    assert '"r": 4' in (lora_run["ckpt"] / "lora.json").read_text()
 
 
 def test_the_export_holds_the_merged_value_model(lora_run):
