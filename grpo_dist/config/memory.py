@@ -14,7 +14,8 @@ from grpo_dist.config.reward_sources import model_sources
 from grpo_dist.config.role_settings import critic_model_path, reward_model_path
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import raw_get
-from grpo_dist.config.validate import critic_enabled, critic_fsdp, data_parallel_size, lora_settings, needs_reference
+from grpo_dist.config.validate import (CRITIC_MODEL, critic_enabled, critic_fsdp, data_parallel_size, lora_settings,
+                                       needs_reference)
 from grpo_dist.training.memory import ModelShape
 
 
@@ -106,23 +107,11 @@ def lora_parameter_count(shape: ModelShape, rank: int, target_modules: Any, excl
     return total
 
 
-def _raw_or(cfg: GRPOConfig, key: str, default: Any) -> Any:
-    try:
-        return raw_get(cfg, key)
-    except AttributeError:  # a key this config's schema does not have
-        return default
-
-
 def critic_lora(cfg: GRPOConfig) -> tuple[int, Any, Any]:
-    """The value model's LoRA ``(rank, target_modules, exclude_modules)`` read from the raw keys of either
-    layout: ``critic.model.lora_rank`` with ``critic.model.target_modules`` / ``exclude_modules``, or
-    ``critic.model.lora.rank`` with ``critic.model.lora.*``; rank 0 when neither is set."""
-    m = "critic.model."
-    early = _raw_or(cfg, m + "lora_rank", 0) or 0
-    if early > 0:
-        return early, _raw_or(cfg, m + "target_modules", "all-linear"), _raw_or(cfg, m + "exclude_modules", None)
-    current = _raw_or(cfg, m + "lora.rank", 0) or 0
-    return current, _raw_or(cfg, m + "lora.target_modules", "all-linear"), _raw_or(cfg, m + "lora.exclude_modules", None)
+    """The value model's LoRA ``(rank, target_modules, exclude_modules)`` as the run resolves it from either
+    layout (:func:`grpo_dist.config.validate.lora_settings` of ``critic.model.``); rank 0 without LoRA."""
+    lora = lora_settings(cfg, CRITIC_MODEL)
+    return lora.rank, lora.target_modules, lora.exclude_modules
 
 
 def cpu_memory_estimate(cfg: GRPOConfig, ranks: int, params: int, critic_params: int | None = None,

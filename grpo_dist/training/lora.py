@@ -224,23 +224,23 @@ def layout_mismatch(saved: Mapping | None, current: Mapping | None) -> str | Non
     if saved is None and current is None:
         return None
     if saved is None:
-        return (f"it holds a fully fine-tuned model, but this policy trains LoRA adapters (rank {current['r']}); "
+        return (f"it holds a fully fine-tuned model, but this model trains LoRA adapters (rank {current['r']}); "
                 "resume it with LoRA off (lora_rank=0), or start this LoRA run from a fresh folder")
     if current is None:
         return (f"it holds only LoRA adapters (rank {saved['r']} on {len(saved['modules'])} modules), not the whole "
-                "model, but this policy is fully fine-tuned (lora_rank=0); resume it with the LoRA settings it was "
+                "model, but this model is fully fine-tuned (lora_rank=0); resume it with the LoRA settings it was "
                 "saved with")
-    diffs = [f"{key} {saved[key]} (checkpoint) vs {current[key]} (this policy)"
+    diffs = [f"{key} {saved[key]} (checkpoint) vs {current[key]} (this model)"
              for key in ("r", "lora_alpha") if saved[key] != current[key]]
     only_saved = sorted(set(saved["modules"]) - set(current["modules"]))
     only_current = sorted(set(current["modules"]) - set(saved["modules"]))
     if only_saved or only_current:
         diffs.append("the adapted modules differ (only in the checkpoint: "
                      f"{', '.join(only_saved[:3]) or 'none'}{' ...' if len(only_saved) > 3 else ''}; only in this "
-                     f"policy: {', '.join(only_current[:3]) or 'none'}{' ...' if len(only_current) > 3 else ''})")
+                     f"model: {', '.join(only_current[:3]) or 'none'}{' ...' if len(only_current) > 3 else ''})")
     if not diffs:
         return None
-    return ("its LoRA adapters do not match this policy's: " + "; ".join(diffs)
+    return ("its LoRA adapters do not match this model's: " + "; ".join(diffs)
             + "; resume with the LoRA settings (rank, alpha, target_modules, exclude_modules) it was saved with")
 
 

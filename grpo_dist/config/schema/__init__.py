@@ -45,7 +45,7 @@ from grpo_dist.config.schema.algorithm import (
     PFPPOConfig,
     RolloutCorrectionConfig,
 )
-from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, LORA_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
+from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
 from grpo_dist.config.schema.critic import (
     CRITIC_READS_ACTOR_IDS,
     CriticCheckpointConfig,
@@ -143,7 +143,6 @@ __all__ = [
     "DATA_SPEED",
     "ENGINE_SPEED",
     "FSDP2_ONLY",
-    "LORA_ONLY",
     "NO_SUCH_LOSS",
     "ONE_TIMEOUT",
     "SCHEDULE_LENGTH",

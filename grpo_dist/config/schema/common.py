@@ -19,4 +19,3 @@ FSDP2_ONLY = NoOp("grpo_dist trains with FSDP2 (fsdp runs as the same sharding)"
                   otherwise="the Megatron backend is not built here; use fsdp2 or fsdp")
 COPY_OF_N = NoOp("verl's copy of actor_rollout_ref.rollout.n", same_as="actor_rollout_ref.rollout.n",
                  otherwise="set actor_rollout_ref.rollout.n instead")
-LORA_ONLY = NoOp("read only with LoRA (lora_rank > 0), which is accepted only off here")

@@ -181,15 +181,12 @@ class FSDPEngineKeys:
 
 
 # ---- model extras --------------------------------------------------------------------------------
-LORA_OFF = off_feature("LoRA of the value model (critic)", "full fine-tuning is what runs; set it to 0 (the policy's LoRA is "
-                       "actor_rollout_ref.model.lora_rank / lora.rank)")
-
-
 @dataclass
 class LoraConfig:
-    """verl's current LoRA layout (``model.lora.*``)."""
+    """verl's current LoRA layout (``model.lora.*``), the keys in verl's order; each model's section states what
+    is honoured (:mod:`grpo_dist.config.schema.model`)."""
 
-    rank: int = F(0, "LoRA rank; 0 = full fine-tuning", LORA_OFF)
+    rank: int = F(0, "LoRA rank; 0 = full fine-tuning")
     alpha: int = F(32, "LoRA scaling alpha")
     dropout: float = F(0.0, "LoRA dropout")
     dropout_position: str = F("pre", "where LoRA's dropout applies")
@@ -205,10 +202,6 @@ class LoraConfig:
     lora_A_init_method: str = F("xavier", "initialisation of A")  # noqa: N815 - verl's key
     lora_B_init_method: str = F("zero", "initialisation of B")  # noqa: N815 - verl's key
     a2a_experimental: bool = F(False, "experimental all-to-all for MoE adapters")
-
-
-def lora_section() -> Any:
-    return S(LoraConfig, "LoRA, verl's current layout (not built here: rank 0 only)", NoOp(UNUSED_WITHOUT.format("LoRA (rank > 0)")))
 
 
 MTP_OFF = off_feature("multi-token prediction", "leave it off")
