@@ -393,7 +393,7 @@ def main() -> None:
     print(_table(project(w, hw, cfg, args.devices, args.seed)))
     big = replace(w, samples=512 * 16)
     cfg_big = replace(cfg, mini_batch=big.samples // 4)
-    print(f"\nprojection of this workload at 512 prompts x 16 per step")
+    print("\nprojection of this workload at 512 prompts x 16 per step")
     print(_table([r for g in (8, 64, 512) for r in project(big, hw, cfg_big, g, args.seed)]))
 
 
