@@ -242,12 +242,10 @@ def simulate_fully_async(w: Workload, hw: Hardware, cfg: AsyncConfig, rollout_de
             updates += 1
         # sync: stop starting; drain (no partial rollout) or pause in-flight samples (partial rollout)
         if cfg.partial_rollout:
-            paused = [(f - t, i, v0) for f, i, v0 in in_flight]
-            busy -= sum(max(r, 0.0) for r, _, _ in paused)
+            paused = [(f - t, i, v0) for f, i, v0 in in_flight]  # remaining time; busy time is unchanged
             t += sync_s
-            in_flight = [(t + max(r, 0.0), i, v0) for r, i, v0 in paused]
+            in_flight = [(t + r, i, v0) for r, i, v0 in paused]
             heapq.heapify(in_flight)
-            busy += sum(max(r, 0.0) for r, _, _ in paused)
         else:
             while in_flight:
                 t_fin, idx, v0 = heapq.heappop(in_flight)
