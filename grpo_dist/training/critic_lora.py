@@ -38,6 +38,7 @@ from grpo_dist.training.lora import (
     is_adapter_folder,
     merge_sources,
     merged_weight,
+    peft_lora_config,
 )
 from grpo_dist.training.model_forward import output_layer
 from grpo_dist.training.settings import LoraSettings
@@ -67,17 +68,8 @@ def _without_head(exclude: str | tuple[str, ...] | None, head: str) -> str | lis
 
 
 def _lora_config(settings: LoraSettings, head: str):
-    from peft import LoraConfig
-
-    targets = settings.target_modules
-    return LoraConfig(
-        r=settings.rank,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=list(targets) if isinstance(targets, tuple) else targets,
-        exclude_modules=_without_head(settings.exclude_modules, head),
-        task_type=None,  # peft's plain PeftModel: the value model's own forward, no task wrapper
-    )
+    # peft's plain PeftModel (no task type): the value model's own forward, no task wrapper
+    return peft_lora_config(settings, exclude_modules=_without_head(settings.exclude_modules, head), task_type=None)
 
 
 def add_value_adapters(model: nn.Module, settings: LoraSettings) -> nn.Module:

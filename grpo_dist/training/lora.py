@@ -37,7 +37,7 @@ from torch import nn
 from grpo_dist.core.lora import merge_lora
 from grpo_dist.training.settings import LoraSettings
 
-__all__ = ["ADAPTER_NAME", "add_adapters", "is_adapter_folder", "linear_module_names", "unmatched_targets",
+__all__ = ["ADAPTER_NAME", "add_adapters", "peft_lora_config", "is_adapter_folder", "linear_module_names", "unmatched_targets",
            "MergeSource", "merge_sources", "merged_weight", "adapter_sources", "adapter_config_dict", "base_name",
            "ADAPTER_EXPORT_DIR", "lora_layout", "layout_mismatch", "adapter_export_config"]
 
@@ -62,18 +62,20 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
     return str(peft_type).upper() == "LORA" and has_weights
 
 
-def _peft_config(settings: LoraSettings):
-    from peft import LoraConfig, TaskType
+def peft_lora_config(settings: LoraSettings, *, exclude_modules=None, task_type: str | None = "CAUSAL_LM"):
+    """peft's ``LoraConfig`` of ``settings`` (rank, alpha, dropout, target modules); ``exclude_modules``: the
+    settings' own when None; ``task_type``: peft's task (None: the plain ``PeftModel``, the model's own forward)."""
+    from peft import LoraConfig
 
     targets = settings.target_modules
-    exclude = settings.exclude_modules
+    exclude = settings.exclude_modules if exclude_modules is None else exclude_modules
     return LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=list(targets) if isinstance(targets, tuple) else targets,
         exclude_modules=list(exclude) if isinstance(exclude, tuple) else exclude,
-        task_type=TaskType.CAUSAL_LM,
+        task_type=task_type,
     )
 
 
@@ -94,7 +96,7 @@ def add_adapters(model: nn.Module, settings: LoraSettings) -> nn.Module:
     else:
         with torch.random.fork_rng(devices=[]):  # the same A on every rank; the process's RNG left as it was
             torch.manual_seed(settings.seed)
-            peft_model = get_peft_model(model, _peft_config(settings), adapter_name=ADAPTER_NAME)
+            peft_model = get_peft_model(model, peft_lora_config(settings), adapter_name=ADAPTER_NAME)
     for name, p in peft_model.named_parameters():  # peft's rule, held as a contract
         assert p.requires_grad == (".lora_" in name), name
     return peft_model
