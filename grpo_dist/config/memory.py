@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import raw_get
 from grpo_dist.config.validate import (CRITIC_MODEL, critic_enabled, critic_fsdp, data_parallel_size, lora_settings,
                                        needs_reference)
+from grpo_dist.training.lora import module_matches
 from grpo_dist.training.memory import ModelShape
 
 
@@ -81,14 +81,6 @@ def decoder_linears(shape: ModelShape) -> list[tuple[str, int, int]]:
     return out + [("lm_head", h, shape.vocab)]
 
 
-def _peft_matches(name: str, pattern: Any) -> bool:
-    """peft's rule for ``target_modules`` / ``exclude_modules``: a string is a regular expression over the
-    full name; a list entry matches a module whose name is the entry or ends with ``.<entry>``."""
-    if isinstance(pattern, str):
-        return re.fullmatch(pattern, name) is not None
-    return any(name == key or name.endswith("." + key) for key in pattern)
-
-
 def lora_parameter_count(shape: ModelShape, rank: int, target_modules: Any, exclude_modules: Any = None) -> int:
     """Parameters of rank-``rank`` LoRA adapters on the decoder ``shape`` describes: ``rank * (in + out)``
     (A: rank x in, B: out x rank) for each linear layer of :func:`decoder_linears` that ``target_modules``
@@ -100,9 +92,9 @@ def lora_parameter_count(shape: ModelShape, rank: int, target_modules: Any, excl
     all_linear = targets == "all-linear" or (isinstance(targets, list) and set(targets) == _MEGATRON_ALL_LINEAR)
     total = 0
     for name, a, b in decoder_linears(shape):
-        if exclude_modules and _peft_matches(name, exclude_modules):
+        if exclude_modules and module_matches(name, exclude_modules):
             continue
-        if (name != "lm_head") if all_linear else _peft_matches(name, targets):
+        if (name != "lm_head") if all_linear else module_matches(name, targets):
             total += rank * (a + b)
     return total
 

@@ -19,7 +19,6 @@ the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch i
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -182,17 +181,15 @@ class GRPOTrainer:
             batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats
 
-    def sync_engines(self, timer: Timer | None = None, m: dict[str, float] | None = None) -> None:
+    def sync_engines(self, timer: Timer, m: dict[str, float] | None = None) -> None:
         """Send the engines the current policy unless they hold it, after the batch they are generating;
         its timings go to ``timer`` and its bytes to ``m`` (``perf/weight_sync_bytes``) when given."""
         if self.engine_version == self.policy_version:
             return
         if self.ahead is not None:
             self.ahead.result()  # the engines finish the batch of the version they started it with
-        with timer("update_weights") if timer is not None else nullcontext():
-            timings = self.sync()
-        if timer is not None:
-            for name, seconds in timings.items():
+        with timer("update_weights"):
+            for name, seconds in self.sync().items():
                 timer.add(name, seconds)
         if m is not None:
             m["perf/weight_sync_bytes"] = float(self.sync.last_bytes)
@@ -329,7 +326,7 @@ class GRPOTrainer:
         p = self.plan
         if self.ahead is not None:  # one-step-off: the engines finish the next batch, then hold the current policy
             self.ahead.result()
-        self.sync_engines()
+        self.sync_engines(Timer())  # its time is validation's (timing_s/testing)
         with self.workers.calls_labelled("validation"):  # its calls' sizes are not the step's: own deadlines
             return validation.validate(
                 self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],

@@ -37,7 +37,8 @@ from torch import nn
 from grpo_dist.core.lora import merge_lora
 from grpo_dist.training.settings import LoraSettings
 
-__all__ = ["ADAPTER_NAME", "add_adapters", "peft_lora_config", "is_adapter_folder", "linear_module_names", "unmatched_targets",
+__all__ = ["ADAPTER_NAME", "add_adapters", "peft_lora_config", "module_matches", "is_adapter_folder",
+           "linear_module_names", "unmatched_targets",
            "MergeSource", "merge_sources", "merged_weight", "adapter_sources", "adapter_config_dict", "base_name",
            "ADAPTER_EXPORT_DIR", "lora_layout", "layout_mismatch", "adapter_export_config"]
 
@@ -112,7 +113,7 @@ def linear_module_names(config, *, trust_remote_code: bool = False) -> list[str]
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def _matches(name: str, pattern: str | Iterable[str]) -> bool:
+def module_matches(name: str, pattern: str | Iterable[str]) -> bool:
     """peft's rule: a string is a regular expression over the full name; a list entry matches a module
     whose name is the entry or ends with ``.<entry>``."""
     if isinstance(pattern, str):
@@ -125,12 +126,12 @@ def unmatched_targets(module_names: list[str], settings: LoraSettings) -> list[s
     ``exclude_modules``); ``"all-linear"`` matches every linear layer but the output layer, and a
     regular expression counts as one entry. Empty: every entry adapts at least one module."""
     targets = settings.target_modules
-    kept = [n for n in module_names if not (settings.exclude_modules and _matches(n, settings.exclude_modules))]
+    kept = [n for n in module_names if not (settings.exclude_modules and module_matches(n, settings.exclude_modules))]
     if targets == "all-linear":
         return [] if any(n.split(".")[-1] != "lm_head" for n in kept) else ["all-linear"]
     if isinstance(targets, str):
-        return [] if any(_matches(n, targets) for n in kept) else [targets]
-    return [t for t in targets if not any(_matches(n, (t,)) for n in kept)]
+        return [] if any(module_matches(n, targets) for n in kept) else [targets]
+    return [t for t in targets if not any(module_matches(n, (t,)) for n in kept)]
 
 
 def adapter_sources(state_keys: Iterable[str]) -> dict[str, str]:

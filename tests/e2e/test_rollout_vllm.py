@@ -346,21 +346,10 @@ def _tied_model(model_dir, out):
 
 
 def _adapted(base_dir, seed: int):
-    """A peft LoRA model (rank 8, every linear layer but the output) on ``base_dir`` whose adapters are random
-    (B nonzero: the adapted policy differs from the base), with its adapter's saved tensors and config."""
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-    from transformers import AutoModelForCausalLM
+    """A rank-8 LoRA policy on every linear layer but the output, its adapters random (B nonzero)."""
+    from tests.adapters import random_adapter
 
-    from grpo_dist.training.lora import adapter_config_dict
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if ".lora_B." in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return peft_model.eval(), get_peft_model_state_dict(peft_model), adapter_config_dict(peft_model)
+    return random_adapter(base_dir, seed, rank=8, alpha=16, scale=0.3)
 
 
 def _logprobs(model, prompt, response) -> torch.Tensor:

@@ -9,24 +9,12 @@ import pytest
 import torch
 
 from grpo_dist.rollout.adapters import check_adapter_names, write_adapter
+from tests.adapters import random_adapter
 
 
 def _peft(model_dir, seed: int, targets="all-linear"):
-    """A peft LoRA model on ``model_dir`` with random B (the adapter changes the policy), its saved tensors
-    and its configuration as the actor reports it."""
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-    from transformers import AutoModelForCausalLM
-
-    from grpo_dist.training.lora import adapter_config_dict
-
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=targets))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".lora_B." in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.eval(), get_peft_model_state_dict(model), adapter_config_dict(model)
+    """A rank-4 LoRA policy on ``model_dir`` with random B (the adapter changes the policy)."""
+    return random_adapter(model_dir, seed, rank=4, alpha=8, targets=targets, scale=0.5)
 
 
 def test_a_written_adapter_folder_loads_in_peft_as_the_same_policy(tiny_model_dir, tmp_path):
