@@ -209,13 +209,23 @@ def test_sigterm_at_any_moment_of_start_up_is_one_message_and_143(tiny_model_dir
         assert not (tmp_path / "o" / ".grpo_dist.lock").exists(), name  # the run let go of its folder
 
 
-def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_path):
-    """A killed actor worker stops the run within two minutes with one message naming the actor and
-    saying the same command resumes. That it does (from the newest checkpoint, exactly) is tested on the
-    run whose model worker (actor, reference, critic) is killed, tests/e2e/test_ppo_e2e.py."""
+SPLIT_POOLS = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
+               "rollout.n_gpus_per_node=1"]
+
+
+@pytest.mark.parametrize("layout, victim", [("colocated", "ray::ModelWorker"), ("separate rollout", "ray::RolloutWorker")])
+def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_path, layout, victim):
+    """A killed worker stops the run within two minutes with one message naming it and saying the same
+    command resumes: the actor's process in the colocated layout, and the rollout pool's engine under
+    one-step-off-policy (``hybrid_engine=false``), where the driver is waiting on a generation started
+    during the previous step when it dies. That the resume is exact (from the newest checkpoint) is
+    tested on the run whose model worker (actor, reference, critic) is killed, tests/e2e/test_ppo_e2e.py,
+    and on a one-step-off checkpoint in tests/e2e/test_one_step_off_e2e.py."""
     out = tmp_path / "o"
     args = base_args(tiny_model_dir, reverse_data, out, 40) + [
         "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
+    if layout == "separate rollout":
+        args += SPLIT_POOLS
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -225,8 +235,8 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
             time.sleep(0.5)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
         victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
-                   if any("ray::ModelWorker" in c for c in _cmdline(p))]
-        assert victims, "no model worker process found"
+                   if any(victim in c for c in _cmdline(p))]
+        assert victims, f"no {victim} process found"
         victims[0].send_signal(signal.SIGKILL)
         t_kill = time.time()
         _, err = proc.communicate(timeout=120)
@@ -235,10 +245,13 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
             proc.kill()
     assert time.time() - t_kill < 120
     assert proc.returncode == 1
-    # the process holds the rank's actor and reference: the call that saw it die names its role, and the other
     msg = next((line for line in err.splitlines() if line.startswith("grpo_dist: error:")), "")
-    named = re.search(r"(actor|reference) worker rank \d failed during \w+: ActorDiedError", msg)
-    assert named and ("actor worker" in msg or "also held the actor" in msg), err[-6000:]
+    if layout == "colocated":
+        # the process holds the rank's actor and reference: the call that saw it die names its role, and the other
+        named = re.search(r"(actor|reference) worker rank \d failed during \w+: ActorDiedError", msg)
+        assert named and ("actor worker" in msg or "also held the actor" in msg), err[-6000:]
+    else:
+        assert re.search(r"rollout worker rank 0 failed during \w+: ActorDiedError", msg), err[-6000:]
     assert "Traceback" not in err and "rerun the same command" in err, err[-6000:]
     assert err.rstrip().endswith("that verifies"), err[-3000:]  # the message is the last thing printed
     assert f"what it wrote last is in {out / 'logs' / 'run.log'}" in err, err[-3000:]  # the workers' output
