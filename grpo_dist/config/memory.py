@@ -15,8 +15,7 @@ from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import raw_get
 from grpo_dist.config.validate import (CRITIC_MODEL, critic_enabled, critic_fsdp, data_parallel_size, lora_settings,
                                        needs_reference)
-from grpo_dist.training.lora import module_matches
-from grpo_dist.training.memory import ModelShape
+from grpo_dist.training.memory import ModelShape, lora_parameter_count
 
 
 #: Resident memory of one worker process before it holds a model (Python, torch, transformers; measured
@@ -60,42 +59,6 @@ def model_parameter_count(model_dir: str) -> int | None:
                 total += count
     except (OSError, ValueError, KeyError, struct.error):
         return None
-    return total
-
-
-_MEGATRON_ALL_LINEAR = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}
-"""The current layout's default ``lora.target_modules`` (Megatron's names of every linear layer of the
-blocks): all-linear here."""
-
-
-def decoder_linears(shape: ModelShape) -> list[tuple[str, int, int]]:
-    """Every linear layer of the Llama-style decoder ``shape`` describes, as ``(name, in, out)`` under
-    transformers' module names: per layer ``i`` the attention's ``q_proj`` (h -> heads*d), ``k_proj`` and
-    ``v_proj`` (h -> kv_heads*d), ``o_proj`` (heads*d -> h) and the MLP's ``gate_proj``, ``up_proj``
-    (h -> intermediate) and ``down_proj`` (intermediate -> h); then ``lm_head`` (h -> vocab)."""
-    h, q, kv, inter = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
-    per_layer = [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, kv), ("self_attn.v_proj", h, kv),
-                 ("self_attn.o_proj", q, h), ("mlp.gate_proj", h, inter), ("mlp.up_proj", h, inter),
-                 ("mlp.down_proj", inter, h)]
-    out = [(f"model.layers.{i}.{name}", a, b) for i in range(shape.layers) for name, a, b in per_layer]
-    return out + [("lm_head", h, shape.vocab)]
-
-
-def lora_parameter_count(shape: ModelShape, rank: int, target_modules: Any, exclude_modules: Any = None) -> int:
-    """Parameters of rank-``rank`` LoRA adapters on the decoder ``shape`` describes: ``rank * (in + out)``
-    (A: rank x in, B: out x rank) for each linear layer of :func:`decoder_linears` that ``target_modules``
-    matches and ``exclude_modules`` does not. ``"all-linear"`` is every linear layer but ``lm_head`` (so
-    is the current layout's default list of Megatron names); a name matching no layer adds nothing."""
-    if rank <= 0:
-        return 0
-    targets = list(target_modules) if isinstance(target_modules, (list, tuple)) else target_modules
-    all_linear = targets == "all-linear" or (isinstance(targets, list) and set(targets) == _MEGATRON_ALL_LINEAR)
-    total = 0
-    for name, a, b in decoder_linears(shape):
-        if exclude_modules and module_matches(name, exclude_modules):
-            continue
-        if (name != "lm_head") if all_linear else module_matches(name, targets):
-            total += rank * (a + b)
     return total
 
 

@@ -25,7 +25,10 @@ really saves for a Qwen2 model (within 10 %).
 
 The model's own state is ``16 P / W`` bytes (float32 master weights, gradients and AdamW's two
 moments of ``P`` parameters sharded over ``W`` ranks) plus the gathered compute-dtype copy of the
-unsharded modules (``b P_root``: embeddings, output layer, final norm) and of two layers.
+unsharded modules (``b P_root``: embeddings, output layer, final norm) and of two layers. Under LoRA
+(``A`` adapter parameters on a frozen base) it is ``4 P / W + 16 A / W``: only the adapters have
+gradients and AdamW state; the activations are counted as without LoRA (each adapted layer keeps its
+input for the adapter's gradient).
 
 The budget
 ----------
@@ -52,10 +55,13 @@ from typing import Any
 
 import torch
 
+from grpo_dist.training.lora import module_matches
+
 __all__ = [
     "ModelShape",
     "act_bytes_per_token",
     "model_state_bytes",
+    "lora_parameter_count",
     "available_bytes",
     "UpdatePlan",
     "choose_update_plan",
@@ -115,6 +121,42 @@ class ModelShape:
         return self.layers * self.layer_params + self.root_params
 
 
+_MEGATRON_ALL_LINEAR = {"linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"}
+"""The current layout's default ``lora.target_modules`` (Megatron's names of every linear layer of the
+blocks): all-linear here."""
+
+
+def decoder_linears(shape: ModelShape) -> list[tuple[str, int, int]]:
+    """Every linear layer of the Llama-style decoder ``shape`` describes, as ``(name, in, out)`` under
+    transformers' module names: per layer ``i`` the attention's ``q_proj`` (h -> heads*d), ``k_proj`` and
+    ``v_proj`` (h -> kv_heads*d), ``o_proj`` (heads*d -> h) and the MLP's ``gate_proj``, ``up_proj``
+    (h -> intermediate) and ``down_proj`` (intermediate -> h); then ``lm_head`` (h -> vocab)."""
+    h, q, kv, inter = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    per_layer = [("self_attn.q_proj", h, q), ("self_attn.k_proj", h, kv), ("self_attn.v_proj", h, kv),
+                 ("self_attn.o_proj", q, h), ("mlp.gate_proj", h, inter), ("mlp.up_proj", h, inter),
+                 ("mlp.down_proj", inter, h)]
+    out = [(f"model.layers.{i}.{name}", a, b) for i in range(shape.layers) for name, a, b in per_layer]
+    return out + [("lm_head", h, shape.vocab)]
+
+
+def lora_parameter_count(shape: ModelShape, rank: int, target_modules: Any, exclude_modules: Any = None) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on the decoder ``shape`` describes: ``rank * (in + out)``
+    (A: rank x in, B: out x rank) for each linear layer of :func:`decoder_linears` that ``target_modules``
+    matches and ``exclude_modules`` does not. ``"all-linear"`` is every linear layer but ``lm_head`` (so
+    is the current layout's default list of Megatron names); a name matching no layer adds nothing."""
+    if rank <= 0:
+        return 0
+    targets = list(target_modules) if isinstance(target_modules, (list, tuple)) else target_modules
+    all_linear = targets == "all-linear" or (isinstance(targets, list) and set(targets) == _MEGATRON_ALL_LINEAR)
+    total = 0
+    for name, a, b in decoder_linears(shape):
+        if exclude_modules and module_matches(name, exclude_modules):
+            continue
+        if (name != "lm_head") if all_linear else module_matches(name, targets):
+            total += rank * (a + b)
+    return total
+
+
 def layer_bytes_per_token(shape: ModelShape, b: int) -> float:
     """Bytes autograd keeps per token in one decoder layer (module docstring)."""
     h, a, k, d, i = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate
@@ -140,10 +182,16 @@ def checkpointing_extra_bytes(shape: ModelShape, b: int, tokens: int) -> float:
     return tokens * layer_bytes_per_token(shape, b)
 
 
-def model_state_bytes(shape: ModelShape, b: int, world_size: int, *, trainable: bool = True) -> float:
-    """Sharded float32 weights (+ gradients and AdamW state when trainable) and the gathered copies."""
-    per_param = 16 if trainable else 4
-    return per_param * shape.params / world_size + b * (shape.root_params + 2 * shape.layer_params)
+def model_state_bytes(shape: ModelShape, b: int, world_size: int, *, trainable: bool = True,
+                      adapter_params: int = 0) -> float:
+    """Sharded float32 weights (+ gradients and AdamW state when trainable) and the gathered copies.
+    ``adapter_params > 0``: LoRA adapters on a frozen base, ``4 P / W + 16 A / W`` (only the adapters
+    have gradients and AdamW state)."""
+    if adapter_params > 0:
+        sharded = 4 * shape.params + 16 * adapter_params
+    else:
+        sharded = (16 if trainable else 4) * shape.params
+    return sharded / world_size + b * (shape.root_params + 2 * shape.layer_params)
 
 
 def available_bytes(device: torch.device | str, ranks_on_node: int = 1) -> tuple[float, str]:
@@ -282,7 +330,10 @@ def resolve_auto_settings(settings: Any, config: Any, *, device: torch.device, w
     b = torch.empty((), dtype=compute_dtype).element_size()
     avail, how = available_bytes(device, ranks_on_this_node())
     avail = _min_over_ranks(avail, device)
-    state = model_state_bytes(shape, b, world_size)
+    lora = getattr(s, "lora", None)
+    adapters = (lora_parameter_count(shape, lora.rank, lora.target_modules, lora.exclude_modules)
+                if lora is not None and lora.enabled else 0)
+    state = model_state_bytes(shape, b, world_size, adapter_params=adapters)
     fused = bool(getattr(s, "use_fused_kernels", False))
     plan = choose_update_plan(
         shape, dtype_bytes=b, budget_bytes=avail - state, mini_batch_rows=s.ppo_mini_batch_size_per_gpu,
@@ -294,7 +345,8 @@ def resolve_auto_settings(settings: Any, config: Any, *, device: torch.device, w
     resolved = replace(s, enable_gradient_checkpointing=plan.gradient_checkpointing,
                        ppo_micro_batch_size_per_gpu=plan.micro_batch_size, use_dynamic_bsz=plan.use_dynamic_bsz,
                        ppo_max_token_len_per_gpu=plan.max_token_len)
-    return resolved, f"{plan.reason} [{how}, less {state / GIB:.2f} GiB of model state]"
+    what = "model state" if not adapters else f"model state: frozen base, {adapters:,} adapter parameters trained"
+    return resolved, f"{plan.reason} [{how}, less {state / GIB:.2f} GiB of {what}]"
 
 
 # ---- the rollout engine's KV cache on the CPU -----------------------------------------------------

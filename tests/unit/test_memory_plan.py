@@ -284,3 +284,44 @@ def test_the_model_shape_read_from_config_json_is_transformers_config(tiny_model
     assert engine.model_shape(str(model), False) == expected
     if drop == "head_dim":  # Qwen2's default: hidden // heads
         assert expected.head_dim == raw["hidden_size"] // 4
+
+
+def test_lora_state_is_the_frozen_base_and_the_trained_adapters():
+    """Under LoRA only the adapters have gradients and AdamW state: ``4 P / W + 16 A / W`` sharded, and
+    the 'auto' plan has that much more memory for activations (and says so)."""
+    from dataclasses import dataclass, field
+    from types import SimpleNamespace
+
+    from grpo_dist.training.memory import GIB, lora_parameter_count, resolve_auto_settings
+    from grpo_dist.training.settings import LoraSettings
+
+    cfg = SimpleNamespace(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                          head_dim=64, intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True)
+    shape = ModelShape.from_config(cfg)
+    adapters = lora_parameter_count(shape, 16, "all-linear")
+    # rank 16 on the 7 linear layers of each of the 24 layers: 16 * (in + out) each, the output layer excluded
+    assert adapters == 24 * 16 * (2 * 896 + (896 + 128) + (896 + 128) + 2 * 896 + 2 * (896 + 4864) + (4864 + 896))
+    gathered = 2 * (shape.root_params + 2 * shape.layer_params)
+    assert model_state_bytes(shape, 2, 4, adapter_params=adapters) == pytest.approx(
+        (4 * shape.params + 16 * adapters) / 4 + gathered)
+
+    @dataclass
+    class Settings:
+        lora: LoraSettings = field(default_factory=LoraSettings)
+        enable_gradient_checkpointing: object = "auto"
+        ppo_micro_batch_size_per_gpu: object = "auto"
+        ppo_mini_batch_size_per_gpu: int = 8
+        max_seq_len: int = 1024
+        max_response_len: int = 512
+        use_dynamic_bsz: bool = False
+        ppo_max_token_len_per_gpu: int = 16384
+
+    def note(settings):
+        _, line = resolve_auto_settings(settings, cfg, device=torch.device("cpu"), world_size=1,
+                                        compute_dtype=torch.bfloat16)
+        return line
+
+    full, lora = note(Settings()), note(Settings(lora=LoraSettings(rank=16)))
+    assert f"less {model_state_bytes(shape, 2, 1) / GIB:.2f} GiB of model state]" in full
+    assert (f"less {model_state_bytes(shape, 2, 1, adapter_params=adapters) / GIB:.2f} GiB of model state: frozen "
+            f"base, {adapters:,} adapter parameters trained]") in lora
