@@ -9,7 +9,7 @@ from typing import Any
 
 from grpo_dist.config.schema import VERL_ASYNC_DEFAULTS, GRPOConfig
 
-__all__ = ["FullyAsyncSettings", "chunk_prompts", "fully_async_on", "fully_async_settings", "normalize_fully_async"]
+__all__ = ["FullyAsyncSettings", "chunk_prompts", "fully_async_note", "fully_async_on", "fully_async_settings", "normalize_fully_async"]
 
 
 def _given(section: Any) -> bool:
@@ -74,6 +74,17 @@ def fully_async_settings(cfg: GRPOConfig) -> FullyAsyncSettings | None:
         old_from_rollout=bool(_value(cfg, "use_rollout_log_probs")) and not _value(cfg, "compute_prox_log_prob"),
         partial_rollout=bool(_value(cfg, "partial_rollout")),
     )
+
+
+def fully_async_note(fa: FullyAsyncSettings) -> str:
+    """The line of fully asynchronous training in the start-up plan (``--check``) and at start-up."""
+    old = ("the engines' sampling log-probs are the old log-probs" if fa.old_from_rollout
+           else "the actor recomputes the old log-probs")
+    return (f"fully asynchronous: a step trains one chunk of {fa.chunk_prompts} prompts; weights synced every "
+            f"{fa.trigger} step(s); after a sync at most {fa.max_ahead} chunk(s) generated ahead (staleness_threshold "
+            f"{fa.staleness_threshold:g}), so a chunk is at most {fa.max_ahead - 1} update(s) old; {old}; "
+            "partial_rollout has no effect yet (generation is not interrupted: a sync waits for the chunks being "
+            "generated)")
 
 
 def normalize_fully_async(cfg: GRPOConfig) -> GRPOConfig:

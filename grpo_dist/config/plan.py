@@ -18,7 +18,7 @@ from typing import Any
 from grpo_dist.config.agents import default_agent_loop
 from grpo_dist.config.roles import (GLOBAL, ROLLOUT_POOL, Pool, active_specs, describe, device_shares, placement,
                                     rank_processes, rollout_pool_ranks)
-from grpo_dist.config.fully_async import FullyAsyncSettings, fully_async_settings
+from grpo_dist.config.fully_async import fully_async_note, fully_async_settings
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.reward_sources import reward_model_spec, reward_sources
 from grpo_dist.config.validate import critic_enabled, data_parallel_size
@@ -80,7 +80,7 @@ class Plan:
     noop_set: list[tuple[str, Any, str]] = field(default_factory=list)
     noop_total: int = 0
     notes: list[str] = field(default_factory=list)
-    rollout_ahead: str = "the next batch: one-step-off-policy"
+    rollout_ahead: str = "the next batch while the current one trains: one-step-off-policy"
     """What the rollout's own pool generates ahead (its placement line)."""
 
     @property
@@ -98,7 +98,7 @@ class Plan:
         for name, members in pools.items():
             pool = self.pools.get(name, Pool(GLOBAL, self.nnodes, self.ranks_per_node, "trainer"))
             if name != GLOBAL:
-                what = (f"; it generates {self.rollout_ahead} while the trainer trains"
+                what = (f"; it generates {self.rollout_ahead}"
                         if name == ROLLOUT_POOL else " (its own process group)")
                 L.append(f"pool        {name}: {pool.keys}.nnodes {pool.nnodes} x {pool.keys}.n_gpus_per_node "
                          f"{pool.per_node} = {pool.world_size} rank(s) of its own{what}")
@@ -354,16 +354,6 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
         ppo_epochs=actor.ppo_epochs, mini_responses_per_rank=mini_per_rank, micro_note=micro_note,
         prompt_len=d.max_prompt_length, response_len=d.max_response_length, noop_set=noop, noop_total=noop_total,
         notes=notes, rewards=[s.describe() for s in reward_sources(cfg)],
-        **({"rollout_ahead": f"up to {fa.max_ahead} chunk(s) ahead: fully asynchronous"} if fa is not None else {}),
+        **({"rollout_ahead": f"up to {fa.max_ahead} chunk(s) ahead of the trainer: fully asynchronous"} if fa is not None else {}),
     )
 
-
-def fully_async_note(fa: FullyAsyncSettings) -> str:
-    """The start-up plan's line of fully asynchronous training."""
-    old = ("the engines' sampling log-probs are the old log-probs" if fa.old_from_rollout
-           else "the actor recomputes the old log-probs")
-    return (f"fully asynchronous: a step trains one chunk of {fa.chunk_prompts} prompts; weights synced every "
-            f"{fa.trigger} step(s); after a sync at most {fa.max_ahead} chunk(s) generated ahead (staleness_threshold "
-            f"{fa.staleness_threshold:g}), so a chunk is at most {fa.max_ahead - 1} update(s) old; {old}; "
-            "partial_rollout has no effect yet (generation is not interrupted: a sync waits for the chunks being "
-            "generated)")

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from grpo_dist.batch import Batch
+from grpo_dist.config.fully_async import fully_async_note
 from grpo_dist.config.spec import RunSpec
 from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
@@ -134,6 +135,8 @@ class GRPOTrainer:
         for line in startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, sync_label,
                                         w.model_notes):
             print(f"grpo_dist: {line}", flush=True)
+        if p.fully_async is not None:
+            print(f"grpo_dist: {fully_async_note(p.fully_async)}", flush=True)
 
     def close(self) -> None:
         self.workers, workers = None, self.workers
