@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -162,7 +163,7 @@ def test_a_resume_trains_the_saved_chunks_first_each_exactly_once(tmp_path):
     assert len(first.queue) >= 2  # chunks 4.. generated ahead, not yet trained
     first.workers = SimpleNamespace(save=lambda tmp, export_hf: None, load=lambda path: None)
     saved = first.save()
-    point = checkpoint.ResumePoint(path=checkpoint.Path(saved), state=checkpoint.read_state(saved))
+    point = checkpoint.ResumePoint(path=Path(saved), state=checkpoint.read_state(saved))
 
     second, eng2 = make(tmp_path / "b", *overrides, steps=8)
     order2 = trained_chunks(second)
