@@ -9,6 +9,7 @@ from typing import Any
 from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.config import facts
 from grpo_dist.config.facts import StepShape, compute_dtype
+from grpo_dist.config.fully_async import FullyAsyncSettings, fully_async_settings
 from grpo_dist.config.preflight import cpu_half_precision_warning
 from grpo_dist.config.role_settings import forward_batching, reference_kwargs
 from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
@@ -81,8 +82,11 @@ class DriverPlan:
     free_cache_engine: bool
     """The engines give their memory back while the model roles work (colocated only)."""
     one_step_off: bool
-    """``actor_rollout_ref.hybrid_engine=false``: the engines run on a pool of their own and generate the next
-    batch while the current one trains (:class:`grpo_dist.trainer.one_step_off.RolloutAhead`)."""
+    """``actor_rollout_ref.hybrid_engine=false`` without ``async_training.*``: the engines run on a pool of their
+    own and generate the next batch while the current one trains (:class:`grpo_dist.trainer.one_step_off.RolloutAhead`)."""
+    fully_async: FullyAsyncSettings | None
+    """``async_training.*`` given: chunks generated ahead under the staleness bound, weights synced every
+    ``trigger`` steps (:mod:`grpo_dist.trainer.fully_async`); None otherwise."""
     # the algorithm
     estimator: str
     gamma: float
@@ -95,6 +99,8 @@ class DriverPlan:
     use_kl_loss: bool
     rollout_correction: RolloutCorrectionParams
     rollout_log_probs: bool
+    old_from_rollout: bool
+    """The engines' sampling log-probs are the old log-probs (``facts.old_log_probs_from_rollout``)."""
     on_policy: bool
     """One optimizer step on fresh samples: no old log-probs needed (``facts.on_policy``)."""
     old_logp_forward: bool
@@ -141,8 +147,12 @@ class DriverPlan:
 
 
 def total_steps(cfg: GRPOConfig, steps_per_epoch: int) -> int:
-    """``trainer.total_training_steps`` when set, else ``total_epochs`` x steps per epoch (verl's rule)."""
+    """``trainer.total_training_steps`` when set, else ``total_epochs`` x steps per epoch (verl's rule); in fully
+    asynchronous training ``rollout.total_rollout_steps`` (prompts), when given, divided by the chunk's prompts."""
     t = cfg.trainer
+    fa = fully_async_settings(cfg)
+    if fa is not None and cfg.rollout.total_rollout_steps is not None:
+        return cfg.rollout.total_rollout_steps // fa.chunk_prompts
     return t.total_training_steps or t.total_epochs * steps_per_epoch
 
 
@@ -157,6 +167,10 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
     save, _load = facts.checkpoint_contents(cfg)
     it = cfg.reward_model.iterative
     trained = next((s for s in spec.reward_sources if s.trained), None)
+    fa = fully_async_settings(cfg)
+    test_freq = t.test_freq
+    if fa is not None and cfg.rollout.test_freq is not None:  # every N weight syncs
+        test_freq = cfg.rollout.test_freq * fa.trigger if cfg.rollout.test_freq > 0 else -1
     return DriverPlan(
         shape=shape,
         total_steps=total_steps(cfg, train_size // per_draw if per_draw else 0),
@@ -174,7 +188,8 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         rollout_tp=spec.rollout_tp,
         agents=spec.agent_settings,
         free_cache_engine=rollout.free_cache_engine and arr.hybrid_engine,
-        one_step_off=not arr.hybrid_engine,
+        one_step_off=not arr.hybrid_engine and fa is None,
+        fully_async=fa,
         estimator=alg.adv_estimator,
         gamma=alg.gamma,
         lam=alg.lam,
@@ -185,6 +200,7 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         use_kl_loss=actor.use_kl_loss,
         rollout_correction=facts.rollout_correction(cfg),
         rollout_log_probs=spec.rollout_log_probs,
+        old_from_rollout=facts.old_log_probs_from_rollout(cfg),
         on_policy=spec.on_policy,
         old_logp_forward=spec.old_log_prob_forward,
         overlong=overlong_buffer(cfg),
@@ -218,7 +234,7 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         val_before_train=t.val_before_train,
         val_only=t.val_only,
         log_val_generations=t.log_val_generations,
-        test_freq=t.test_freq,
+        test_freq=test_freq,
         save_freq=t.save_freq,
         compute_dtype=compute_dtype(actor.fsdp_config.dtype, device),
         startup_warning="; ".join(w for w in (cpu_half_precision_warning(cfg, device), single_response_warning(cfg)) if w)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo_dist.config.fully_async import fully_async_settings
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.validate import data_parallel_size, rollout_correction_params
@@ -84,7 +85,15 @@ def rollout_correction(cfg: GRPOConfig) -> RolloutCorrectionParams:
 def rollout_log_probs(cfg: GRPOConfig) -> bool:
     """Whether the rollout returns its log-probs: ``rollout.calculate_log_probs``, or on by itself
     when the rollout correction needs them (weights, rejection or bypass mode)."""
-    return cfg.actor_rollout_ref.rollout.calculate_log_probs or rollout_correction(cfg).changes_training
+    return (cfg.actor_rollout_ref.rollout.calculate_log_probs or rollout_correction(cfg).changes_training
+            or old_log_probs_from_rollout(cfg))
+
+
+def old_log_probs_from_rollout(cfg: GRPOConfig) -> bool:
+    """Whether the engines' sampling log-probs are the update's old log-probs: rollout correction's bypass mode,
+    or fully asynchronous training with ``use_rollout_log_probs`` (and not ``compute_prox_log_prob``)."""
+    fa = fully_async_settings(cfg)
+    return rollout_correction(cfg).bypass or (fa is not None and fa.old_from_rollout)
 
 
 def on_policy(cfg: GRPOConfig) -> bool:
@@ -100,5 +109,5 @@ def old_log_prob_forward(cfg: GRPOConfig) -> bool:
     """Whether a step runs the actor's old-log-prob forward (``timing_s/old_log_prob``): off-policy
     updates need it; on-policy ones too when the rollout returns its log-probs, to compare them with
     the trainer's (``training/rollout_probs_diff_*``, ``rollout_corr/*``) and for the rollout
-    correction. Never in bypass mode (the rollout's log-probs stand in)."""
-    return not rollout_correction(cfg).bypass and (not on_policy(cfg) or rollout_log_probs(cfg))
+    correction. Never when the rollout's log-probs stand in (:func:`old_log_probs_from_rollout`)."""
+    return not old_log_probs_from_rollout(cfg) and (not on_policy(cfg) or rollout_log_probs(cfg))

@@ -363,10 +363,13 @@ def show_info(info: str, overrides: list[str], *, config_dir: str | Path | None 
 
 
 def to_typed(cfg: DictConfig, overrides: list[str] | None = None) -> GRPOConfig:
-    """Resolve interpolations and build the typed dataclass tree."""
+    """Resolve interpolations and build the typed dataclass tree (in fully asynchronous training,
+    ``data.train_batch_size`` becomes the chunk's prompts: :func:`~grpo_dist.config.fully_async.normalize_fully_async`)."""
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         raise _translate(exc, list(overrides or [])) from None
     assert isinstance(obj, GRPOConfig), type(obj)
-    return obj
+    from grpo_dist.config.fully_async import normalize_fully_async
+
+    return normalize_fully_async(obj)

@@ -18,6 +18,7 @@ from typing import Any
 from grpo_dist.config.agents import default_agent_loop
 from grpo_dist.config.roles import (GLOBAL, ROLLOUT_POOL, Pool, active_specs, describe, device_shares, placement,
                                     rank_processes, rollout_pool_ranks)
+from grpo_dist.config.fully_async import fully_async_note, fully_async_settings
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.reward_sources import reward_model_spec, reward_sources
 from grpo_dist.config.validate import critic_enabled, data_parallel_size
@@ -79,6 +80,8 @@ class Plan:
     noop_set: list[tuple[str, Any, str]] = field(default_factory=list)
     noop_total: int = 0
     notes: list[str] = field(default_factory=list)
+    rollout_ahead: str = "the next batch while the current one trains: one-step-off-policy"
+    """What the rollout's own pool generates ahead (its placement line)."""
 
     @property
     def optimizer_steps_per_step(self) -> int:
@@ -95,7 +98,7 @@ class Plan:
         for name, members in pools.items():
             pool = self.pools.get(name, Pool(GLOBAL, self.nnodes, self.ranks_per_node, "trainer"))
             if name != GLOBAL:
-                what = ("; it generates the next batch while the current one trains: one-step-off-policy"
+                what = (f"; it generates {self.rollout_ahead}"
                         if name == ROLLOUT_POOL else " (its own process group)")
                 L.append(f"pool        {name}: {pool.keys}.nnodes {pool.nnodes} x {pool.keys}.n_gpus_per_node "
                          f"{pool.per_node} = {pool.world_size} rank(s) of its own{what}")
@@ -301,7 +304,12 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
         spe = rows // per_draw
         rows_note = (f"{rows} training prompt(s) in {files} -> {spe} step(s) per epoch ({rows} // {per_draw} prompts per "
                      "batch, the remainder dropped each epoch" + (", before data.filter_overlong_prompts" if d.filter_overlong_prompts else "") + ")")
-    if t.total_training_steps:
+    fa = fully_async_settings(cfg)
+    if fa is not None and cfg.rollout.total_rollout_steps is not None:
+        total = cfg.rollout.total_rollout_steps // fa.chunk_prompts
+        steps_note = (f"{total} = rollout.total_rollout_steps {cfg.rollout.total_rollout_steps} // {fa.chunk_prompts} "
+                      "prompts per chunk (fully asynchronous; trainer.total_training_steps / total_epochs unused)")
+    elif t.total_training_steps:
         total = t.total_training_steps
         steps_note = f"{total} (trainer.total_training_steps; it wins over trainer.total_epochs={t.total_epochs})"
     elif spe is not None:
@@ -324,6 +332,8 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
     else:
         micro_note = "1 micro-batch (ppo_micro_batch_size_per_gpu=null: the whole mini-batch at once)"
     notes = []
+    if fa is not None:
+        notes.append(fully_async_note(fa))
     if cfg.algorithm.filter_groups.enable:
         notes.append(f"dynamic sampling: generation batches of {per_draw} prompts until {prompts} prompts with "
                      "differing scores are kept")
@@ -344,4 +354,6 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
         ppo_epochs=actor.ppo_epochs, mini_responses_per_rank=mini_per_rank, micro_note=micro_note,
         prompt_len=d.max_prompt_length, response_len=d.max_response_length, noop_set=noop, noop_total=noop_total,
         notes=notes, rewards=[s.describe() for s in reward_sources(cfg)],
+        **({"rollout_ahead": f"up to {fa.max_ahead} chunk(s) ahead of the trainer: fully asynchronous"} if fa is not None else {}),
     )
+

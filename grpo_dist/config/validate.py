@@ -130,6 +130,37 @@ def _check_separate_rollout(cfg: GRPOConfig) -> None:
             "the greedy baseline responses would come from another policy than the sampled ones"))
 
 
+def _check_fully_async(cfg: GRPOConfig) -> None:
+    """Fully asynchronous training (any ``async_training.*`` key given): on the rollout's own devices, its
+    numbers' ranges; ``rollout.total_rollout_steps`` / ``rollout.test_freq`` only with it."""
+    from grpo_dist.config.fully_async import chunk_prompts, fully_async_on
+
+    r, a = cfg.rollout, cfg.async_training
+    if not fully_async_on(cfg):
+        for key, val in (("rollout.total_rollout_steps", r.total_rollout_steps), ("rollout.test_freq", r.test_freq)):
+            if val is not None:
+                raise _bad(key, val, "it is read only in fully asynchronous training (any async_training.* key given, "
+                           "with actor_rollout_ref.hybrid_engine=false); use trainer.total_training_steps / "
+                           "trainer.test_freq, or leave it null")
+        return
+    if cfg.actor_rollout_ref.hybrid_engine:
+        raise _bad("actor_rollout_ref.hybrid_engine", True, "async_training.* keys select fully asynchronous training, "
+                   "which generates on the rollout's own devices: set actor_rollout_ref.hybrid_engine=false (with "
+                   "rollout.nnodes / rollout.n_gpus_per_node), or remove the async_training.* keys")
+    if a.staleness_threshold is not None and not a.staleness_threshold >= 0:
+        raise _bad("async_training.staleness_threshold", a.staleness_threshold, "expected a number >= 0 (0: at most "
+                   "trigger_parameter_sync_step chunks per weight version)")
+    for key in ("trigger_parameter_sync_step", "require_batches"):
+        if getattr(a, key) is not None:
+            _positive("async_training." + key, getattr(a, key))
+    if r.test_freq is not None and r.test_freq != -1:
+        _positive("rollout.test_freq", r.test_freq)
+    chunk = chunk_prompts(cfg)
+    if r.total_rollout_steps is not None and r.total_rollout_steps < chunk:
+        raise _bad("rollout.total_rollout_steps", r.total_rollout_steps, f"expected at least one chunk of "
+                   f"async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size = {chunk} prompts")
+
+
 #: vLLM arguments that grpo_dist sets itself; passing them through engine_kwargs.vllm is refused.
 VLLM_KWARGS_OWNED = {
     "model": "the model is actor_rollout_ref.model.path",
@@ -411,6 +442,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     actor, rollout, optim = arr.actor, arr.rollout, arr.actor.optim
 
     check_states(cfg)  # every key's state: refused features, values with no effect, two spellings
+    _check_fully_async(cfg)
     _validate_verl_extras(cfg)
     for model in LORA_MODELS:
         _check_lora(cfg, model)

@@ -19,6 +19,7 @@ the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch i
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from grpo_dist.batch import Batch
+from grpo_dist.config.fully_async import fully_async_note
 from grpo_dist.config.spec import RunSpec
 from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
@@ -39,7 +41,8 @@ from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import checkpoint, validation
 from grpo_dist.trainer.dynamic_sampling import step_sampler
 from grpo_dist.trainer.iterative import IterativeRL
-from grpo_dist.trainer.one_step_off import RolloutAhead, load_ahead
+from grpo_dist.trainer.fully_async import Admission, load_chunks, save_chunks
+from grpo_dist.trainer.one_step_off import RolloutAhead
 from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
                                        throughput_metrics, token_count)
 from grpo_dist.trainer.reward_stage import RewardStage
@@ -88,8 +91,25 @@ class GRPOTrainer:
         self.policy_version = self.engine_version = 0
         """The actor's updates so far, and the version the rollout engines hold (they differ between an update
         and the next sync)."""
-        self.ahead: RolloutAhead | None = None
-        """One-step-off-policy: the next step's batch, being generated (:mod:`grpo_dist.trainer.one_step_off`)."""
+        self.queue: deque[RolloutAhead] = deque()
+        """The batches generated ahead, first in first out: one-step-off-policy's next step's
+        (:mod:`grpo_dist.trainer.one_step_off`), fully asynchronous training's chunks (:mod:`grpo_dist.trainer.fully_async`)."""
+        self.admission = Admission(p.fully_async.max_ahead) if p.fully_async is not None else None
+        """Fully asynchronous training: the chunks the engines may still start before the next weight sync."""
+        if self.admission is not None:
+            self.admission.synced(0)  # the engines start with the initial policy
+        self.stale_samples = 0
+        """Fully asynchronous training: prompts trained on with a sample age above 0 so far (verl's
+        ``fully_async/count/stale_samples_processed``)."""
+
+    @property
+    def ahead(self) -> RolloutAhead | None:
+        """The oldest batch generated ahead (the next step's), or None."""
+        return self.queue[0] if self.queue else None
+
+    @ahead.setter
+    def ahead(self, batch: RolloutAhead | None) -> None:
+        self.queue = deque([] if batch is None else [batch])
 
     # ================================================================ set-up / tear-down
     def start_workers(self, workers: Workers | None = None) -> None:
@@ -115,6 +135,8 @@ class GRPOTrainer:
         for line in startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, sync_label,
                                         w.model_notes):
             print(f"grpo_dist: {line}", flush=True)
+        if p.fully_async is not None:
+            print(f"grpo_dist: {fully_async_note(p.fully_async)}", flush=True)
 
     def close(self) -> None:
         self.workers, workers = None, self.workers
@@ -168,15 +190,15 @@ class GRPOTrainer:
         if self.ahead is None:
             assert items is not None, "the loop draws a step's prompts when no batch was started for it"
             self.ahead = self.start_ahead(items, step, self.sampler.epoch)
-        ahead, self.ahead = self.ahead, None
+        ahead = self.queue.popleft()
         assert ahead.step == step, (ahead.step, step)
         with timer("wait_prev_gen"):  # verl's name: the part of generation the step still waits for
             batch, busy_s = ahead.result()
         timer.add("gen/worker", busy_s)
         m["training/sample_age"] = float(self.policy_version - ahead.version)
-        if step < self.total_steps and self.plan.one_step_off:
+        if step < self.total_steps and self.plan.one_step_off and not self.queue:  # (else a checkpoint's are next)
             self.sync_engines(timer, m)  # the engines are idle: the current policy, then the next batch
-            self.ahead = self.start_ahead(self.next_items(), step + 1, self.sampler.epoch)
+            self.queue.append(self.start_ahead(self.next_items(), step + 1, self.sampler.epoch))
         with timer("reward"):
             batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats
@@ -186,14 +208,61 @@ class GRPOTrainer:
         its timings go to ``timer`` and its bytes to ``m`` (``perf/weight_sync_bytes``) when given."""
         if self.engine_version == self.policy_version:
             return
-        if self.ahead is not None:
-            self.ahead.result()  # the engines finish the batch of the version they started it with
+        self.wait_generated()  # the engines finish the batches of the version they started them with
         with timer("update_weights"):
             for name, seconds in self.sync().items():
                 timer.add(name, seconds)
         if m is not None:
             m["perf/weight_sync_bytes"] = float(self.sync.last_bytes)
         self.engine_version = self.policy_version
+
+    def wait_generated(self) -> None:
+        """Wait until the engines finished every batch started (they are then idle)."""
+        for chunk in self.queue:
+            chunk.result()
+
+    # ================================================================ fully asynchronous
+    def start_chunks(self, taken: int) -> None:
+        """Start generating every chunk the freshness rule admits (:class:`~grpo_dist.trainer.fully_async.Admission`),
+        up to the last step's, with the engines' current weights, when ``taken`` steps have taken their chunks;
+        returns at once (the engines run them in order)."""
+        while self.admission.may_start():
+            step = taken + len(self.queue) + 1
+            if step > self.total_steps:
+                return
+            self.queue.append(self.start_ahead(self.next_items(), step, self.sampler.epoch))
+            self.admission.started()
+
+    def scored_chunk(self, timer: Timer, m: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Fully asynchronous training: this step's chunk (the oldest generated ahead), scored. ``m`` gets its
+        sample age, the queue's depth and the count of stale samples (verl's ``fully_async/count/*``)."""
+        step = self.global_step + 1
+        self.start_chunks(self.global_step)  # the first step, or after a resume (what the admission still allows)
+        chunk = self.queue.popleft()
+        assert chunk.step == step, (chunk.step, step)
+        with timer("wait_prev_gen"):  # the trainer's idle time
+            batch, busy_s = chunk.result()
+        timer.add("gen/worker", busy_s)
+        age = self.policy_version - chunk.version
+        if age > 0:
+            self.stale_samples += len(batch) // self.shape.n
+        m.update({"training/sample_age": float(age), "fully_async/queue_size": float(len(self.queue)),
+                  "fully_async/count/stale_samples_processed": float(self.stale_samples),
+                  "fully_async/count/current_param_version": float(self.policy_version)})
+        with timer("reward"):
+            batch["scores"], stats = self.rewards.score(batch, timer=timer)
+        return batch, stats
+
+    def sync_due(self, timer: Timer, m: dict[str, float]) -> None:
+        """Fully asynchronous training, after step ``global_step + 1``'s update: every ``trigger`` steps, the
+        engines finish the chunks they generate and get the current policy; then the chunks the freshness rule
+        admits start."""
+        step = self.global_step + 1
+        if step % self.plan.fully_async.trigger or step >= self.total_steps:
+            return
+        self.sync_engines(timer, m)
+        self.admission.synced(carried=len(self.queue))
+        self.start_chunks(step)
 
     def scored_rollout(self, items: list[dict], k: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Generation batch ``k`` of the step, scored (``scores``: the reward function's; ``reward_baselines``:
@@ -261,14 +330,16 @@ class GRPOTrainer:
         p, timer, m, W = self.plan, Timer(), {}, self.shape.world_size
         t0 = time.perf_counter()
         with timer("step"):
-            if p.one_step_off or self.ahead is not None:  # (a one-step-off checkpoint's batch is trained on in any mode)
+            if p.fully_async is not None:
+                batch, reward_stats = self.scored_chunk(timer, m)
+            elif p.one_step_off or self.ahead is not None:  # (a one-step-off checkpoint's batch is trained on in any mode)
                 batch, reward_stats = self.scored_ahead(items, timer, m)
             else:
                 batch, reward_stats = self.sampling.collect(items, self.next_items,
                                                             lambda it, k: self.scored_rollout(it, k, timer))
             if p.free_cache_engine:
                 self.rollout.call("sleep")  # colocated: the engine gives its device memory back while the actor trains
-            if self.rc.bypass:
+            if p.old_from_rollout:  # bypass mode, or fully asynchronous training's use_rollout_log_probs
                 batch["old_log_probs"] = batch["rollout_log_probs"]
             elif self.old_logp_forward:
                 with timer("old_log_prob"):  # log-probs [B, R] under the current policy
@@ -300,12 +371,14 @@ class GRPOTrainer:
                 timer.add("update_actor/worker", busy_s)
                 m.update(actor_metrics)
                 self.policy_version += 1
-                if not p.one_step_off:  # one-step-off: the engines are generating; they get it before the next batch
+                if not p.one_step_off and p.fully_async is None:  # else the engines are generating: see their schedules
                     self.sync_engines(timer, m)
             elif p.free_cache_engine:
                 # critic warm-up: the policy did not change, so there is nothing to send; the engine
                 # only gets its memory back
                 self.rollout.call("wake_up")
+            if p.fully_async is not None:
+                self.sync_due(timer, m)
             if self.iterative is not None:  # iterative RL: every N steps, the reward-model update and reference reset
                 m.update(self.iterative.after_step(batch, self.global_step + 1, timer))
         step_s = time.perf_counter() - t0
@@ -317,6 +390,8 @@ class GRPOTrainer:
             m.update(critic_data_metrics(batch))
         m.update(reward_stats)
         m.update(timer.metrics())
+        if p.fully_async is not None:  # verl's trainer/idle_ratio: the part of the step spent waiting for chunks
+            m["trainer/idle_ratio"] = m["timing_s/wait_prev_gen"] / max(m["timing_s/step"], 1e-9)
         m.update(throughput_metrics(ntok, step_s, self.shape.world_size))
         return m
 
@@ -324,8 +399,7 @@ class GRPOTrainer:
     def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
         """Scores of the validation set by the verifier (:func:`grpo_dist.trainer.validation.validate`)."""
         p = self.plan
-        if self.ahead is not None:  # one-step-off: the engines finish the next batch, then hold the current policy
-            self.ahead.result()
+        self.wait_generated()  # the engines finish the batches generated ahead, then hold the current policy
         self.sync_engines(Timer())  # its time is validation's (timing_s/testing)
         with self.workers.calls_labelled("validation"):  # its calls' sizes are not the step's: own deadlines
             return validation.validate(
@@ -353,10 +427,14 @@ class GRPOTrainer:
             self.workers.save(tmp, export_hf=export_hf)
             if self.iterative is not None:
                 self.iterative.save(tmp)
-            if self.ahead is not None:  # one-step-off: the batch generated for the next step, trained on after a resume
+            if p.fully_async is not None:  # the chunks generated ahead, trained on first after a resume
+                save_chunks(list(self.queue), tmp)
+            elif self.ahead is not None:  # one-step-off: the batch generated for the next step, trained on after a resume
                 self.ahead.save(tmp)
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
                  "total_steps": self.total_steps, "policy_version": self.policy_version}
+        if self.admission is not None:
+            state["fully_async"] = {"allowed": self.admission.allowed, "stale_samples": self.stale_samples}
         final = checkpoint.save(p.checkpoint_root, self.global_step, state, max_keep=p.max_ckpt_to_keep,
                                 write_shards=write_shards, newest=self.stop.last_checkpoint,
                                 root_key="trainer.default_local_dir", resume_settings=self.stop.resume_settings)
@@ -376,7 +454,12 @@ class GRPOTrainer:
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
         self.policy_version = self.engine_version = int(state.get("policy_version", self.global_step))
         self.sync()
-        self.ahead = load_ahead(point.path)  # a one-step-off run's batch for its next step
+        self.queue = deque(load_chunks(point.path))  # the batches a one-step-off or fully asynchronous run generated ahead
+        if self.admission is not None:
+            saved = state.get("fully_async")
+            self.admission.synced(carried=len(self.queue))  # (a checkpoint of another mode: as after a sync)
+            if saved is not None:
+                self.admission.allowed, self.stale_samples = int(saved["allowed"]), int(saved["stale_samples"])
         print(f"grpo_dist: resumed from {point.path} (step {self.global_step})", flush=True)
 
     def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
@@ -413,7 +496,8 @@ class GRPOTrainer:
             while self.global_step < self.total_steps:
                 epoch = self.sampler.epoch if self.ahead is None else self.ahead.epoch
                 self.stop.step_begins(self.global_step + 1)
-                metrics = self.train_step(self.next_items() if self.ahead is None else None)
+                drawn = self.ahead is not None or t.fully_async is not None  # (the schedule draws the prompts)
+                metrics = self.train_step(None if drawn else self.next_items())
                 self.global_step += 1
                 metrics["training/global_step"], metrics["training/epoch"] = self.global_step, epoch
                 is_last = self.global_step >= self.total_steps

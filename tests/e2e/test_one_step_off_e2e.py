@@ -2,7 +2,8 @@
 ``actor_rollout_ref.hybrid_engine=false`` the rollout engine runs on a rank of its own (one core) and generates
 the next batch while the actor (the other core) trains on the current one. The embedded task learns, and a
 run resumed from a mid-run checkpoint (which holds the batch generated ahead) trains exactly as the
-uninterrupted one."""
+uninterrupted one. Fully asynchronous training (``async_training.*``) on the same two ranks learns too, with
+chunks no older than its staleness bound allows."""
 
 from __future__ import annotations
 
@@ -52,6 +53,46 @@ def test_one_step_off_learns_and_resumes_exactly(embedded_model, tmp_path):
     assert sorted(b) == [6, 7, 8, 9, 10]
     for step in range(6, 11):
         for k in COMPARE + ["training/sample_age"]:
+            if k in m[step]:
+                assert math.isclose(m[step][k], b[step][k], rel_tol=1e-4, abs_tol=1e-6), (step, k, m[step][k], b[step][k])
+    assert math.isclose(m[10][VAL], b[10][VAL], abs_tol=1e-9)
+
+
+FULLY_ASYNC = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
+               "rollout.n_gpus_per_node=1", "trainer.total_training_steps=10", "trainer.test_freq=10",
+               "trainer.progress_bar=false", "trainer.logger=[console,file]",
+               "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2",
+               "async_training.require_batches=2", "trainer.save_freq=5"]
+
+
+def test_fully_async_learns_within_its_staleness_bound(embedded_model, tmp_path):
+    """The default job in fully asynchronous mode (chunks of 2 x 16 prompts, the default step's batch; weights
+    synced every 2 steps; at most floor(1.5 x 2) = 3 chunks ahead): it learns, no chunk is older than the bound
+    allows, and a run resumed from a checkpoint holding chunks ahead trains as the uninterrupted one."""
+    out = tmp_path / "run"
+    proc = run_main(FULLY_ASYNC + [f"trainer.default_local_dir={out}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "fully asynchronous: a step trains one chunk of 32 prompts" in proc.stdout
+    m = read_metrics(out)
+    assert m[10][VAL] > m[0][VAL] + 0.1, (m[0][VAL], m[10][VAL])
+    ages = [m[s]["training/sample_age"] for s in range(1, 11)]
+    assert max(ages) <= 2 and ages[0] == 0.0 and max(ages) == 2, ages
+    # the engines got the weights every 2 steps only: a sync's bytes appear on steps 2, 4, 6, 8
+    assert [s for s in range(1, 11) if "perf/weight_sync_bytes" in m[s]] == [2, 4, 6, 8]
+    assert all(0 <= m[s]["trainer/idle_ratio"] <= 1 for s in range(1, 11))
+    # the step-5 checkpoint holds the chunks generated ahead (6 and 7, of the policy after step 4)
+    assert (out / "global_step_5" / "rollout_queue.pt").is_file()
+
+    # resumed from step 5: those chunks are trained first, nothing is generated twice, the run as before
+    part = tmp_path / "part"
+    part.mkdir()
+    shutil.copytree(out / "global_step_5", part / "global_step_5")
+    proc = run_main(FULLY_ASYNC + [f"trainer.default_local_dir={part}"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    b = read_metrics(part)
+    assert sorted(b) == [6, 7, 8, 9, 10]
+    for step in range(6, 11):
+        for k in COMPARE + ["training/sample_age", "fully_async/queue_size"]:
             if k in m[step]:
                 assert math.isclose(m[step][k], b[step][k], rel_tol=1e-4, abs_tol=1e-6), (step, k, m[step][k], b[step][k])
     assert math.isclose(m[10][VAL], b[10][VAL], abs_tol=1e-9)

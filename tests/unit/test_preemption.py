@@ -176,9 +176,10 @@ def trainer_at_step(root: Path, step: int, workers) -> "GRPOTrainer":  # noqa: F
     from grpo_dist.trainer.summary import RunSummary
 
     t = GRPOTrainer.__new__(GRPOTrainer)
-    t.plan = SimpleNamespace(checkpoint_root=str(root), max_ckpt_to_keep=None, export_hf_every_checkpoint=False)
+    t.plan = SimpleNamespace(checkpoint_root=str(root), max_ckpt_to_keep=None, export_hf_every_checkpoint=False,
+                             fully_async=None)
     t.global_step, t.total_steps, t.workers, t.iterative = step, 10, workers, None
-    t.policy_version, t.ahead = step, None
+    t.policy_version, t.ahead, t.admission = step, None, None
     t.sampler = SimpleNamespace(state_dict=lambda: {"epoch": 0})
     t.kl_ctrl = SimpleNamespace(value=0.0)
     t.summary, t.stop = RunSummary(out_dir=str(root)), StopSignal(0, str(root))

@@ -89,3 +89,18 @@ def test_what_the_scripts_set_has_an_effect_or_is_said_to_have_none():
     grpo = load(verl_scripts.script_args(verl_scripts.CURRENT_GRPO, cpu=False, **PATHS))
     assert launch_plan(grpo).ray_init["runtime_env"]["py_executable"].startswith("uv ")
     assert grpo.actor_rollout_ref.ref.log_prob_use_dynamic_bsz and grpo.trainer.balance_batch
+
+
+def test_the_fully_async_script_runs_its_schedule():
+    """verl's fully asynchronous DAPO script, only the module name and paths changed: a step trains a chunk of
+    require_batches 4 x 32 prompts (its data.train_batch_size=0 is not used), 51200 prompts make 400 steps, the
+    weights are synced every 4 steps and at most floor(1.1 x 4) = 4 chunks are generated ahead."""
+    from grpo_dist.config.fully_async import fully_async_settings
+    from grpo_dist.config.spec import resolve
+
+    cfg = load(verl_scripts.script_args(verl_scripts.FULLY_ASYNC_DAPO, cpu=False, **PATHS))
+    fa = fully_async_settings(cfg)
+    assert (fa.chunk_prompts, fa.trigger, fa.max_ahead, fa.old_from_rollout) == (128, 4, 4, True)
+    plan = resolve(cfg).driver_plan("cuda", 17000)
+    assert plan.total_steps == 400 and plan.test_freq == 40 and not plan.one_step_off
+    assert cfg.data.train_batch_size == 128

@@ -26,6 +26,7 @@ the rest of the package uses; the submodules import each other directly, never f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from grpo_dist.config.fields import F, ConfigError, Honoured, NoOp, Refused, S
 from grpo_dist.config.schema.actor import (
@@ -44,6 +45,13 @@ from grpo_dist.config.schema.algorithm import (
     KLCtrlConfig,
     PFPPOConfig,
     RolloutCorrectionConfig,
+)
+from grpo_dist.config.schema.async_training import (
+    VERL_ASYNC_DEFAULTS,
+    AsyncCheckpointEngineConfig,
+    AsyncFilterConfig,
+    AsyncTrainingConfig,
+    SuperSampleConfig,
 )
 from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
 from grpo_dist.config.schema.critic import (
@@ -102,6 +110,13 @@ class RolloutPoolConfig:
     nnodes: int = F(1, "nodes of the rollout's own devices (with actor_rollout_ref.hybrid_engine=false)")
     n_gpus_per_node: int = F(1, "devices per node of the rollout's own (with trainer.device=cpu: rollout ranks per node, "
                                 "one core each)")
+    total_rollout_steps: Optional[int] = F(
+        None, "fully asynchronous training (async_training.*): prompts to generate in the whole run; training steps "
+              "= total_rollout_steps / (require_batches x ppo_mini_batch_size); null: trainer.total_training_steps / "
+              "total_epochs decide (verl: 100)")
+    test_freq: Optional[int] = F(
+        None, "fully asynchronous training: validate every N weight syncs (every N x trigger_parameter_sync_step "
+              "steps); null: trainer.test_freq (verl: 1)")
 
 
 @dataclass
@@ -115,6 +130,11 @@ class GRPOConfig:
     custom_reward_function: CustomRewardFunctionConfig = S(CustomRewardFunctionConfig, "a user-supplied reward function")
     trainer: TrainerConfig = S(TrainerConfig, "the training loop")
     rollout: RolloutPoolConfig = S(RolloutPoolConfig, "the rollout's own devices (actor_rollout_ref.hybrid_engine=false)")
+    async_training: AsyncTrainingConfig = S(AsyncTrainingConfig, "fully asynchronous training (verl's fully_async_policy); "
+                                            "on when any key here is given; needs actor_rollout_ref.hybrid_engine=false")
+    filter: AsyncFilterConfig = S(AsyncFilterConfig, "verl's sample filter of fully asynchronous training (not built here)")
+    super_sample: SuperSampleConfig = S(SuperSampleConfig, "verl's sample grouping of fully asynchronous training "
+                                        "(not built here)")
     ray_kwargs: RayKwargsConfig = S(RayKwargsConfig, "Ray")
     reward_manager: EarlyRewardManagerConfig = S(EarlyRewardManagerConfig, "the reward manager (verl's early-2026 section)")
     sandbox_fusion: SandboxFusionConfig = sandbox_section("verl's top-level section")
@@ -128,6 +148,11 @@ class GRPOConfig:
 
 
 __all__ = [
+    "AsyncCheckpointEngineConfig",
+    "AsyncFilterConfig",
+    "AsyncTrainingConfig",
+    "SuperSampleConfig",
+    "VERL_ASYNC_DEFAULTS",
     # field declarations and the error type (grpo_dist.config.fields)
     "ConfigError",
     "F",
