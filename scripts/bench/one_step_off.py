@@ -1,19 +1,20 @@
-"""Synchronous colocated training against one-step-off-policy (``actor_rollout_ref.hybrid_engine=false``) on
-this machine, side by side.
+"""Synchronous colocated training against one-step-off-policy (``actor_rollout_ref.hybrid_engine=false``) and
+fully asynchronous training (``async_training.*``) on this machine, side by side.
 
-    python scripts/bench/one_step_off.py [--steps 10] [--repeats 1] [--out DIR] [-- extra overrides ...]
+    python scripts/bench/one_step_off.py [--steps 10] [--repeats 1] [--modes ...] [--out DIR] [-- extra overrides ...]
 
-Both modes run ``python -m grpo_dist.main`` with the same task, model, data, seeds, batch and group (the
+Every mode runs ``python -m grpo_dist.main`` with the same task, model, data, seeds, batch and group (the
 default job's unless overrides say otherwise), on the same cores: colocated, one training rank whose
 processes (actor + reference, and the rollout engine) take turns on the machine's cores; one-step-off, one
-training rank and one rollout rank of their own (each with its share of the cores) working at once. Each run
-logs its metrics; the table reads them:
+training rank and one rollout rank of their own (each with its share of the cores) working at once; fully
+asynchronous, the same two ranks, chunks of the step's 32 prompts generated up to 3 ahead of the trainer and
+weights synced every 2 steps. Each run logs its metrics; the table reads them:
 
 - step time: median ``timing_s/step`` over the steps after the first (the first step of one-step-off
   generates its own batch);
 - samples/s: responses per step / step time;
 - trainer idle share: the part of the step the trainer waited for generation (``timing_s/gen`` colocated,
-  ``timing_s/wait_prev_gen`` one-step-off) / step time;
+  ``timing_s/wait_prev_gen`` in the other modes) / step time;
 - rollout idle share: 1 - the engines' busy time (``timing_s/gen/worker``) / step time;
 - held-out accuracy before and after (greedy, ``val-core/...``), after the same number of samples;
 - wall time of the run (start-up, validation and checkpoint included).
@@ -36,6 +37,11 @@ MODES = {
     "colocated": ["actor_rollout_ref.hybrid_engine=true", "trainer.n_gpus_per_node=1"],
     "one-step-off": ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
                      "rollout.n_gpus_per_node=1"],
+    # chunks of 2 x 16 prompts (the default job's step), weights synced every 2 steps, at most
+    # floor(1.5 x 2) = 3 chunks ahead of the trainer
+    "fully-async": ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
+                    "rollout.n_gpus_per_node=1", "async_training.require_batches=2",
+                    "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2"],
 }
 
 
@@ -78,12 +84,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating; the table shows each")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("extra", nargs="*", help="more overrides for both modes")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="one_step_off_bench_"))
     rows = []
     for r in range(a.repeats):
-        for mode in MODES:  # alternating, so a change in the machine's load hits both
+        for mode in a.modes:  # alternating, so a change in the machine's load hits both
             m, wall = run(mode, a.steps, out / f"{mode}-{r}", a.extra)
             rows.append((mode, r, summarize(m, wall, responses_per_step(out / f"{mode}-{r}"))))
     print(f"| mode | run | step time (s) | samples/s | trainer idle | rollout idle | held-out acc before -> after | wall (s) |")
