@@ -43,16 +43,22 @@ def test_one_step_off_learns_and_resumes_exactly(embedded_model, tmp_path):
     assert (out / "global_step_5" / "rollout_ahead.pt").is_file()
 
     # resumed from step 5: the saved batch is trained on at step 6, the rest as before
+    resumed_from_step_5_equals(ONE_STEP_OFF, out, m, tmp_path, ["training/sample_age"])
+
+
+def resumed_from_step_5_equals(args: list[str], out, m: dict[int, dict], tmp_path, keys: list[str]) -> None:
+    """A run started from a copy of ``out``'s step-5 checkpoint (which holds what was generated ahead) trains
+    steps 6-10 as the uninterrupted run ``m`` did: the compared metrics and ``keys`` equal step for step."""
     part = tmp_path / "part"
     part.mkdir()
     shutil.copytree(out / "global_step_5", part / "global_step_5")
-    proc = run_main(ONE_STEP_OFF + [f"trainer.default_local_dir={part}"])
+    proc = run_main(args + [f"trainer.default_local_dir={part}"])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert f"resumed from {part / 'global_step_5'} (step 5)" in proc.stdout
     b = read_metrics(part)
     assert sorted(b) == [6, 7, 8, 9, 10]
     for step in range(6, 11):
-        for k in COMPARE + ["training/sample_age"]:
+        for k in COMPARE + keys:
             if k in m[step]:
                 assert math.isclose(m[step][k], b[step][k], rel_tol=1e-4, abs_tol=1e-6), (step, k, m[step][k], b[step][k])
     assert math.isclose(m[10][VAL], b[10][VAL], abs_tol=1e-9)
@@ -84,15 +90,4 @@ def test_fully_async_learns_within_its_staleness_bound(embedded_model, tmp_path)
     assert (out / "global_step_5" / "rollout_queue.pt").is_file()
 
     # resumed from step 5: those chunks are trained first, nothing is generated twice, the run as before
-    part = tmp_path / "part"
-    part.mkdir()
-    shutil.copytree(out / "global_step_5", part / "global_step_5")
-    proc = run_main(FULLY_ASYNC + [f"trainer.default_local_dir={part}"])
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    b = read_metrics(part)
-    assert sorted(b) == [6, 7, 8, 9, 10]
-    for step in range(6, 11):
-        for k in COMPARE + ["training/sample_age", "fully_async/queue_size"]:
-            if k in m[step]:
-                assert math.isclose(m[step][k], b[step][k], rel_tol=1e-4, abs_tol=1e-6), (step, k, m[step][k], b[step][k])
-    assert math.isclose(m[10][VAL], b[10][VAL], abs_tol=1e-9)
+    resumed_from_step_5_equals(FULLY_ASYNC, out, m, tmp_path, ["training/sample_age", "fully_async/queue_size"])
