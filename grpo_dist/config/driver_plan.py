@@ -9,7 +9,7 @@ from typing import Any
 from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.config import facts
 from grpo_dist.config.facts import StepShape, compute_dtype
-from grpo_dist.config.fully_async import FullyAsyncSettings, fully_async_settings
+from grpo_dist.config.fully_async import FullyAsyncSettings, fully_async_settings, rollout_total_steps
 from grpo_dist.config.preflight import cpu_half_precision_warning
 from grpo_dist.config.role_settings import forward_batching, reference_kwargs
 from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
@@ -150,9 +150,9 @@ def total_steps(cfg: GRPOConfig, steps_per_epoch: int) -> int:
     """``trainer.total_training_steps`` when set, else ``total_epochs`` x steps per epoch (verl's rule); in fully
     asynchronous training ``rollout.total_rollout_steps`` (prompts), when given, divided by the chunk's prompts."""
     t = cfg.trainer
-    fa = fully_async_settings(cfg)
-    if fa is not None and cfg.rollout.total_rollout_steps is not None:
-        return cfg.rollout.total_rollout_steps // fa.chunk_prompts
+    from_rollout = rollout_total_steps(cfg)
+    if from_rollout is not None:
+        return from_rollout
     return t.total_training_steps or t.total_epochs * steps_per_epoch
 
 

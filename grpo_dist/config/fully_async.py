@@ -9,7 +9,8 @@ from typing import Any
 
 from grpo_dist.config.schema import VERL_ASYNC_DEFAULTS, GRPOConfig
 
-__all__ = ["FullyAsyncSettings", "chunk_prompts", "fully_async_note", "fully_async_on", "fully_async_settings", "normalize_fully_async"]
+__all__ = ["FullyAsyncSettings", "chunk_prompts", "fully_async_note", "fully_async_on", "fully_async_settings", "normalize_fully_async",
+           "rollout_total_steps"]
 
 
 def _given(section: Any) -> bool:
@@ -74,6 +75,14 @@ def fully_async_settings(cfg: GRPOConfig) -> FullyAsyncSettings | None:
         old_from_rollout=bool(_value(cfg, "use_rollout_log_probs")) and not _value(cfg, "compute_prox_log_prob"),
         partial_rollout=bool(_value(cfg, "partial_rollout")),
     )
+
+
+def rollout_total_steps(cfg: GRPOConfig) -> int | None:
+    """The run's steps from ``rollout.total_rollout_steps`` (prompts) in the mode: that // the chunk's prompts;
+    None when the mode is off or the key is not given (the trainer's keys decide)."""
+    if not fully_async_on(cfg) or cfg.rollout.total_rollout_steps is None:
+        return None
+    return cfg.rollout.total_rollout_steps // chunk_prompts(cfg)
 
 
 def fully_async_note(fa: FullyAsyncSettings) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from grpo_dist.config.agents import default_agent_loop
 from grpo_dist.config.roles import (GLOBAL, ROLLOUT_POOL, Pool, active_specs, describe, device_shares, placement,
                                     rank_processes, rollout_pool_ranks)
-from grpo_dist.config.fully_async import fully_async_note, fully_async_settings
+from grpo_dist.config.fully_async import fully_async_note, fully_async_settings, rollout_total_steps
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.reward_sources import reward_model_spec, reward_sources
 from grpo_dist.config.validate import critic_enabled, data_parallel_size
@@ -305,8 +305,9 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
         rows_note = (f"{rows} training prompt(s) in {files} -> {spe} step(s) per epoch ({rows} // {per_draw} prompts per "
                      "batch, the remainder dropped each epoch" + (", before data.filter_overlong_prompts" if d.filter_overlong_prompts else "") + ")")
     fa = fully_async_settings(cfg)
-    if fa is not None and cfg.rollout.total_rollout_steps is not None:
-        total = cfg.rollout.total_rollout_steps // fa.chunk_prompts
+    from_rollout = rollout_total_steps(cfg)
+    if from_rollout is not None:
+        total = from_rollout
         steps_note = (f"{total} = rollout.total_rollout_steps {cfg.rollout.total_rollout_steps} // {fa.chunk_prompts} "
                       "prompts per chunk (fully asynchronous; trainer.total_training_steps / total_epochs unused)")
     elif t.total_training_steps:
@@ -354,6 +355,6 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
         ppo_epochs=actor.ppo_epochs, mini_responses_per_rank=mini_per_rank, micro_note=micro_note,
         prompt_len=d.max_prompt_length, response_len=d.max_response_length, noop_set=noop, noop_total=noop_total,
         notes=notes, rewards=[s.describe() for s in reward_sources(cfg)],
-        **({"rollout_ahead": f"up to {fa.max_ahead} chunk(s) ahead of the trainer: fully asynchronous"} if fa is not None else {}),
+        rollout_ahead=(f"up to {fa.max_ahead} chunk(s) ahead of the trainer: fully asynchronous" if fa is not None
+                       else Plan.rollout_ahead),
     )
-
