@@ -26,11 +26,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from grpo_dist.batch import Batch
 from grpo_dist.trainer.one_step_off import RolloutAhead, load_ahead
 
 __all__ = ["QUEUE_FILE", "Admission", "load_chunks", "save_chunks"]
@@ -63,16 +61,9 @@ class Admission:
         self.allowed -= 1
 
 
-def _saved(chunk: RolloutAhead) -> dict[str, Any]:
-    batch, _ = chunk.result()
-    return {"step": chunk.step, "epoch": chunk.epoch, "version": chunk.version,
-            "batch": {"tensors": batch.tensors.to_dict(), "non_tensors": {k: list(v) for k, v in batch.non_tensors.items()},
-                      "meta": dict(batch.meta)}}
-
-
 def save_chunks(chunks: list[RolloutAhead], directory: str | os.PathLike) -> None:
     """Write ``chunks`` (waiting for those being generated), in order, into a checkpoint folder."""
-    torch.save({"chunks": [_saved(c) for c in chunks]}, Path(directory) / QUEUE_FILE)
+    torch.save({"chunks": [c.state() for c in chunks]}, Path(directory) / QUEUE_FILE)
 
 
 def load_chunks(directory: str | os.PathLike) -> list[RolloutAhead]:
@@ -82,10 +73,4 @@ def load_chunks(directory: str | os.PathLike) -> list[RolloutAhead]:
     if not path.exists():
         single = load_ahead(directory)
         return [single] if single is not None else []
-    out = []
-    for saved in torch.load(path, weights_only=False)["chunks"]:
-        b = saved["batch"]
-        batch = Batch.from_dict(b["tensors"], b["non_tensors"], b["meta"])
-        out.append(RolloutAhead(step=int(saved["step"]), epoch=int(saved["epoch"]), version=int(saved["version"]),
-                                finish=None, _result=(batch, 0.0)))
-    return out
+    return [RolloutAhead.from_state(saved) for saved in torch.load(path, weights_only=False)["chunks"]]

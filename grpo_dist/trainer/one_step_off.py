@@ -68,11 +68,22 @@ class RolloutAhead:
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write the finished batch (waiting for it) into a checkpoint folder."""
+        torch.save(self.state(), Path(directory) / AHEAD_FILE)
+
+    def state(self) -> dict[str, Any]:
+        """The finished batch (waiting for it) with its step, epoch and version, as a checkpoint stores it."""
         batch, _ = self.result()
         saved = {"tensors": batch.tensors.to_dict(), "non_tensors": {k: list(v) for k, v in batch.non_tensors.items()},
                  "meta": dict(batch.meta)}
-        torch.save({"step": self.step, "epoch": self.epoch, "version": self.version, "batch": saved},
-                   Path(directory) / AHEAD_FILE)
+        return {"step": self.step, "epoch": self.epoch, "version": self.version, "batch": saved}
+
+    @classmethod
+    def from_state(cls, saved: dict[str, Any]) -> RolloutAhead:
+        """A finished batch back from :meth:`state`."""
+        b = saved["batch"]
+        batch = Batch.from_dict(b["tensors"], b["non_tensors"], b["meta"])
+        return cls(step=int(saved["step"]), epoch=int(saved["epoch"]), version=int(saved["version"]),
+                   finish=None, _result=(batch, 0.0))
 
 
 def load_ahead(directory: str | os.PathLike) -> RolloutAhead | None:
@@ -80,8 +91,4 @@ def load_ahead(directory: str | os.PathLike) -> RolloutAhead | None:
     path = Path(directory) / AHEAD_FILE
     if not path.exists():
         return None
-    saved: dict[str, Any] = torch.load(path, weights_only=False)
-    b = saved["batch"]
-    batch = Batch.from_dict(b["tensors"], b["non_tensors"], b["meta"])
-    return RolloutAhead(step=int(saved["step"]), epoch=int(saved["epoch"]), version=int(saved["version"]),
-                        finish=None, _result=(batch, 0.0))
+    return RolloutAhead.from_state(torch.load(path, weights_only=False))
