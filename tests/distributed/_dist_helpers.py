@@ -6,10 +6,12 @@ passes to them), unlike ``conftest.py``.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,12 @@ def rows(data: dict[str, torch.Tensor], index: list[int]) -> dict[str, torch.Ten
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, args: tuple) -> None:
+    # A rank that dies in native code (gloo, libtorch) leaves no Python traceback: its stderr (where
+    # "terminate called ..." goes) and faulthandler's dump of every thread's Python stack land in a
+    # file the launcher reads back.
+    native = open(os.path.join(out_dir, f"stderr{rank}.txt"), "w")  # noqa: SIM115 - lives as long as the rank
+    os.dup2(native.fileno(), 2)
+    faulthandler.enable(file=native, all_threads=True)
     torch.set_num_threads(1)
     from grpo_dist.distributed.process_group import destroy, init_process_group
 
@@ -123,8 +131,26 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes joined by gloo.
 
     ``fn`` must be a module-level function; its return value (torch-saveable) comes back per rank.
-    A rank that fails or a run past ``timeout_s`` fails the caller with the ranks' tracebacks.
+    A rank that fails or a run past ``timeout_s`` fails the caller with the ranks' tracebacks and
+    native output. A run whose rank was killed by a signal in native code, with no Python error on
+    any rank, is run once more (with a warning carrying what the crash printed): such a crash is the
+    process launcher's or gloo's, and a second one fails the test like any other failure.
     """
+    try:
+        return _run_ranks_once(fn, world_size, args, timeout_s)
+    except _NativeCrash as crash:
+        warnings.warn(f"{fn.__name__} crashed in native code; running it once more:\n{crash}", stacklevel=2)
+    try:
+        return _run_ranks_once(fn, world_size, args, timeout_s)
+    except _NativeCrash as crash:
+        raise RuntimeError(f"{fn.__name__} failed on {world_size} ranks twice:\n{crash}") from None
+
+
+class _NativeCrash(RuntimeError):
+    """A rank killed by a signal with no Python exception on any rank (the ranks' native output attached)."""
+
+
+def _run_ranks_once(fn: Callable[..., Any], world_size: int, args: tuple, timeout_s: float) -> list[Any]:
     from grpo_dist.distributed.process_group import free_port
 
     with tempfile.TemporaryDirectory() as out_dir:
@@ -144,7 +170,20 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: fl
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
-            errors = [Path(out_dir, f"error{r}.txt") for r in range(world_size)]
-            details = "\n".join(e.read_text() for e in errors if e.exists())
+            python_errors = [_read(out_dir, f"error{r}.txt") for r in range(world_size)]
+            native = [_read(out_dir, f"stderr{r}.txt") for r in range(world_size)]
+            details = "\n".join(
+                f"--- rank {r}: {kind} ---\n{text}"
+                for r in range(world_size)
+                for kind, text in (("python error", python_errors[r]), ("native output", native[r][-4000:]))
+                if text
+            )
+            if isinstance(exc, mp.ProcessExitedException) and exc.signal_name and not any(python_errors):
+                raise _NativeCrash(f"{exc}\n{details}") from exc
             raise RuntimeError(f"{fn.__name__} failed on {world_size} ranks:\n{details}") from exc
         return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def _read(directory: str, name: str) -> str:
+    path = Path(directory, name)
+    return path.read_text(errors="replace").strip() if path.exists() else ""
