@@ -213,18 +213,20 @@ SPLIT_POOLS = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node
                "rollout.n_gpus_per_node=1"]
 
 
-@pytest.mark.parametrize("layout, victim", [("colocated", "ray::ModelWorker"), ("separate rollout", "ray::RolloutWorker")])
+@pytest.mark.parametrize("layout, victim", [("colocated", "ray::ModelWorker"), ("separate", "ray::RolloutWorker"),
+                                            ("separate", "ray::ModelWorker")])
 def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_path, layout, victim):
     """A killed worker stops the run within two minutes with one message naming it and saying the same
-    command resumes: the actor's process in the colocated layout, and the rollout pool's engine under
-    one-step-off-policy (``hybrid_engine=false``), where the driver is waiting on a generation started
-    during the previous step when it dies. That the resume is exact (from the newest checkpoint) is
+    command resumes: the actor's process in the colocated layout; under one-step-off-policy
+    (``hybrid_engine=false``) the rollout pool's engine, where the driver is waiting on a generation
+    started during the previous step when it dies, and the trainer pool's rank, while the rollout pool
+    generates ahead. That the resume is exact (from the newest checkpoint) is
     tested on the run whose model worker (actor, reference, critic) is killed, tests/e2e/test_ppo_e2e.py,
     and on a one-step-off checkpoint in tests/e2e/test_one_step_off_e2e.py."""
     out = tmp_path / "o"
     args = base_args(tiny_model_dir, reverse_data, out, 40) + [
         "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
-    if layout == "separate rollout":
+    if layout == "separate":
         args += SPLIT_POOLS
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=env,
@@ -246,7 +248,7 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
     assert time.time() - t_kill < 120
     assert proc.returncode == 1
     msg = next((line for line in err.splitlines() if line.startswith("grpo_dist: error:")), "")
-    if layout == "colocated":
+    if victim == "ray::ModelWorker":
         # the process holds the rank's actor and reference: the call that saw it die names its role, and the other
         named = re.search(r"(actor|reference) worker rank \d failed during \w+: ActorDiedError", msg)
         assert named and ("actor worker" in msg or "also held the actor" in msg), err[-6000:]
