@@ -47,7 +47,9 @@ class FullyAsyncSettings:
         chunk_prompts: prompts per chunk (``require_batches x ppo_mini_batch_size``); a step trains one chunk.
         old_from_rollout: the engines' sampling log-probs are the old log-probs (``use_rollout_log_probs`` and
             not ``compute_prox_log_prob``).
-        partial_rollout: as given (no effect yet: a sync waits for the chunks being generated).
+        partial_rollout: a sync interrupts the responses being generated and the new weights finish them
+            (:mod:`grpo_dist.rollout.partial`); False: a sync waits for the chunks being generated.
+        partial_off: why ``partial_rollout=true`` has no effect here (None: it has, or it was not asked for).
     """
 
     staleness_threshold: float
@@ -55,6 +57,7 @@ class FullyAsyncSettings:
     chunk_prompts: int
     old_from_rollout: bool
     partial_rollout: bool
+    partial_off: str | None = None
 
     @property
     def max_ahead(self) -> int:
@@ -68,13 +71,28 @@ def fully_async_settings(cfg: GRPOConfig) -> FullyAsyncSettings | None:
     """The mode's settings, or None when it is off."""
     if not fully_async_on(cfg):
         return None
+    partial_off = _partial_off(cfg)
     return FullyAsyncSettings(
         staleness_threshold=float(_value(cfg, "staleness_threshold")),
         trigger=int(_value(cfg, "trigger_parameter_sync_step")),
         chunk_prompts=chunk_prompts(cfg),
         old_from_rollout=bool(_value(cfg, "use_rollout_log_probs")) and not _value(cfg, "compute_prox_log_prob"),
-        partial_rollout=bool(_value(cfg, "partial_rollout")),
+        partial_rollout=bool(_value(cfg, "partial_rollout")) and partial_off is None,
+        partial_off=partial_off if _value(cfg, "partial_rollout") else None,
     )
+
+
+def _partial_off(cfg: GRPOConfig) -> str | None:
+    """Why partial rollouts cannot run with this rollout (None: they can): they need the vLLM engine serving
+    one process per engine on the trainer's prompts (``rollout.mode=sync``)."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.name != "vllm":
+        return f"with rollout.name={r.name} (the vLLM engine interrupts requests)"
+    if r.tensor_model_parallel_size > 1:
+        return "with rollout.tensor_model_parallel_size > 1 (not built yet)"
+    if r.mode == "async":
+        return "with rollout.mode=async (agent loops: not built yet)"
+    return None
 
 
 def rollout_total_steps(cfg: GRPOConfig) -> int | None:
@@ -89,11 +107,16 @@ def fully_async_note(fa: FullyAsyncSettings) -> str:
     """The line of fully asynchronous training in the start-up plan (``--check``) and at start-up."""
     old = ("the engines' sampling log-probs are the old log-probs" if fa.old_from_rollout
            else "the actor recomputes the old log-probs")
+    if fa.partial_rollout:
+        partial = ("partial rollouts: a sync interrupts the responses being generated and the new weights finish "
+                   "them (each token keeps the version and log-prob it was sampled with)")
+    elif fa.partial_off is not None:
+        partial = f"partial_rollout has no effect {fa.partial_off}: a sync waits for the chunks being generated"
+    else:
+        partial = "a sync waits for the chunks being generated"
     return (f"fully asynchronous: a step trains one chunk of {fa.chunk_prompts} prompts; weights synced every "
             f"{fa.trigger} step(s); after a sync at most {fa.max_ahead} chunk(s) generated ahead (staleness_threshold "
-            f"{fa.staleness_threshold:g}), so a chunk is at most {fa.max_ahead - 1} update(s) old; {old}; "
-            "partial_rollout has no effect yet (generation is not interrupted: a sync waits for the chunks being "
-            "generated)")
+            f"{fa.staleness_threshold:g}), so a chunk is at most {fa.max_ahead - 1} update(s) old; {old}; {partial}")
 
 
 def normalize_fully_async(cfg: GRPOConfig) -> GRPOConfig:

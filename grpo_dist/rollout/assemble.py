@@ -10,7 +10,9 @@ response columns:
   response tokens, ``position_ids`` counting real tokens from 0 (response positions continue from the
   prompt's last position);
 - ``response_mask`` [B*n, R] float32, 1 on generated tokens (up to and including EOS);
-- ``rollout_log_probs`` [B*n, R] the engine's sampling log-probs (only when they were asked for).
+- ``rollout_log_probs`` [B*n, R] the engine's sampling log-probs (only when they were asked for);
+- ``rollout_versions`` [B*n, R] long, the policy version that sampled each token, -1 on padding (partial
+  rollouts only).
 """
 
 from __future__ import annotations
@@ -106,6 +108,11 @@ def responses_to_batch(prompts: Batch, output: RolloutOutput, *, n: int, pad_id:
     rows["response_mask"] = response_mask.float()
     if rollout_logp is not None:
         rows["rollout_log_probs"] = rollout_logp
+    if output.token_versions is not None:  # partial rollouts: each token's policy version, -1 on padding
+        versions_BR = torch.full((len(output), R), -1, dtype=torch.long)
+        for i, v in enumerate(output.token_versions):
+            versions_BR[i, : len(v)] = torch.tensor(v, dtype=torch.long)
+        rows["rollout_versions"] = versions_BR
     present_BR = torch.arange(R).unsqueeze(0) < torch.tensor(output.response_lengths, dtype=torch.long).unsqueeze(1)
     rows["input_ids"] = torch.cat([rows["input_ids"], responses], dim=1)
     rows["attention_mask"] = torch.cat([prompt_mask, present_BR.to(prompt_mask.dtype)], dim=1)

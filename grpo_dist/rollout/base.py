@@ -103,6 +103,11 @@ class RolloutOutput:
         num_turns: ``[B*n]`` chat turns of each trajectory (user, assistant and tool messages).
         metrics: ``[B*n]`` each trajectory's numbers (tool calls, tool errors, ...), averaged by the driver.
         extra_fields: ``[B*n]`` what each agent loop returned for the reward function (tool rewards, ...).
+
+    Partial rollouts (:mod:`grpo_dist.rollout.partial`) also fill:
+
+        token_versions: ``[B*n][T_i]`` the policy version that sampled each token (a response a weight
+            sync interrupted holds tokens of more than one version).
     """
 
     response_ids: list[list[int]]
@@ -113,6 +118,7 @@ class RolloutOutput:
     num_turns: list[int] | None = None
     metrics: list[dict[str, float]] | None = None
     extra_fields: list[dict[str, Any]] | None = None
+    token_versions: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         n_lp = len(self.response_ids) if self.logprobs is None else len(self.logprobs)
@@ -134,6 +140,9 @@ class RolloutOutput:
         for i, (ids, mask) in enumerate(zip(self.response_ids, self.response_masks or [])):
             if len(ids) != len(mask):
                 raise ValueError(f"response {i} has {len(ids)} token ids but {len(mask)} mask entries")
+        for i, (ids, versions) in enumerate(zip(self.response_ids, self.token_versions or [])):
+            if len(ids) != len(versions):
+                raise ValueError(f"response {i} has {len(ids)} token ids but {len(versions)} token versions")
 
     @classmethod
     def empty(cls, sampling: SamplingSettings) -> RolloutOutput:
@@ -167,8 +176,8 @@ class TokenOutput:
     stop_reason: str = "stop"
 
 
-#: The optional per-trajectory fields of :class:`RolloutOutput` (agent-loop rollouts).
-TRAJECTORY_FIELDS = ("response_masks", "prompt_ids", "num_turns", "metrics", "extra_fields")
+#: The optional per-response fields of :class:`RolloutOutput` (agent-loop rollouts, partial rollouts).
+TRAJECTORY_FIELDS = ("response_masks", "prompt_ids", "num_turns", "metrics", "extra_fields", "token_versions")
 
 
 def rollout_step_seed(rollout_seed: int, global_step: int, responses: int) -> int:

@@ -287,9 +287,11 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ one request at a time (async server)
 
-    def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings) -> None:
-        """Queue one request (``sampling.n == 1``, seeded with ``sampling.seed`` itself) for :meth:`step`;
-        requests added between steps join the running batch (continuous batching)."""
+    def add_request(self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings, *,
+                    deltas: bool = False) -> None:
+        """Queue one request (``sampling.n == 1``, seeded with ``sampling.seed`` itself) for :meth:`step`
+        (or, with ``deltas``, for :meth:`step_deltas`, which reports its tokens as they come); requests
+        added between steps join the running batch (continuous batching)."""
         from vllm.inputs import TokensPrompt
 
         self._check_awake()
@@ -301,7 +303,7 @@ class VLLMEngine:
         params = _sampling_params(sampling, sampling.seed)
         # the finished response only, as LLM.generate asks: the default (cumulative) output rebuilds every
         # running request's whole token and log-prob lists at every engine step
-        params.output_kind = RequestOutputKind.FINAL_ONLY
+        params.output_kind = RequestOutputKind.DELTA if deltas else RequestOutputKind.FINAL_ONLY
         self._llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
                                          lora_request=self._lora)
 
@@ -317,6 +319,18 @@ class VLLMEngine:
             lps = None if c.logprobs is None else [float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
             finished.append((out.request_id, TokenOutput(ids, lps, c.finish_reason or "abort")))
         return finished
+
+    def step_deltas(self) -> list[tuple[str, list[int], list[float] | None, str | None]]:
+        """Run one engine iteration; for each request added with ``deltas=True`` that sampled tokens in
+        it: its id, the new token ids, their log-probs (None when not asked for) and its finish reason
+        (``"stop"``, ``"length"``; None while it runs)."""
+        new = []
+        for out in self._llm.llm_engine.step():
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            lps = None if c.logprobs is None else [float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
+            new.append((out.request_id, ids, lps, (c.finish_reason or "abort") if out.finished else None))
+        return new
 
     def has_unfinished_requests(self) -> bool:
         return self._llm.llm_engine.has_unfinished_requests()

@@ -37,6 +37,7 @@ from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.agents.collect import agent_row
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
+from grpo_dist.rollout.partial import partial_metrics
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import checkpoint, validation
 from grpo_dist.trainer.dynamic_sampling import step_sampler
@@ -98,6 +99,9 @@ class GRPOTrainer:
         """Fully asynchronous training: the chunks the engines may still start before the next weight sync."""
         if self.admission is not None:
             self.admission.synced(0)  # the engines start with the initial policy
+        self.partial_rollout = p.fully_async is not None and p.fully_async.partial_rollout
+        """Fully asynchronous training's chunks are generated in the background and a sync interrupts them
+        (:mod:`grpo_dist.rollout.partial`)."""
         self.stale_samples = 0
         """Fully asynchronous training: prompts trained on with a sample age above 0 so far (verl's
         ``fully_async/count/stale_samples_processed``)."""
@@ -177,7 +181,12 @@ class GRPOTrainer:
         sampling = replace(self.plan.train_sampling,
                            seed=rollout_step_seed(self.plan.rollout_seed, step - 1, self.shape.responses))
         prompts, method, per_rank = self._generation_call(items, f"s{step - 1}", sampling)
-        wait = self.rollout.call_later(method, per_rank=per_rank)
+        if self.partial_rollout:  # on the engines' background generators, which a weight sync interrupts
+            chunk = f"s{step - 1}"
+            self.rollout.call("start_chunk", per_rank=[(chunk, *args, self.engine_version) for args in per_rank])
+            wait = lambda: self.rollout.call("collect_chunk", chunk)  # noqa: E731 - called when the step needs it
+        else:
+            wait = self.rollout.call_later(method, per_rank=per_rank)
         return RolloutAhead(step=step, epoch=epoch, version=self.engine_version,
                             finish=lambda: self._generated(prompts, wait(), sampling))
 
@@ -208,13 +217,20 @@ class GRPOTrainer:
         its timings go to ``timer`` and its bytes to ``m`` (``perf/weight_sync_bytes``) when given."""
         if self.engine_version == self.policy_version:
             return
-        self.wait_generated()  # the engines finish the batches of the version they started them with
+        if self.partial_rollout:  # the engines stop after their current iteration; the new weights finish the responses
+            interrupted = sum(self.rollout.call("pause_generation"))
+        else:
+            self.wait_generated()  # the engines finish the batches of the version they started them with
         with timer("update_weights"):
             for name, seconds in self.sync().items():
                 timer.add(name, seconds)
         if m is not None:
             m["perf/weight_sync_bytes"] = float(self.sync.last_bytes)
         self.engine_version = self.policy_version
+        if self.partial_rollout:
+            self.rollout.call("resume_generation", self.engine_version)
+            if m is not None:
+                m["fully_async/partial/interrupted"] = float(interrupted)
 
     def wait_generated(self) -> None:
         """Wait until the engines finished every batch started (they are then idle)."""
@@ -249,6 +265,8 @@ class GRPOTrainer:
         m.update({"training/sample_age": float(age), "fully_async/queue_size": float(len(self.queue)),
                   "fully_async/count/stale_samples_processed": float(self.stale_samples),
                   "fully_async/count/current_param_version": float(self.policy_version)})
+        if "rollout_versions" in batch:  # partial rollouts: responses whose tokens more than one version sampled
+            m.update(partial_metrics(batch["rollout_versions"]))
         with timer("reward"):
             batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats

@@ -7,6 +7,11 @@ otherwise the constructor builds it.
 ``generate`` and the weight-sync pieces (``wake_up``, ``load_bucket``, ``finish_load``) return
 :class:`~grpo_dist.workers.common.Timed` results (value and busy seconds) for the driver's
 ``timing_s/gen/worker`` and ``timing_s/update_weights/...`` metrics.
+
+Partial rollouts (fully asynchronous training, ``async_training.partial_rollout=true``): ``start_chunk``
+queues a chunk on a background generator (:mod:`grpo_dist.rollout.partial`) and returns at once,
+``pause_generation`` / ``resume_generation`` bracket a weight sync, ``collect_chunk`` waits for a chunk.
+A ``generate`` call meanwhile (validation) pauses the background generation around itself.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class RolloutWorker:
         self._adapter_config: dict | None = None  # set when the weight sync sends LoRA adapters only
         self._server = None  # the asynchronous server of rollout.mode=async, made on first use
         self._tokenizer = None
+        self._partial = None  # the background generator of partial rollouts, made on first use
+        self._partial_version = 0  # the policy version the engine's weights are (partial rollouts tag tokens with it)
 
     def _make_engine(self, **more: Any):
         from grpo_dist.rollout import make_engine
@@ -59,7 +66,43 @@ class RolloutWorker:
             from grpo_dist.rollout.base import RolloutOutput
 
             return RolloutOutput.empty(sampling)
-        return self.engine.generate(prompt_ids, sampling)
+        if self._partial is None or self._partial.paused or not self._partial.active:
+            return self.engine.generate(prompt_ids, sampling)
+        self._partial.pause()  # the engine serves this call alone, then the chunks go on with the same weights
+        try:
+            return self.engine.generate(prompt_ids, sampling)
+        finally:
+            self._partial.resume(self._partial_version)
+
+    def start_chunk(self, chunk_id: str, prompt_ids: list[list[int]], sampling: Any, version: int) -> None:
+        """Partial rollouts: queue chunk ``chunk_id`` (``sampling.n`` responses per prompt) on the background
+        generator, its tokens tagged with policy ``version`` until the next resume; returns at once."""
+        if self._partial is None:
+            from grpo_dist.rollout.partial import PartialRollouts
+
+            self._partial = PartialRollouts(self.engine, version=version)
+            self._partial_version = version
+        self._partial.start(chunk_id, prompt_ids, sampling)
+
+    def pause_generation(self) -> int:
+        """Partial rollouts: interrupt the background generation (before a weight sync); how many responses
+        were interrupted."""
+        return 0 if self._partial is None else self._partial.pause()
+
+    def resume_generation(self, version: int) -> None:
+        """Partial rollouts: continue the interrupted responses with the engine's weights, policy ``version``."""
+        self._partial_version = version
+        if self._partial is not None:
+            self._partial.resume(version)
+
+    def collect_chunk(self, chunk_id: str):
+        """Partial rollouts: chunk ``chunk_id`` once finished, with the seconds the engine worked on it."""
+        from grpo_dist.workers.common import Timed
+
+        if self._partial is None:
+            raise RuntimeError(f"collect_chunk({chunk_id!r}) before any start_chunk")
+        output, busy_s = self._partial.collect(chunk_id)
+        return Timed(output, busy_s)
 
     @timed
     def run_agents(self, rows: list[dict], sampling: Any, settings: Any, tokenizer_path: str):
@@ -102,6 +145,8 @@ class RolloutWorker:
 
         from grpo_dist.rollout.weight_sync import bucket_buffer, open_cuda, unpack
 
+        if self._partial is not None and self._partial.active and not self._partial.paused:
+            raise RuntimeError("weights sent while partial rollouts generate: pause_generation must come first")
         flat = bucket_buffer(bucket, payload) if isinstance(payload, np.ndarray) else open_cuda(payload)
         named = list(unpack(bucket, flat))
         if self._adapter_config is not None:
@@ -136,6 +181,8 @@ class RolloutWorker:
         return process_memory_gb()
 
     def close(self) -> None:
+        if self._partial is not None:
+            self._partial.close()
         if self.engine is not None:
             self.engine.close()
 

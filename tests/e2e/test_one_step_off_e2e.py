@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from tests.e2e.helpers import read_metrics, run_main
+from tests.e2e.helpers import base_args, read_metrics, run_main
 from tests.e2e.test_resume_e2e import COMPARE
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,8 @@ FULLY_ASYNC = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node
                "rollout.n_gpus_per_node=1", "trainer.total_training_steps=10", "trainer.test_freq=10",
                "trainer.progress_bar=false", "trainer.logger=[console,file]",
                "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2",
-               "async_training.require_batches=2", "trainer.save_freq=5"]
+               "async_training.require_batches=2", "trainer.save_freq=5",
+               "async_training.partial_rollout=false"]  # a sync waits for the chunks: the run does not depend on timing
 
 
 def test_fully_async_learns_within_its_staleness_bound(embedded_model, tmp_path):
@@ -91,3 +92,30 @@ def test_fully_async_learns_within_its_staleness_bound(embedded_model, tmp_path)
 
     # resumed from step 5: those chunks are trained first, nothing is generated twice, the run as before
     resumed_from_step_5_equals(FULLY_ASYNC, out, m, tmp_path, ["training/sample_age", "fully_async/queue_size"])
+
+
+def test_partial_rollouts_interrupt_generation_at_every_sync(tiny_model_dir, reverse_data, tmp_path):
+    """verl's default, partial rollouts, where generation takes longer than a step: a random model (it rarely
+    says EOS) writing up to 192 tokens, on chunks of 4 prompts x 4. The rollout pool generates in the
+    background; a sync after every step interrupts the responses in flight, and the new weights finish them;
+    a validation every 2 steps runs between the engine's iterations (the chunks pause around it). Every
+    trained chunk reports verl's ``fully_async/partial/*``: responses holding tokens of two versions, never
+    more than the staleness bound lets a chunk lag (staleness 1, trigger 1: 1 version)."""
+    out = tmp_path / "run"
+    args = base_args(tiny_model_dir, reverse_data, out, 6) + [
+        "actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1", "data.max_response_length=192", "trainer.test_freq=2",
+        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
+        "async_training.require_batches=2"]
+    proc = run_main(args)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "partial rollouts: a sync interrupts the responses being generated" in proc.stdout
+    m = read_metrics(out)
+    assert [s for s in m if any(k.startswith("val-core/") for k in m[s])] == [0, 2, 4, 6]
+    for s in range(1, 7):
+        assert m[s]["fully_async/partial/max_partial_span"] <= 1 and m[s]["training/sample_age"] <= 1
+        assert m[s]["response_length/mean"] > 20  # long responses: the engine is busy at a sync
+    assert [s for s in range(1, 7) if "fully_async/partial/interrupted" in m[s]] == list(range(1, 6))
+    assert sum(m[s]["fully_async/partial/interrupted"] for s in range(1, 6)) > 0
+    assert sum(m[s]["fully_async/partial/total_partial_num"] for s in range(1, 7)) > 0
+    assert max(m[s]["fully_async/partial/max_partial_span"] for s in range(1, 7)) == 1

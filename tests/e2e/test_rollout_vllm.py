@@ -316,6 +316,73 @@ def test_async_server_lets_a_later_turn_join_the_running_batch(vllm_engine):
         _served(server, [("x", PROMPTS[1], {"repetition_penalty": 1.3})])
 
 
+def test_partial_rollouts_keep_each_tokens_version_and_log_prob(vllm_engine, model_dir):
+    """Partial rollouts on the real engine: a chunk no sync interrupts samples exactly what ``generate``
+    samples; a chunk paused mid-way, given new weights and resumed holds tokens of both versions, and each
+    token's log-prob is its own version's (the old weights' before the pause, the new weights' after,
+    the prefix recomputed with the new weights)."""
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    from grpo_dist.rollout.partial import PartialRollouts
+
+    engine = vllm_engine
+    prompts = PROMPTS[:3]
+    sampling = SamplingSettings(n=2, temperature=1.0, max_tokens=12, seed=77)
+    gen = PartialRollouts(engine, version=0)
+    try:
+        gen.start("whole", prompts, sampling)
+        whole, _ = gen.collect("whole", timeout_s=120)
+        direct = engine.generate(prompts, sampling)
+        assert whole.response_ids == direct.response_ids and whole.finished_by_eos == direct.finished_by_eos
+        torch.testing.assert_close([torch.tensor(x) for x in whole.logprobs], [torch.tensor(x) for x in direct.logprobs],
+                                   atol=1e-5, rtol=0)
+        assert all(set(v) == {0} for v in whole.token_versions)
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        original = {k: v.clone() for k, v in model.state_dict().items()}
+        torch.manual_seed(0)
+        new = {k: v + 0.05 * torch.randn_like(v) if v.dim() == 2 else v for k, v in original.items()}
+        for attempt in range(5):  # a pause that lands after every response ended interrupts nothing: again
+            cut_id = f"cut{attempt}"
+            gen.start(cut_id, prompts, SamplingSettings(n=2, temperature=1.0, max_tokens=200, seed=78 + attempt))
+            chunk = gen._chunks[cut_id]
+            deadline = time.monotonic() + 60
+            while not any(r.finish_reason is None and len(r.tokens) >= 3 for r in chunk.responses):
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            if gen.pause() > 0:
+                break
+            gen.resume(0)
+            gen.collect(cut_id, timeout_s=120)
+        else:
+            pytest.fail("five pauses in a row interrupted nothing")
+        try:
+            engine.update_weights(new.items())
+            gen.resume(1)
+            cut, _ = gen.collect(cut_id, timeout_s=300)
+            partial = [i for i, v in enumerate(cut.token_versions) if v and v[0] == 0 and v[-1] == 1]
+            assert partial, cut.token_versions
+            for i in partial:
+                ids, lps, versions = cut.response_ids[i], cut.logprobs[i], cut.token_versions[i]
+                k = versions.index(1)
+                assert versions == [0] * k + [1] * (len(ids) - k)
+                prompt = prompts[i // 2]
+                under_new = engine.compute_logprobs([prompt], [ids])[0]
+                torch.testing.assert_close(torch.tensor(lps[k:]), torch.tensor(under_new[k:]), atol=1e-4, rtol=0)
+                assert max(abs(a - b) for a, b in zip(lps[:k], under_new[:k])) > 1e-3  # the old weights' differ
+            engine.update_weights(original.items())
+            for i in partial:
+                ids, lps, k = cut.response_ids[i], cut.logprobs[i], cut.token_versions[i].index(1)
+                under_old = engine.compute_logprobs([prompts[i // 2]], [ids])[0]
+                torch.testing.assert_close(torch.tensor(lps[:k]), torch.tensor(under_old[:k]), atol=1e-4, rtol=0)
+        finally:
+            engine.update_weights(original.items())
+    finally:
+        gen.close()
+
+
 def test_seeded_sampling_of_a_batch_larger_than_one_engine_step(model_dir):
     """More prompt tokens than one scheduler step takes, each request seeded: no chunked-prefill
     generator rewind on CPU ("CPU Generator does not use offset"), and the call is reproducible."""
@@ -514,3 +581,4 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
     (alone,) = one["held_before"]
     assert alone["size"] == 1 and all(alone[n][0] == alone[n][1] for n in SHARDED), alone
     assert one["before"][0].response_ids != one["after"][0].response_ids  # the sync changed the policy
+

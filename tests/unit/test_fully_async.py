@@ -16,7 +16,7 @@ import torch
 from grpo_dist.batch import Batch
 from grpo_dist.config import facts
 from grpo_dist.config.driver_plan import total_steps
-from grpo_dist.config.fully_async import fully_async_on
+from grpo_dist.config.fully_async import fully_async_note, fully_async_on, fully_async_settings
 from grpo_dist.config.spec import resolve
 from grpo_dist.trainer import checkpoint
 from grpo_dist.trainer.driver import GRPOTrainer
@@ -36,8 +36,11 @@ def run_steps(trainer: GRPOTrainer, n: int) -> list[dict]:
     return out
 
 
-def fully_async(staleness: float, trigger: int) -> tuple[str, ...]:
-    return (*OFF, f"async_training.staleness_threshold={staleness}", f"async_training.trigger_parameter_sync_step={trigger}")
+def fully_async(staleness: float, trigger: int, partial: bool | None = False) -> tuple[str, ...]:
+    """The mode's keys; without partial rollouts (verl's default is on) unless asked: a sync then waits for the chunks
+    being generated, and the schedule is the same whatever the timing. ``partial=None``: the key not given."""
+    keys = (*OFF, f"async_training.staleness_threshold={staleness}", f"async_training.trigger_parameter_sync_step={trigger}")
+    return keys if partial is None else (*keys, f"async_training.partial_rollout={str(partial).lower()}")
 
 
 class Engines:
@@ -66,6 +69,11 @@ class Engines:
         self.events.append(("sync", self.trainer.policy_version))
         return {"update_weights/load": 0.01}
 
+    def call(self, method, *args, **kwargs):
+        """Partial rollouts' calls on the rollout ranks (one rank): a pause interrupts 3 responses."""
+        self.events.append((method, *args))
+        return [3] if method == "pause_generation" else [None]
+
 
 class SlowActor(ActorGroup):
     def __init__(self, train_s: float) -> None:
@@ -89,7 +97,7 @@ def make(tmp_path, *overrides, steps: int = 6, gen_s: float = 0.0, train_s: floa
         batch.non_tensors["uid"] = [f"s{step}p{i // 2}" for i in range(4)]
         return batch
     engines = Engines(trainer, batch_of, gen_s)
-    trainer.start_ahead, trainer.sync = engines.start, SyncRecorder(engines)
+    trainer.start_ahead, trainer.sync, trainer.rollout = engines.start, SyncRecorder(engines), engines
     return trainer, engines
 
 
@@ -122,12 +130,24 @@ def test_staleness_0_and_trigger_1_is_the_synchronous_loop(tmp_path):
                                trainer.actor.update_rows["response_mask"][0] * math.log(0.5))
 
 
+def test_with_partial_rollouts_a_sync_interrupts_the_engines_instead_of_waiting_for_them(tmp_path):
+    trainer, eng = make(tmp_path, *fully_async(1.0, 1, partial=True), steps=3)
+    metrics = run_steps(trainer, 3)
+    # the chunk started ahead is not waited for at a sync: paused, the weights sent, resumed with their version
+    assert eng.events == [("start", 1, 0), ("start", 2, 0), ("wait", 1), ("pause_generation",), ("sync", 1),
+                          ("resume_generation", 1), ("start", 3, 1), ("wait", 2), ("pause_generation",), ("sync", 2),
+                          ("resume_generation", 2), ("wait", 3)]
+    assert [m.get("fully_async/partial/interrupted") for m in metrics] == [3.0, 3.0, None]
+    assert [m["training/sample_age"] for m in metrics] == [0.0, 1.0, 1.0]  # counted from the version a chunk began with
+
+
 @pytest.mark.parametrize("staleness,trigger", [(0.0, 1), (1.0, 1), (0.5, 2), (0.1, 4), (2.0, 2), (0.0, 3)])
 @pytest.mark.parametrize("slow", ["rollout", "trainer"])
-def test_the_chunks_ahead_and_the_sample_age_never_pass_the_bound(tmp_path, staleness, trigger, slow):
+@pytest.mark.parametrize("partial", [False, True])
+def test_the_chunks_ahead_and_the_sample_age_never_pass_the_bound(tmp_path, staleness, trigger, slow, partial):
     bound = math.floor((1 + staleness) * trigger)
     speeds = {"gen_s": 0.01} if slow == "rollout" else {"train_s": 0.005}
-    trainer, eng = make(tmp_path, *fully_async(staleness, trigger), steps=10, **speeds)
+    trainer, eng = make(tmp_path, *fully_async(staleness, trigger, partial), steps=10, **speeds)
     metrics = run_steps(trainer, 10)
     assert max(eng.ahead_at_start) <= bound
     ages = [m["training/sample_age"] for m in metrics]
@@ -229,9 +249,22 @@ def test_the_mode_its_sizes_and_its_steps():
 def test_the_start_up_plan_says_what_the_mode_does():
     from grpo_dist.config.plan import build_plan
 
-    lines = "\n".join(build_plan(config(*fully_async(0.5, 2)), count_rows=False).lines())
-    assert "fully asynchronous" in lines and "partial_rollout has no effect" in lines
-    assert "up to 3 chunk(s) ahead" in lines
+    lines = "\n".join(build_plan(config(*fully_async(0.5, 2, partial=None)), count_rows=False).lines())
+    assert "fully asynchronous" in lines and "up to 3 chunk(s) ahead" in lines
+    assert "partial rollouts: a sync interrupts the responses being generated" in lines  # verl's default: on
+
+
+@pytest.mark.parametrize("overrides,on,said", [
+    ((), True, "partial rollouts: a sync interrupts the responses being generated and the new weights finish them"),
+    (("async_training.partial_rollout=false",), False, "; a sync waits for the chunks being generated"),
+    (("actor_rollout_ref.rollout.name=hf",), False, "partial_rollout has no effect with rollout.name=hf"),
+    (("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2"), False,
+     "partial_rollout has no effect with rollout.tensor_model_parallel_size > 1"),
+])
+def test_partial_rollouts_are_on_where_the_engine_can_interrupt_requests(overrides, on, said):
+    fa = fully_async_settings(config(*fully_async(0.5, 2, partial=None), *overrides))
+    assert fa.partial_rollout is on
+    assert said in fully_async_note(fa)
 
 
 @pytest.mark.parametrize("overrides,needles", [

@@ -48,9 +48,10 @@ class AsyncTrainingConfig:
         None, "ppo mini-batches per training step: a chunk is require_batches x ppo_mini_batch_size prompts x "
               "rollout.n responses (verl: 1)")
     partial_rollout: Optional[bool] = F(
-        None, "interrupt generation at a weight sync and finish it with the new weights (verl: true)",
-        NoOp("generation is not interrupted yet: at a sync the driver waits for the chunks being generated, "
-             "as partial_rollout=false does"))
+        None, "interrupt the responses being generated at a weight sync and finish them with the new weights, each "
+              "token keeping the version and log-prob it was sampled with; results then depend on timing (where a "
+              "sync lands); needs the vLLM engine with one process per engine and rollout.mode=sync, else a sync "
+              "waits for the chunks being generated, as with false (verl: true)")
     use_rollout_log_probs: Optional[bool] = F(
         None, "train with the engines' sampling log-probs as the old log-probs (requested from the engines by "
               "itself); false: the actor recomputes them (verl: true)")

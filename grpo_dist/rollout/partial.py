@@ -1,0 +1,297 @@
+"""Partial rollouts: generation that a weight sync interrupts and the new weights finish.
+
+Fully asynchronous training with ``async_training.partial_rollout=true`` keeps the rollout engine
+busy across weight syncs. A chunk's requests run in the background (a thread steps the engine, one
+iteration at a time, under a lock); at a sync the driver pauses every engine:
+
+1. :meth:`PartialRollouts.pause` waits for the engine iteration in progress, then aborts every
+   unfinished request, keeping the tokens it sampled so far with their log-probs and the policy
+   version that sampled them;
+2. the weights are loaded (nothing steps the engine meanwhile);
+3. :meth:`PartialRollouts.resume` gives every interrupted request back to the engine as a new
+   request whose prompt is the old prompt followed by its tokens so far, for the tokens it has left
+   (``max_tokens - len(tokens)``); its tokens from now on are tagged with the new version.
+
+The prefix is recomputed with the new weights (no key/value cache of the old weights is reused), so
+every token's log-prob is the log-prob under the policy of the version it is tagged with: the rollout
+log-probs remain the behaviour policy's, token by token, which is what the loss's old log-probs and
+rollout correction need. A response interrupted ``k`` times holds tokens of ``k + 1`` versions
+(verl's ``fully_async/partial/*`` metrics count them).
+
+Seeds: response ``j`` of prompt ``i`` starts with ``seed + i * n + j``, as an uninterrupted call's
+(so a chunk that no sync interrupts samples what ``generate`` would); a continuation after ``t``
+tokens is seeded with :func:`continuation_seed`. Where a pause lands depends on timing, so a run
+with partial rollouts is not bit-reproducible (every framework's partial rollouts share this).
+
+The engine needs ``add_request(request_id, prompt_ids, sampling, deltas=True)``, ``step_deltas()``
+(``[(request_id, new token ids, their log-probs or None, finish reason or None)]``) and
+``abort(request_ids)``: the vLLM engine has them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
+
+__all__ = ["PartialRollouts", "continuation_seed", "partial_metrics"]
+
+
+def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
+    """The seed of a response continued after ``tokens_done`` tokens (None stays None): a fresh stream
+    per continuation point, so resuming never replays the noise of the tokens already drawn."""
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + tokens_done) % (2**31 - 1)
+
+
+@dataclass
+class _Response:
+    prompt_ids: list[int]
+    sampling: SamplingSettings  # n = 1, this response's own seed
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    request_id: str | None = None  # the engine request that is generating it now (None: finished or paused)
+    parts: int = 0  # engine requests it has had (1 + interruptions)
+
+
+@dataclass
+class _Chunk:
+    responses: list[_Response]
+    logprobs: bool
+    busy_s: float = 0.0  # engine iterations that worked on this chunk
+
+    @property
+    def done(self) -> bool:
+        return all(r.finish_reason is not None for r in self.responses)
+
+
+class PartialRollouts:
+    """Chunks generated in the background on ``engine``, interruptible by :meth:`pause` / :meth:`resume`.
+
+    Responses run oldest first: at most ``max_running`` at once (default: the first chunk's count, so one
+    chunk's worth, as a blocking call would batch it), and a response that ends makes room for the next
+    waiting one (continuous batching), so a chunk's long responses overlap the next chunk's start.
+
+    Thread safety: every engine call is made under one lock, by the stepping thread or by the caller
+    of a method here; the engine is otherwise left alone only while paused (:attr:`paused`), which is
+    when weights may be loaded or another caller may use the engine. A caller waiting for the lock makes
+    the stepping thread stand aside after its current iteration (a plain lock is not fair: the thread
+    that releases it takes it again first, and a pause would wait for the whole chunk).
+    """
+
+    def __init__(self, engine: Any, *, version: int = 0, max_running: int | None = None) -> None:
+        self._engine = engine
+        self._lock = threading.Condition()
+        self._chunks: dict[str, _Chunk] = {}
+        self._running: dict[str, tuple[_Chunk, _Response]] = {}  # engine request id -> its response
+        self._waiting: deque[tuple[_Chunk, _Response]] = deque()  # oldest first; interrupted ones in front
+        self._max_running = max_running
+        self._version = version
+        self._paused = False
+        self._closed = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._next_id = 0
+        self._callers = 0  # callers waiting for the lock: the stepping thread stands aside
+        self._callers_lock = threading.Lock()
+
+    @contextmanager
+    def _held(self) -> Iterator[None]:
+        """The lock, for a caller: taken after the stepping thread's current iteration."""
+        with self._callers_lock:
+            self._callers += 1
+        self._lock.acquire()
+        try:
+            with self._callers_lock:
+                self._callers -= 1
+            self._lock.notify_all()  # the stepping thread stood aside: it may go on when this caller waits or leaves
+            yield
+        finally:
+            self._lock.notify_all()
+            self._lock.release()
+
+    # ------------------------------------------------------------------ the driver's calls
+
+    def start(self, chunk_id: str, prompt_ids: list[list[int]], sampling: SamplingSettings) -> None:
+        """Queue ``sampling.n`` responses for each prompt of chunk ``chunk_id``; returns at once."""
+        if chunk_id in self._chunks:
+            raise ValueError(f"chunk {chunk_id!r} was started already")
+        n = sampling.n
+        responses = [
+            _Response(list(p), replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + i * n + j))
+            for i, p in enumerate(prompt_ids) for j in range(n)
+        ]
+        chunk = _Chunk(responses, logprobs=sampling.logprobs)
+        with self._held():
+            self._raise_error()
+            if self._max_running is None and responses:
+                self._max_running = len(responses)
+            self._chunks[chunk_id] = chunk
+            self._waiting.extend((chunk, r) for r in responses)
+            self._fill()
+            self._ensure_thread()
+            self._lock.notify_all()
+
+    def pause(self) -> int:
+        """Stop generating after the engine iteration in progress; every unfinished request is aborted
+        and keeps its tokens. Returns how many responses were interrupted."""
+        with self._held():
+            self._raise_error()
+            self._paused = True
+            if self._running:
+                self._engine.abort(list(self._running))
+            interrupted = list(self._running.values())
+            for _, r in interrupted:
+                r.request_id = None
+            self._running.clear()
+            self._waiting.extendleft(reversed(interrupted))  # first again, in their order
+            return len(interrupted)
+
+    def resume(self, version: int) -> None:
+        """Continue every interrupted response (prompt + its tokens so far) with the engine's weights,
+        whose tokens are tagged ``version`` from now on."""
+        with self._held():
+            self._raise_error()
+            self._version = version
+            self._paused = False
+            self._fill()
+            self._lock.notify_all()
+
+    def collect(self, chunk_id: str, *, timeout_s: float | None = None) -> tuple[RolloutOutput, float]:
+        """Wait for chunk ``chunk_id`` and hand it over (forgotten here): its responses prompt-major, each
+        token's version in ``token_versions``; and the seconds the engine worked on it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._held():
+            if chunk_id not in self._chunks:
+                raise KeyError(f"no chunk {chunk_id!r} was started (started: {sorted(self._chunks)})")
+            chunk = self._chunks[chunk_id]
+            while not chunk.done:
+                self._raise_error()
+                if self._paused:
+                    raise RuntimeError(f"chunk {chunk_id!r} waits for a resume: the generation is paused")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"chunk {chunk_id!r} not finished within {timeout_s} s")
+                self._lock.wait(timeout=1.0 if left is None else min(left, 1.0))
+            del self._chunks[chunk_id]
+        rs = chunk.responses
+        out = RolloutOutput(
+            response_ids=[r.tokens for r in rs],
+            logprobs=[r.logprobs for r in rs] if chunk.logprobs else None,
+            finished_by_eos=[r.finish_reason == "stop" for r in rs],
+            token_versions=[r.versions for r in rs],
+        )
+        return out, chunk.busy_s
+
+    def __repr__(self) -> str:
+        return (f"PartialRollouts(chunks={list(self._chunks)}, running={len(self._running)}, waiting={len(self._waiting)}, "
+                f"version={self._version}, paused={self._paused}, callers={self._callers}, error={self._error!r})")
+
+    @property
+    def active(self) -> bool:
+        """Whether a chunk is started and not collected."""
+        return bool(self._chunks)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def close(self) -> None:
+        with self._held():
+            self._closed = True
+            if self._running:
+                self._engine.abort(list(self._running))
+            self._running.clear()
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ inside (under the lock)
+
+    def _fill(self) -> None:
+        """Hand the engine the oldest waiting responses while fewer than ``max_running`` run."""
+        while not self._paused and self._waiting and len(self._running) < (self._max_running or 1):
+            self._submit(*self._waiting.popleft())
+
+    def _submit(self, chunk: _Chunk, r: _Response) -> None:
+        left = r.sampling.max_tokens - len(r.tokens)
+        if left <= 0:  # (the engine ends a response at max_tokens itself; this only guards the arithmetic)
+            r.finish_reason = "length"
+            return
+        seed = continuation_seed(r.sampling.seed, len(r.tokens)) if r.tokens else r.sampling.seed
+        request_id = f"partial-{self._next_id}"
+        self._next_id += 1
+        self._engine.add_request(request_id, r.prompt_ids + r.tokens, replace(r.sampling, max_tokens=left, seed=seed),
+                                 deltas=True)
+        r.request_id = request_id
+        r.parts += 1
+        self._running[request_id] = (chunk, r)
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="partial-rollouts", daemon=True)
+            self._thread.start()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the background generation failed: {self._error!r}") from self._error
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._closed and (self._paused or self._callers or not self._running):
+                        self._lock.wait()
+                    if self._closed:
+                        return
+                    t0 = time.perf_counter()
+                    outputs = self._engine.step_deltas()
+                    seconds = time.perf_counter() - t0
+                    for chunk in {id(c): c for c, _ in self._running.values()}.values():
+                        chunk.busy_s += seconds
+                    for request_id, ids, lps, reason in outputs:
+                        if request_id not in self._running:
+                            continue  # not one of ours (or aborted meanwhile)
+                        _, r = self._running[request_id]
+                        r.tokens.extend(ids)
+                        r.versions.extend([self._version] * len(ids))
+                        if lps is not None:
+                            r.logprobs.extend(lps)
+                        if reason is not None:
+                            r.finish_reason = reason
+                            r.request_id = None
+                            del self._running[request_id]
+                    self._fill()
+                    self._lock.notify_all()
+        except BaseException as exc:  # handed to the driver's next call
+            with self._lock:
+                self._error = exc
+                self._lock.notify_all()
+
+
+def partial_metrics(versions_BR: torch.Tensor) -> dict[str, float]:
+    """verl's ``fully_async/partial/*`` of a trained batch from its ``rollout_versions`` ``[B, R]`` (each
+    token's policy version, -1 on padding): the responses whose first and last tokens were sampled by
+    different versions (``total_partial_num``), their share of the batch (``partial_ratio``) and the
+    largest span of versions within one response (``max_partial_span``). An empty response is not partial."""
+    present_BR = versions_BR >= 0
+    lengths_B = present_BR.sum(-1)
+    first_B = versions_BR[:, 0]
+    last_B = versions_BR.gather(1, (lengths_B - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    spans_B = torch.where(lengths_B > 0, last_B - first_B, torch.zeros_like(lengths_B))
+    partial = int((spans_B != 0).sum())
+    rows = versions_BR.shape[0]
+    return {"fully_async/partial/total_partial_num": float(partial),
+            "fully_async/partial/partial_ratio": partial / rows if rows else 0.0,
+            "fully_async/partial/max_partial_span": float(spans_B.max()) if rows else 0.0}
