@@ -8,7 +8,13 @@ default job's unless overrides say otherwise), on the same cores: colocated, one
 processes (actor + reference, and the rollout engine) take turns on the machine's cores; one-step-off, one
 training rank and one rollout rank of their own (each with its share of the cores) working at once; fully
 asynchronous, the same two ranks, chunks of the step's 32 prompts generated up to 3 ahead of the trainer and
-weights synced every 2 steps. Each run logs its metrics; the table reads them:
+weights synced every 2 steps, a sync waiting for the chunks in flight (``fully-async``) or interrupting them
+(``fully-async-partial``, partial rollouts). Each run logs its metrics; the table reads them.
+
+``--workload long-tail`` makes generation the heavy side: a random model of the embedded task's size and
+vocabulary (built by the script; it rarely says EOS, so response lengths have a geometric tail) writing up to
+192 tokens on the default job's batch. Its held-out accuracy is that of a random model (about 0): the workload
+measures time, not learning.
 
 - step time: median ``timing_s/step`` over the steps after the first (the first step of one-step-off
   generates its own batch);
@@ -41,8 +47,11 @@ MODES = {
     # floor(1.5 x 2) = 3 chunks ahead of the trainer
     "fully-async": ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
                     "rollout.n_gpus_per_node=1", "async_training.require_batches=2",
-                    "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2"],
+                    "async_training.staleness_threshold=0.5", "async_training.trigger_parameter_sync_step=2",
+                    "async_training.partial_rollout=false"],
 }
+# the same, with partial rollouts (verl's default): a sync interrupts the responses in flight instead of waiting
+MODES["fully-async-partial"] = [*MODES["fully-async"][:-1], "async_training.partial_rollout=true"]
 
 
 def run(mode: str, steps: int, out: Path, extra: list[str]) -> tuple[dict[int, dict], float]:
@@ -79,19 +88,36 @@ def summarize(m: dict[int, dict], wall: float, responses: int) -> dict[str, floa
             "acc_before": m[0][val], "acc_after": m[last].get(val, float("nan")), "wall_s": wall}
 
 
+def long_tail_overrides(model_dir: Path) -> list[str]:
+    """The long-tail workload's overrides: a random model (the embedded task's architecture and tokenizer, seed 0)
+    built into ``model_dir``, and 192-token responses."""
+    from grpo_dist.tasks.reverse import VOCAB
+    from grpo_dist.utils.tiny_model import build_tiny_model
+
+    if not (model_dir / "config.json").exists():
+        build_tiny_model(model_dir, vocab=VOCAB, hidden_size=64, num_layers=2, num_heads=1, num_kv_heads=1, head_dim=64,
+                         intermediate_size=128, max_position_embeddings=256, seed=0)
+    return [f"actor_rollout_ref.model.path={model_dir}", "data.max_response_length=192"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating; the table shows each")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--workload", choices=["default", "long-tail"], default="default",
+                    help="the default job, or generation-heavy with long-tailed response lengths (see above)")
     ap.add_argument("extra", nargs="*", help="more overrides for both modes")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="one_step_off_bench_"))
+    extra = list(a.extra)
+    if a.workload == "long-tail":
+        extra = long_tail_overrides(out / "long_tail_model") + extra
     rows = []
     for r in range(a.repeats):
         for mode in a.modes:  # alternating, so a change in the machine's load hits both
-            m, wall = run(mode, a.steps, out / f"{mode}-{r}", a.extra)
+            m, wall = run(mode, a.steps, out / f"{mode}-{r}", extra)
             rows.append((mode, r, summarize(m, wall, responses_per_step(out / f"{mode}-{r}"))))
     print(f"| mode | run | step time (s) | samples/s | trainer idle | rollout idle | held-out acc before -> after | wall (s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
