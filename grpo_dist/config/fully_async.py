@@ -109,7 +109,8 @@ def fully_async_note(fa: FullyAsyncSettings) -> str:
            else "the actor recomputes the old log-probs")
     if fa.partial_rollout:
         partial = ("partial rollouts: a sync interrupts the responses being generated and the new weights finish "
-                   "them (each token keeps the version and log-prob it was sampled with)")
+                   "them (each token keeps the version and log-prob it was sampled with; results then depend on "
+                   "timing: partial_rollout=false for a run a resume repeats exactly)")
     elif fa.partial_off is not None:
         partial = f"partial_rollout has no effect {fa.partial_off}: a sync waits for the chunks being generated"
     else:

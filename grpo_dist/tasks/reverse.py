@@ -71,8 +71,20 @@ def make_prompt(digits: str) -> list[dict]:
     return [{"role": "user", "content": f"reverse {digits}"}]
 
 
-def _digits(rng: random.Random) -> str:
-    return "".join(rng.choice("0123456789") for _ in range(rng.randint(MIN_DIGITS, MAX_DIGITS)))
+def _digits(rng: random.Random, lengths: Callable[[random.Random], int] | None = None) -> str:
+    length = rng.randint(MIN_DIGITS, MAX_DIGITS) if lengths is None else lengths(rng)
+    return "".join(rng.choice("0123456789") for _ in range(length))
+
+
+def long_tail_length(rng: random.Random, *, shortest: int = MIN_DIGITS, longest: int = 32, p: float = 0.2) -> int:
+    """A string length with a long tail: ``shortest`` plus a geometric number of extra digits (each one more with
+    probability ``1 - p``; mean about ``shortest + (1 - p) / p``), at most ``longest``. The default gives
+    lengths of mean about 7 and a few in a hundred above 20: a workload whose longest responses set the
+    step's generation time."""
+    length = shortest
+    while length < longest and rng.random() > p:
+        length += 1
+    return length
 
 
 def score(solution_str: str, ground_truth, extra_info=None) -> float:
@@ -91,19 +103,20 @@ _register()
 
 
 # ------------------------------------------------------------------------------------------ data
-def write_data(out_dir: Path, *, seed: int = 0) -> dict[str, Path]:
-    """train.parquet / test.parquet in verl's row format; test strings never appear in train."""
+def write_data(out_dir: Path, *, seed: int = 0, lengths: Callable[[random.Random], int] | None = None) -> dict[str, Path]:
+    """train.parquet / test.parquet in verl's row format; test strings never appear in train. ``lengths`` draws a
+    string's length (default: uniform in ``MIN_DIGITS..MAX_DIGITS``; :func:`long_tail_length` for long tails)."""
     rng = random.Random(seed)
     test: list[str] = []
     seen: set[str] = set()
     while len(test) < N_TEST:
-        d = _digits(rng)
+        d = _digits(rng, lengths)
         if d not in seen:
             seen.add(d)
             test.append(d)
     train = []
     while len(train) < N_TRAIN:
-        d = _digits(rng)
+        d = _digits(rng, lengths)
         if d not in seen:
             train.append(d)
     rows = {}
@@ -145,8 +158,10 @@ def _ensure_splits(folder: Path, lock: Path, write: Callable[[Path], object]) ->
 
 # ----------------------------------------------------------------------------------------- model
 def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
-            reverse_fraction: float = 0.25, log_every: int = 0) -> dict:
-    """Supervised warm-up: answers are the reversal with probability ``reverse_fraction``, else a copy."""
+            reverse_fraction: float = 0.25, log_every: int = 0,
+            lengths: Callable[[random.Random], int] | None = None) -> dict:
+    """Supervised warm-up: answers are the reversal with probability ``reverse_fraction``, else a copy; string
+    lengths as :func:`write_data`'s ``lengths`` draws them."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -167,7 +182,7 @@ def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e
     for step in range(steps):
         seqs, labels = [], []
         for _ in range(batch_size):
-            d = _digits(rng)
+            d = _digits(rng, lengths)
             ans = d[::-1] if rng.random() < reverse_fraction else d
             p = tokenize_prompt(tok, make_prompt(d))
             a = tok.encode(ans, add_special_tokens=False) + [end_id]
@@ -180,7 +195,8 @@ def warm_up(model_dir: Path, *, steps: int, batch_size: int = 32, lr: float = 3e
     return {"steps": steps, "final_loss": loss_val, "seconds": time.perf_counter() - t0}
 
 
-def build_model(out_dir: Path, *, warmup_steps: int = 200, seed: int = 0, log_every: int = 0) -> Path:
+def build_model(out_dir: Path, *, warmup_steps: int = 200, seed: int = 0, log_every: int = 0,
+                lengths: Callable[[random.Random], int] | None = None) -> Path:
     import torch
 
     from grpo_dist.utils.tiny_model import build_tiny_model
@@ -189,7 +205,7 @@ def build_model(out_dir: Path, *, warmup_steps: int = 200, seed: int = 0, log_ev
     try:
         build_tiny_model(out_dir, vocab=VOCAB, hidden_size=128, num_layers=4, num_heads=2, num_kv_heads=2,
                          head_dim=64, intermediate_size=256, max_position_embeddings=256, seed=seed)
-        info = warm_up(out_dir, steps=warmup_steps, seed=seed, log_every=log_every)
+        info = warm_up(out_dir, steps=warmup_steps, seed=seed, log_every=log_every, lengths=lengths)
     finally:
         torch.set_num_threads(threads)
     (out_dir / "grpo_dist_task.json").write_text(json.dumps({"task": "reverse", "version": VERSION, **info}))

@@ -11,6 +11,10 @@ asynchronous, the same two ranks, chunks of the step's 32 prompts generated up t
 weights synced every 2 steps, a sync waiting for the chunks in flight (``fully-async``) or interrupting them
 (``fully-async-partial``, partial rollouts). Each run logs its metrics; the table reads them.
 
+``--workload reverse-long-tail`` is the reverse task with string lengths of a long tail (3 digits plus a
+geometric number more, at most 32: mean about 7) and a base model warmed up on them (both built by the
+script): a learnable task whose longest responses set a step's generation time.
+
 ``--workload long-tail`` makes generation the heavy side: a random model of the embedded task's size and
 vocabulary (built by the script; it rarely says EOS, so response lengths have a geometric tail) writing up to
 192 tokens on the default job's batch. Its held-out accuracy is that of a random model (about 0): the workload
@@ -100,20 +104,35 @@ def long_tail_overrides(model_dir: Path) -> list[str]:
     return [f"actor_rollout_ref.model.path={model_dir}", "data.max_response_length=192"]
 
 
+def reverse_long_tail_overrides(folder: Path) -> list[str]:
+    """The learnable long-tail workload's overrides: the reverse task with string lengths of a long tail
+    (:func:`grpo_dist.tasks.reverse.long_tail_length`) and a base model warmed up on them, built into ``folder``."""
+    from grpo_dist.tasks import reverse
+
+    model = folder / "model"
+    if not (model / "grpo_dist_task.json").exists():
+        reverse.build_model(model, lengths=reverse.long_tail_length)
+    data = reverse.write_data(folder / "data", lengths=reverse.long_tail_length)
+    return [f"actor_rollout_ref.model.path={model}", f"data.train_files={data['train']}",
+            f"data.val_files={data['test']}", "data.max_response_length=40", "data.max_prompt_length=64"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating; the table shows each")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    ap.add_argument("--workload", choices=["default", "long-tail"], default="default",
-                    help="the default job, or generation-heavy with long-tailed response lengths (see above)")
+    ap.add_argument("--workload", choices=["default", "long-tail", "reverse-long-tail"], default="default",
+                    help="the default job, or one with long-tailed response lengths (see above)")
     ap.add_argument("extra", nargs="*", help="more overrides for both modes")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="one_step_off_bench_"))
     extra = list(a.extra)
     if a.workload == "long-tail":
         extra = long_tail_overrides(out / "long_tail_model") + extra
+    elif a.workload == "reverse-long-tail":
+        extra = reverse_long_tail_overrides(out / "reverse_long_tail") + extra
     rows = []
     for r in range(a.repeats):
         for mode in a.modes:  # alternating, so a change in the machine's load hits both

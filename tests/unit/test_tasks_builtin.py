@@ -138,3 +138,32 @@ def test_rows_are_in_verls_format_with_the_larger_number_as_ground_truth(tmp_pat
     firsts = [int(r["prompt"][0]["content"].split(", ")[1].split(" or ")[0]) for r in rows]
     share = sum(f == int(r["reward_model"]["ground_truth"]) for f, r in zip(firsts, rows)) / len(rows)
     assert 0.4 < share < 0.6
+
+
+def test_the_reverse_task_with_long_tailed_lengths():
+    """The long-tail variant (the asynchronous benchmark's learnable workload): lengths from 3 with a geometric
+    tail capped at 32; the default data is untouched by the option (same strings as before for a seed)."""
+    import random
+
+    from grpo_dist.tasks import reverse
+
+    rng = random.Random(0)
+    lengths = [reverse.long_tail_length(rng) for _ in range(20000)]
+    assert min(lengths) == 3 and max(lengths) == 32
+    assert 6.5 < sum(lengths) / len(lengths) < 7.5  # 3 + 0.8 / 0.2
+    assert 0.01 < sum(n > 20 for n in lengths) / len(lengths) < 0.03
+
+
+def test_the_reverse_data_takes_a_length_distribution(tmp_path):
+    import pyarrow.parquet as pq
+
+    from grpo_dist.tasks import reverse
+
+    default = reverse.write_data(tmp_path / "a")
+    again = reverse.write_data(tmp_path / "b", lengths=None)
+    tail = reverse.write_data(tmp_path / "c", lengths=reverse.long_tail_length)
+    truth = {k: [r["reward_model"]["ground_truth"] for r in pq.read_table(p).to_pylist()]
+             for k, p in (("a", default["test"]), ("b", again["test"]), ("c", tail["test"]))}
+    assert truth["a"] == truth["b"]
+    assert {len(t) for t in truth["a"]} <= set(range(reverse.MIN_DIGITS, reverse.MAX_DIGITS + 1))
+    assert max(len(t) for t in truth["c"]) > reverse.MAX_DIGITS
