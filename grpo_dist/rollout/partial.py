@@ -61,8 +61,6 @@ class _Response:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    request_id: str | None = None  # the engine request that is generating it now (None: finished or paused)
-    parts: int = 0  # engine requests it has had (1 + interruptions)
 
 
 @dataclass
@@ -152,8 +150,6 @@ class PartialRollouts:
             if self._running:
                 self._engine.abort(list(self._running))
             interrupted = list(self._running.values())
-            for _, r in interrupted:
-                r.request_id = None
             self._running.clear()
             self._waiting.extendleft(reversed(interrupted))  # first again, in their order
             return len(interrupted)
@@ -234,8 +230,6 @@ class PartialRollouts:
         self._next_id += 1
         self._engine.add_request(request_id, r.prompt_ids + r.tokens, replace(r.sampling, max_tokens=left, seed=seed),
                                  deltas=True)
-        r.request_id = request_id
-        r.parts += 1
         self._running[request_id] = (chunk, r)
 
     def _ensure_thread(self) -> None:
@@ -270,7 +264,6 @@ class PartialRollouts:
                             r.logprobs.extend(lps)
                         if reason is not None:
                             r.finish_reason = reason
-                            r.request_id = None
                             del self._running[request_id]
                     self._fill()
                     self._lock.notify_all()
