@@ -154,12 +154,13 @@ class PartialRollouts:
             self._waiting.extendleft(reversed(interrupted))  # first again, in their order
             return len(interrupted)
 
-    def resume(self, version: int) -> None:
+    def resume(self, version: int | None = None) -> None:
         """Continue every interrupted response (prompt + its tokens so far) with the engine's weights,
-        whose tokens are tagged ``version`` from now on."""
+        whose tokens are tagged ``version`` from now on (None: the weights did not change)."""
         with self._held():
             self._raise_error()
-            self._version = version
+            if version is not None:
+                self._version = version
             self._paused = False
             self._fill()
             self._lock.notify_all()

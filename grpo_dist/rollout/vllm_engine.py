@@ -277,7 +277,7 @@ class VLLMEngine:
                 response_ids.append(ids)
                 if logprobs is not None:
                     assert c.logprobs is not None and len(c.logprobs) == len(ids)
-                    logprobs.append([float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)])
+                    logprobs.append(_sampled_logprobs(c, ids))
                 # "stop": an EOS / stop token (we set no stop strings); "length": max_tokens or
                 # max_model_len.
                 finished_by_eos.append(c.finish_reason == "stop")
@@ -316,7 +316,7 @@ class VLLMEngine:
                 continue
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lps = None if c.logprobs is None else [float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
+            lps = None if c.logprobs is None else _sampled_logprobs(c, ids)
             finished.append((out.request_id, TokenOutput(ids, lps, c.finish_reason or "abort")))
         return finished
 
@@ -328,7 +328,7 @@ class VLLMEngine:
         for out in self._llm.llm_engine.step():
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lps = None if c.logprobs is None else [float(c.logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
+            lps = None if c.logprobs is None else _sampled_logprobs(c, ids)
             new.append((out.request_id, ids, lps, (c.finish_reason or "abort") if out.finished else None))
         return new
 
@@ -601,6 +601,11 @@ def _sampling_params(sampling: SamplingSettings, seed: int | None):
     else:
         common.update(temperature=0.0, top_p=1.0, top_k=0)
     return SamplingParams(**common)
+
+
+def _sampled_logprobs(completion: Any, ids: list[int]) -> list[float]:
+    """The log-prob of each sampled token of a vLLM completion (``logprobs=0``: the sampled token's only)."""
+    return [float(completion.logprobs[t][tok].logprob) for t, tok in enumerate(ids)]
 
 
 def _check_prompts(prompt_token_ids: list[list[int]]) -> None:

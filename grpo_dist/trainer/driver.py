@@ -99,12 +99,15 @@ class GRPOTrainer:
         """Fully asynchronous training: the chunks the engines may still start before the next weight sync."""
         if self.admission is not None:
             self.admission.synced(0)  # the engines start with the initial policy
-        self.partial_rollout = p.fully_async is not None and p.fully_async.partial_rollout
-        """Fully asynchronous training's chunks are generated in the background and a sync interrupts them
-        (:mod:`grpo_dist.rollout.partial`)."""
         self.stale_samples = 0
         """Fully asynchronous training: prompts trained on with a sample age above 0 so far (verl's
         ``fully_async/count/stale_samples_processed``)."""
+
+    @property
+    def partial_rollout(self) -> bool:
+        """Fully asynchronous training's chunks are generated in the background and a sync interrupts them
+        (:mod:`grpo_dist.rollout.partial`)."""
+        return self.plan.fully_async is not None and self.plan.fully_async.partial_rollout
 
     @property
     def ahead(self) -> RolloutAhead | None:

@@ -42,7 +42,6 @@ class RolloutWorker:
         self._server = None  # the asynchronous server of rollout.mode=async, made on first use
         self._tokenizer = None
         self._partial = None  # the background generator of partial rollouts, made on first use
-        self._partial_version = 0  # the policy version the engine's weights are (partial rollouts tag tokens with it)
 
     def _make_engine(self, **more: Any):
         from grpo_dist.rollout import make_engine
@@ -72,7 +71,7 @@ class RolloutWorker:
         try:
             return self.engine.generate(prompt_ids, sampling)
         finally:
-            self._partial.resume(self._partial_version)
+            self._partial.resume()
 
     def start_chunk(self, chunk_id: str, prompt_ids: list[list[int]], sampling: Any, version: int) -> None:
         """Partial rollouts: queue chunk ``chunk_id`` (``sampling.n`` responses per prompt) on the background
@@ -81,7 +80,6 @@ class RolloutWorker:
             from grpo_dist.rollout.partial import PartialRollouts
 
             self._partial = PartialRollouts(self.engine, version=version)
-            self._partial_version = version
         self._partial.start(chunk_id, prompt_ids, sampling)
 
     def pause_generation(self) -> int:
@@ -91,7 +89,6 @@ class RolloutWorker:
 
     def resume_generation(self, version: int) -> None:
         """Partial rollouts: continue the interrupted responses with the engine's weights, policy ``version``."""
-        self._partial_version = version
         if self._partial is not None:
             self._partial.resume(version)
 
