@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 
-__all__ = ["agent_rollout", "agent_row", "to_rollout_output", "ROW_FIELDS"]
+__all__ = ["agent_rollout", "agent_row", "align_versions", "to_rollout_output", "ROW_FIELDS"]
 
 #: the dataset item fields an agent loop gets as keyword arguments (verl passes a row's non-tensor fields).
 ROW_FIELDS = ("prompt_ids", "raw_prompt", "extra_info", "agent_name", "data_source", "ground_truth", "index")
@@ -39,8 +39,30 @@ def agent_rollout(rows: Sequence[dict[str, Any]], sampling: SamplingSettings, *,
     return to_rollout_output(outs, logprobs=sampling.logprobs, response_length=settings.response_length)
 
 
-def to_rollout_output(outs: Sequence[Any], *, logprobs: bool, response_length: int) -> RolloutOutput:
-    """The agent loops' outputs (``AgentLoopOutput``) as one :class:`RolloutOutput`.
+def align_versions(mask: Sequence[int], sampled: Sequence[int], *, default: int) -> list[int]:
+    """Each response token's policy version, from the versions of the tokens the server answered the trajectory
+    with (``sampled``, in order; partial rollouts).
+
+    The model tokens (mask 1) take ``sampled`` in order: a loop keeps the model's tokens as sampled and may only
+    drop the end of its last turn (the budget), so the ``k``-th model token is the ``k``-th token sampled. A
+    tool or template token (mask 0) takes the version of the model token before it, or of the first one when
+    it comes first (versions never decrease along a trajectory, so its first and last tokens carry the
+    smallest and largest). Beyond ``sampled`` (a loop that made model tokens up), the last version repeats;
+    with nothing sampled, every token gets ``default``.
+    """
+    out, k, last = [], 0, (sampled[0] if sampled else default)
+    for m in mask:
+        if m:
+            last = sampled[k] if k < len(sampled) else last
+            k += 1
+        out.append(last)
+    return out
+
+
+def to_rollout_output(outs: Sequence[Any], *, logprobs: bool, response_length: int,
+                      versions: Sequence[Sequence[int]] | None = None, default_version: int = 0) -> RolloutOutput:
+    """The agent loops' outputs (``AgentLoopOutput``) as one :class:`RolloutOutput`; with ``versions`` (each
+    trajectory's sampled tokens' versions, partial rollouts) its ``token_versions`` (:func:`align_versions`).
 
     Raises:
         ValueError: a trajectory longer than ``response_length``, without log-probs when they were asked
@@ -66,6 +88,8 @@ def to_rollout_output(outs: Sequence[Any], *, logprobs: bool, response_length: i
         turns.append(int(out.num_turns))
         metrics.append({k2: float(v) for k2, v in (out.metrics or {}).items()})
         extras.append(dict(out.extra_fields or {}))
+    token_versions = None if versions is None else [
+        align_versions(mask, v, default=default_version) for mask, v in zip(masks, versions, strict=True)]
     return RolloutOutput(response_ids=response_ids, logprobs=lps if logprobs else None, finished_by_eos=eos,
                          response_masks=masks, prompt_ids=prompts, num_turns=turns, metrics=metrics,
-                         extra_fields=extras)
+                         extra_fields=extras, token_versions=token_versions)

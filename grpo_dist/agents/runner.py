@@ -4,6 +4,10 @@ Trajectory ``i * n + j`` is sample ``j`` of row ``i`` (the order of :class:`~grp
 so ``outputs[i * n : (i + 1) * n]`` is row ``i``'s GRPO group). Its loop is the row's ``agent_name``, else
 ``settings.default_agent_loop``; its seed is ``sampling.seed + i * n + j`` (None when ``sampling.seed`` is None).
 Every trajectory gets a fresh loop instance and the row's fields as keywords of ``run``.
+
+With ``versions_out`` (partial rollouts), each trajectory's loop calls the server through a recorder that notes
+the policy version of every token the server answered it with, in order: ``versions_out[k]`` is trajectory
+``k``'s list.
 """
 
 from __future__ import annotations
@@ -34,11 +38,29 @@ def _ensure_user_loops(settings: AgentSettings) -> None:
         _loaded_configs.add(str(Path(path).expanduser().resolve()))
 
 
+class _Recording:
+    """The server as one trajectory's loop sees it: answers pass through, the versions of their tokens are noted."""
+
+    def __init__(self, server: Server, versions: list[int]) -> None:
+        self._server = server
+        self._versions = versions
+
+    async def generate(self, request_id: str, **kwargs: Any) -> Any:
+        out = await self._server.generate(request_id, **kwargs)
+        if getattr(out, "versions", None) is not None:
+            self._versions.extend(out.versions)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
 async def _one(index: int, row_index: int, name: str, entry: AgentLoopEntry, row: dict[str, Any],
                params: dict[str, Any], *, server: Server, tokenizer: Any, trainer_config: TrainerConfigRef,
-               settings: AgentSettings) -> AgentLoopOutput:
+               settings: AgentSettings, versions: list[int] | None = None) -> AgentLoopOutput:
+    loop_server = server if versions is None else _Recording(server, versions)
     try:
-        loop = entry.cls(trainer_config, server, tokenizer, None, **{"settings": settings, **entry.kwargs})
+        loop = entry.cls(trainer_config, loop_server, tokenizer, None, **{"settings": settings, **entry.kwargs})
         out = await loop.run(params, **row)
         if not isinstance(out, AgentLoopOutput):
             raise TypeError(f"run() returned {type(out).__name__}, expected AgentLoopOutput")
@@ -55,8 +77,10 @@ async def _one(index: int, row_index: int, name: str, entry: AgentLoopEntry, row
 
 
 async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSettings, *, server: Server,
-                           tokenizer: Any, settings: AgentSettings) -> list[AgentLoopOutput]:
-    """All trajectories of ``rows`` (``len(rows) * sampling.n``, prompt-major), run concurrently.
+                           tokenizer: Any, settings: AgentSettings,
+                           versions_out: list[list[int]] | None = None) -> list[AgentLoopOutput]:
+    """All trajectories of ``rows`` (``len(rows) * sampling.n``, prompt-major), run concurrently; with
+    ``versions_out`` (an empty list), it gets each trajectory's token versions (see the module doc).
 
     Raises:
         ValueError: a row names an unregistered loop, or the agent-loop config cannot be used (before any
@@ -70,12 +94,15 @@ async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSetting
     entries = {name: get_agent_loop_entry(name) for name in names}
     trainer_config = TrainerConfigRef(settings.trainer_config)
     tasks = []
+    if versions_out is not None:
+        versions_out[:] = [[] for _ in range(len(rows) * n)]
     for i, (row, name) in enumerate(zip(rows, names)):
         for j in range(n):
             seed = None if sampling.seed is None else sampling.seed + i * n + j
             tasks.append(asyncio.ensure_future(_one(
                 i * n + j, i, name, entries[name], row, sampling_params_of(sampling, seed), server=server,
-                tokenizer=tokenizer, trainer_config=trainer_config, settings=settings)))
+                tokenizer=tokenizer, trainer_config=trainer_config, settings=settings,
+                versions=None if versions_out is None else versions_out[i * n + j])))
     if not tasks:
         return []
     started = getattr(server, "trajectories_started", None)

@@ -20,6 +20,15 @@ a child process of its own, where today's in-place weight sync cannot reach it.)
 Seeds: a request's ``sampling_params["seed"]`` seeds exactly that request, so a trajectory sampled with the
 seed vLLM's synchronous path gives the same prompt's sample (``seed + sample index``) gets the same tokens.
 
+Interruptible (partial rollouts with agent loops, ``interruptible=True``): :meth:`pause` aborts the engine's
+requests after the iteration in progress, keeping the tokens each sampled so far (with their log-probs and the
+policy version that sampled them), and holds new requests back; while paused the engine is free (a weight sync,
+another caller). :meth:`resume` re-adds every unanswered request as the prompt followed by its tokens so far,
+for the tokens it has left, seeded as :func:`~grpo_dist.rollout.partial.continuation_seed` says; its tokens from
+then on carry the new version. A loop awaiting ``generate`` sees nothing of this but the answer, whose
+``versions`` say which policy sampled each token. The prefix is recomputed with the new weights, so every
+token's log-prob is its own version's (:mod:`grpo_dist.rollout.partial` says why that is what training needs).
+
 Lock-step (tensor-parallel engines): every process of a tensor-parallel engine runs the same agent loops on its
 own server, and the engine's processes must add the same requests in the same order before each iteration. With
 ``lockstep=True`` the server adds requests only at a barrier: when every live trajectory (the runner says how
@@ -34,9 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_dist.rollout.base import SamplingSettings, TokenOutput
+from grpo_dist.rollout.partial import continuation_seed
 
 __all__ = ["AsyncRolloutServer", "sampling_from_params"]
 
@@ -77,6 +89,19 @@ def sampling_from_params(params: dict[str, Any], *, max_tokens: int) -> Sampling
                             seed=params.get("seed"), logprobs=bool(params.get("logprobs", True)))
 
 
+@dataclass
+class _Unanswered:
+    """An interruptible server's request: what it asked for and what it got so far."""
+
+    prompt_ids: list[int]
+    sampling: SamplingSettings
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    engine_id: str | None = None  # its id in the engine; None while held back (paused, or interrupted)
+    submits: int = 0
+
+
 class AsyncRolloutServer:
     """Concurrent single-response requests on one engine (see the module doc).
 
@@ -85,15 +110,32 @@ class AsyncRolloutServer:
             request-level API.
         max_model_len: the engine's context length: a request may generate at most
             ``max_model_len - len(prompt_ids)`` tokens.
+        lockstep: add requests only at a barrier of every live trajectory (tensor-parallel engines).
+        interruptible: :meth:`pause` / :meth:`resume` may interrupt requests (partial rollouts); needs the
+            engine's ``step_deltas``.
+        version: the policy version of the engine's weights (interruptible: every token is tagged with it).
+
+    Attributes:
+        busy_s: seconds spent in engine iterations so far.
     """
 
-    def __init__(self, engine: Any, *, max_model_len: int, lockstep: bool = False) -> None:
+    def __init__(self, engine: Any, *, max_model_len: int, lockstep: bool = False, interruptible: bool = False,
+                 version: int = 0) -> None:
         self.engine = engine
         self.max_model_len = max_model_len
         self.stepping = all(hasattr(engine, a) for a in ("add_request", "step", "has_unfinished_requests"))
         if lockstep and not self.stepping:
             raise ValueError("a lock-step server needs an engine with the request-level API (vLLM)")
+        if interruptible and (lockstep or not (self.stepping and hasattr(engine, "step_deltas"))):
+            raise ValueError("an interruptible server needs an engine with the request-level API and step_deltas "
+                             "(vLLM), without lock-step")
         self.lockstep = lockstep
+        self.interruptible = interruptible
+        self.version = version
+        self.paused = False
+        self.busy_s = 0.0
+        self._unanswered: dict[str, _Unanswered] = {}  # interruptible: by request id
+        self._engine_ids: dict[str, str] = {}  # interruptible: engine id -> request id, of those in the engine
         self._live = 0  # lock-step: trajectories that may still send a request
         self._arrived: list[tuple[tuple, str, list[int], SamplingSettings]] = []  # lock-step: not yet added
         self._waiting: dict[str, asyncio.Future] = {}
@@ -120,40 +162,137 @@ class AsyncRolloutServer:
         if self.lockstep:
             key = (-1 if sampling.seed is None else sampling.seed, len(prompt_ids), tuple(prompt_ids))
             self._arrived.append((key, request_id, list(prompt_ids), sampling))
+        elif self.interruptible:
+            self._unanswered[request_id] = _Unanswered(list(prompt_ids), sampling)
+            if not self.paused:
+                try:
+                    self._submit(request_id)
+                except BaseException:
+                    self._waiting.pop(request_id, None)
+                    self._unanswered.pop(request_id, None)
+                    raise
         else:
             try:
                 self.engine.add_request(request_id, list(prompt_ids), sampling)
             except BaseException:
                 self._waiting.pop(request_id, None)
                 raise
-        if self._pump is None or self._pump.done():
-            self._pump = asyncio.ensure_future(self._run_engine())
+        self._start_pump()
         try:
             out = await future
         except asyncio.CancelledError:
             if self._waiting.pop(request_id, None) is not None:
-                self.engine.abort([request_id])
+                self._abort(request_id)
             raise
         self.requests += 1
         return out
+
+    def _start_pump(self) -> None:
+        if not self.paused and (self._pump is None or self._pump.done()):
+            self._pump = asyncio.ensure_future(self._run_engine())
+
+    def _abort(self, request_id: str) -> None:
+        """Drop a request whose caller gave up."""
+        if not self.interruptible:
+            self.engine.abort([request_id])
+            return
+        r = self._unanswered.pop(request_id, None)
+        if r is not None and r.engine_id is not None:
+            self._engine_ids.pop(r.engine_id, None)
+            self.engine.abort([r.engine_id])
+
+    # ------------------------------------------------------------------ interruptible (partial rollouts)
+
+    def pause(self) -> int:
+        """Interrupt the requests in the engine (between two iterations: call it on the server's event loop) and
+        hold back new ones until :meth:`resume`; each keeps its tokens so far. Returns how many were interrupted."""
+        if not self.interruptible:
+            raise RuntimeError("pause() needs a server made with interruptible=True")
+        self.paused = True
+        interrupted = list(self._engine_ids)
+        if interrupted:
+            self.engine.abort(interrupted)
+        for engine_id in interrupted:
+            self._unanswered[self._engine_ids.pop(engine_id)].engine_id = None
+        return len(interrupted)
+
+    def resume(self, version: int | None = None) -> None:
+        """Continue every unanswered request with the engine's weights, policy ``version`` from now on (None: the
+        weights did not change)."""
+        if not self.interruptible:
+            raise RuntimeError("resume() needs a server made with interruptible=True")
+        if version is not None:
+            self.version = version
+        self.paused = False
+        for request_id, r in list(self._unanswered.items()):
+            if r.engine_id is None:
+                self._submit(request_id)
+        if self._waiting:
+            self._start_pump()
+
+    def _submit(self, request_id: str) -> None:
+        """Hand an unanswered request to the engine: its prompt and tokens so far, for the tokens it has left."""
+        r = self._unanswered[request_id]
+        left = r.sampling.max_tokens - len(r.tokens)
+        if left <= 0:  # (the engine ends a request at max_tokens itself; this only guards the arithmetic)
+            self._answer(request_id, "length")
+            return
+        seed = continuation_seed(r.sampling.seed, len(r.tokens)) if r.tokens else r.sampling.seed
+        engine_id = request_id if r.submits == 0 else f"{request_id}#resumed{r.submits}"
+        self.engine.add_request(engine_id, r.prompt_ids + r.tokens, replace(r.sampling, max_tokens=left, seed=seed),
+                                deltas=True)
+        r.engine_id, r.submits = engine_id, r.submits + 1
+        self._engine_ids[engine_id] = request_id
+
+    def _step_interruptible(self) -> None:
+        """One engine iteration: new tokens to their requests, tagged with the current version."""
+        for engine_id, ids, lps, reason in self.engine.step_deltas():
+            request_id = self._engine_ids.get(engine_id)
+            if request_id is None:
+                continue  # aborted meanwhile
+            r = self._unanswered[request_id]
+            r.tokens.extend(ids)
+            r.versions.extend([self.version] * len(ids))
+            if lps is not None:
+                r.logprobs.extend(lps)
+            if reason is not None:
+                del self._engine_ids[engine_id]
+                r.engine_id = None
+                self._answer(request_id, reason)
+
+    def _answer(self, request_id: str, reason: str) -> None:
+        r = self._unanswered.pop(request_id)
+        future = self._waiting.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(TokenOutput(r.tokens, r.logprobs if r.sampling.logprobs else None, reason,
+                                          versions=r.versions))
 
     async def _run_engine(self) -> None:
         """Engine iterations while requests wait; each finished request resolves its future. An engine error
         fails every waiting request with it."""
         try:
-            while self._waiting:
+            while self._waiting and not self.paused:
                 await asyncio.sleep(0)  # let coroutines that are ready add their requests first
+                if self.paused:
+                    break
                 if self.lockstep:
                     await self._barrier()
-                for request_id, out in self.engine.step():
-                    future = self._waiting.pop(request_id, None)
-                    if future is not None and not future.done():
-                        future.set_result(out)
-                if self._waiting and not self.engine.has_unfinished_requests():
+                t0 = time.perf_counter()
+                if self.interruptible:
+                    self._step_interruptible()
+                else:
+                    for request_id, out in self.engine.step():
+                        future = self._waiting.pop(request_id, None)
+                        if future is not None and not future.done():
+                            future.set_result(out)
+                self.busy_s += time.perf_counter() - t0
+                if self._waiting and not self.paused and not self.engine.has_unfinished_requests():
                     lost = ", ".join(sorted(self._waiting))
                     raise RuntimeError(f"the engine holds no request but these wait for an answer: {lost}")
         except BaseException as exc:
             waiting, self._waiting = self._waiting, {}
+            self._unanswered.clear()
+            self._engine_ids.clear()
             for future in waiting.values():
                 if not future.done():
                     future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))

@@ -169,11 +169,14 @@ class TokenOutput:
             request did not ask for them.
         stop_reason: ``"stop"`` (an EOS / stop token), ``"length"`` (``max_tokens`` or the context length) or
             ``"abort"`` (the request was cancelled).
+        versions: ``[T]`` the policy version that sampled each token, from a server whose requests a weight
+            sync may interrupt (partial rollouts); None otherwise.
     """
 
     token_ids: list[int]
     log_probs: list[float] | None = None
     stop_reason: str = "stop"
+    versions: list[int] | None = None
 
 
 #: The optional per-response fields of :class:`RolloutOutput` (agent-loop rollouts, partial rollouts).

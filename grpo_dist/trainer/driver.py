@@ -186,7 +186,8 @@ class GRPOTrainer:
         prompts, method, per_rank = self._generation_call(items, f"s{step - 1}", sampling)
         if self.partial_rollout:  # on the engines' background generators, which a weight sync interrupts
             chunk = f"s{step - 1}"
-            self.rollout.call("start_chunk", per_rank=[(chunk, *args, self.engine_version) for args in per_rank])
+            start = "start_agent_chunk" if method == "run_agents" else "start_chunk"
+            self.rollout.call(start, per_rank=[(chunk, *args, self.engine_version) for args in per_rank])
             wait = lambda: self.rollout.call("collect_chunk", chunk)  # noqa: E731 - called when the step needs it
         else:
             wait = self.rollout.call_later(method, per_rank=per_rank)

@@ -9,9 +9,10 @@ otherwise the constructor builds it.
 ``timing_s/gen/worker`` and ``timing_s/update_weights/...`` metrics.
 
 Partial rollouts (fully asynchronous training, ``async_training.partial_rollout=true``): ``start_chunk``
-queues a chunk on a background generator (:mod:`grpo_dist.rollout.partial`) and returns at once,
-``pause_generation`` / ``resume_generation`` bracket a weight sync, ``collect_chunk`` waits for a chunk.
-A ``generate`` call meanwhile (validation) pauses the background generation around itself.
+queues a chunk on a background generator (:mod:`grpo_dist.rollout.partial`; with ``rollout.mode=async``,
+``start_agent_chunk`` runs its agent loops in the background, :mod:`grpo_dist.agents.chunks`) and returns at
+once, ``pause_generation`` / ``resume_generation`` bracket a weight sync, ``collect_chunk`` waits for a chunk.
+A ``generate`` or ``run_agents`` call meanwhile (validation) pauses the background generation around itself.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class RolloutWorker:
         self._adapter_config: dict | None = None  # set when the weight sync sends LoRA adapters only
         self._server = None  # the asynchronous server of rollout.mode=async, made on first use
         self._tokenizer = None
-        self._partial = None  # the background generator of partial rollouts, made on first use
+        self._partial = None  # the background generation of partial rollouts, made on first use
 
     def _make_engine(self, **more: Any):
         from grpo_dist.rollout import make_engine
@@ -65,11 +66,16 @@ class RolloutWorker:
             from grpo_dist.rollout.base import RolloutOutput
 
             return RolloutOutput.empty(sampling)
+        return self._alone(lambda: self.engine.generate(prompt_ids, sampling))
+
+    def _alone(self, call):
+        """``call()`` with the engine to itself: partial rollouts generating in the background pause around it,
+        then go on with the same weights."""
         if self._partial is None or self._partial.paused or not self._partial.active:
-            return self.engine.generate(prompt_ids, sampling)
-        self._partial.pause()  # the engine serves this call alone, then the chunks go on with the same weights
+            return call()
+        self._partial.pause()
         try:
-            return self.engine.generate(prompt_ids, sampling)
+            return call()
         finally:
             self._partial.resume()
 
@@ -81,6 +87,18 @@ class RolloutWorker:
 
             self._partial = PartialRollouts(self.engine, version=version)
         self._partial.start(chunk_id, prompt_ids, sampling)
+
+    def start_agent_chunk(self, chunk_id: str, rows: list[dict], sampling: Any, settings: Any, tokenizer_path: str,
+                          version: int) -> None:
+        """Partial rollouts with ``rollout.mode=async``: run chunk ``chunk_id``'s agent loops (``sampling.n``
+        trajectories per row) in the background, their tokens tagged with policy ``version`` until the next
+        resume; returns at once."""
+        if self._partial is None:
+            from grpo_dist.agents.chunks import AgentChunks
+
+            self._partial = AgentChunks(self.engine, max_model_len=settings.prompt_length + settings.response_length,
+                                        tokenizer=self._load_tokenizer(tokenizer_path), version=version)
+        self._partial.start(chunk_id, rows, sampling, settings)
 
     def pause_generation(self) -> int:
         """Partial rollouts: interrupt the background generation (before a weight sync); how many responses
@@ -108,16 +126,22 @@ class RolloutWorker:
         from grpo_dist.agents.collect import agent_rollout
 
         if self._server is None:
-            from transformers import AutoTokenizer
-
             from grpo_dist.rollout.async_server import AsyncRolloutServer
 
             # a tensor-parallel engine's processes must feed it identically: lock-step (see the server)
             self._server = AsyncRolloutServer(self.engine, max_model_len=settings.prompt_length + settings.response_length,
                                               lockstep=self._tp > 1)
+        tokenizer = self._load_tokenizer(tokenizer_path)
+        return self._alone(lambda: agent_rollout(rows, sampling, server=self._server, tokenizer=tokenizer,
+                                                 settings=settings))
+
+    def _load_tokenizer(self, tokenizer_path: str):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
             self._tokenizer = AutoTokenizer.from_pretrained(
                 tokenizer_path, trust_remote_code=bool(self._engine_args[1].get("trust_remote_code", False)))
-        return agent_rollout(rows, sampling, server=self._server, tokenizer=self._tokenizer, settings=settings)
+        return self._tokenizer
 
     def gpu_uuid(self) -> str | None:
         from grpo_dist.rollout.weight_sync import gpu_uuid

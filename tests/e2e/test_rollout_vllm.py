@@ -383,6 +383,68 @@ def test_partial_rollouts_keep_each_tokens_version_and_log_prob(vllm_engine, mod
         gen.close()
 
 
+def test_interruptible_server_keeps_each_tokens_version_and_log_prob(vllm_engine, model_dir):
+    """Partial rollouts through the asynchronous server (agent loops): uninterrupted, an interruptible server
+    samples what the plain one samples; paused mid-request, given new weights and resumed, a request's answer
+    holds tokens of both versions, each token's log-prob its own version's (the prefix recomputed)."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from grpo_dist.rollout.async_server import AsyncRolloutServer
+
+    engine = vllm_engine
+    params = {"temperature": 1.0, "logprobs": True, "max_tokens": 12}
+    plain = _served(AsyncRolloutServer(engine, max_model_len=MAX_MODEL_LEN),
+                    [(f"p{i}", p, {**params, "seed": 5 + i}) for i, p in enumerate(PROMPTS[:3])])
+    server = AsyncRolloutServer(engine, max_model_len=MAX_MODEL_LEN, interruptible=True)
+    same = _served(server, [(f"i{i}", p, {**params, "seed": 5 + i}) for i, p in enumerate(PROMPTS[:3])])
+    assert [o.token_ids for o in same] == [o.token_ids for o in plain]
+    torch.testing.assert_close([torch.tensor(o.log_probs) for o in same], [torch.tensor(o.log_probs) for o in plain],
+                               atol=1e-5, rtol=0)
+    assert all(o.versions == [0] * len(o.token_ids) for o in same)
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    new = {k: v + 0.05 * torch.randn_like(v) if v.dim() == 2 else v for k, v in original.items()}
+
+    async def interrupted(attempt: int):
+        tasks = [asyncio.ensure_future(server.generate(f"c{attempt}-{i}", prompt_ids=p,
+                                                       sampling_params={**params, "max_tokens": 200, "seed": 90 + i}))
+                 for i, p in enumerate(PROMPTS[:3])]
+        while not any(len(r.tokens) >= 3 for r in server._unanswered.values()):
+            assert not all(t.done() for t in tasks)
+            await asyncio.sleep(0)
+        count = server.pause()
+        if count:
+            engine.update_weights(new.items())
+        server.resume(1 if count else None)
+        return count, await asyncio.gather(*tasks)
+
+    try:
+        for attempt in range(5):  # a pause after every request ended interrupts nothing: again
+            count, outs = asyncio.run(interrupted(attempt))
+            if count:
+                break
+        else:
+            pytest.fail("five pauses in a row interrupted nothing")
+        cut = [(i, o) for i, o in enumerate(outs) if o.versions and o.versions[0] == 0 and o.versions[-1] == 1]
+        assert cut, [o.versions for o in outs]
+        for i, o in cut:
+            k = o.versions.index(1)
+            assert o.versions == [0] * k + [1] * (len(o.token_ids) - k)
+            under_new = engine.compute_logprobs([PROMPTS[i]], [o.token_ids])[0]
+            torch.testing.assert_close(torch.tensor(o.log_probs[k:]), torch.tensor(under_new[k:]), atol=1e-4, rtol=0)
+        engine.update_weights(original.items())
+        for i, o in cut:
+            k = o.versions.index(1)
+            under_old = engine.compute_logprobs([PROMPTS[i]], [o.token_ids])[0]
+            torch.testing.assert_close(torch.tensor(o.log_probs[:k]), torch.tensor(under_old[:k]), atol=1e-4, rtol=0)
+    finally:
+        engine.update_weights(original.items())
+
+
 def test_seeded_sampling_of_a_batch_larger_than_one_engine_step(model_dir):
     """More prompt tokens than one scheduler step takes, each request seeded: no chunked-prefill
     generator rewind on CPU ("CPU Generator does not use offset"), and the call is reproducible."""

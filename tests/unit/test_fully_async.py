@@ -257,6 +257,7 @@ def test_the_start_up_plan_says_what_the_mode_does():
 @pytest.mark.parametrize("overrides,on,said", [
     ((), True, "partial rollouts: a sync interrupts the responses being generated and the new weights finish them"),
     (("async_training.partial_rollout=false",), False, "; a sync waits for the chunks being generated"),
+    (("actor_rollout_ref.rollout.mode=async",), True, "partial rollouts: a sync interrupts"),  # agent loops too
     (("actor_rollout_ref.rollout.name=hf",), False, "partial_rollout has no effect with rollout.name=hf"),
     (("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2"), False,
      "partial_rollout has no effect with rollout.tensor_model_parallel_size > 1"),

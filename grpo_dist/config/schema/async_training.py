@@ -50,8 +50,9 @@ class AsyncTrainingConfig:
     partial_rollout: Optional[bool] = F(
         None, "interrupt the responses being generated at a weight sync and finish them with the new weights, each "
               "token keeping the version and log-prob it was sampled with; results then depend on timing (where a "
-              "sync lands); needs the vLLM engine with one process per engine and rollout.mode=sync, else a sync "
-              "waits for the chunks being generated, as with false (verl: true)")
+              "sync lands); in agent loops (rollout.mode=async) the trajectories' requests are interrupted and their "
+              "tool calls go on; needs the vLLM engine with one process per engine, else a sync waits for the "
+              "chunks being generated, as with false (verl: true)")
     use_rollout_log_probs: Optional[bool] = F(
         None, "train with the engines' sampling log-probs as the old log-probs (requested from the engines by "
               "itself); false: the actor recomputes them (verl: true)")

@@ -1,0 +1,145 @@
+"""Partial rollouts through agent loops (``rollout.mode=async`` with ``async_training.partial_rollout=true``):
+fully asynchronous training's chunks run their trajectories in the background, and a weight sync interrupts
+the requests in the engine instead of waiting for the chunks.
+
+:class:`AgentChunks` runs an event loop on a thread of its own, with one interruptible
+:class:`~grpo_dist.rollout.async_server.AsyncRolloutServer` on the replica's engine. :meth:`AgentChunks.start`
+schedules a chunk's trajectories (:func:`~grpo_dist.agents.runner.run_trajectories`) on it and returns at once;
+chunks started later join the same continuous batch. :meth:`AgentChunks.pause` interrupts the engine's requests
+between two iterations (tool calls and chat-template work go on; a loop's next request is held back), so the
+engine is free for a weight sync or another caller; :meth:`AgentChunks.resume` continues every request with the
+new weights. :meth:`AgentChunks.collect` waits for a chunk and converts it
+(:func:`~grpo_dist.agents.collect.to_rollout_output`), each token carrying the policy version that sampled it.
+
+This is the same contract as :class:`~grpo_dist.rollout.partial.PartialRollouts` (the driver calls both the
+same way); the difference is who issues the requests: agent loops, several per trajectory, instead of one per
+response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from grpo_dist.agents.collect import to_rollout_output
+from grpo_dist.agents.runner import run_trajectories
+from grpo_dist.agents.settings import AgentSettings
+from grpo_dist.rollout.async_server import AsyncRolloutServer
+from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
+
+__all__ = ["AgentChunks"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class _AgentChunk:
+    future: Future  # -> (the loops' outputs, engine seconds while the chunk ran)
+    versions: list[list[int]]  # filled by the runner: each trajectory's sampled tokens' versions
+    sampling: SamplingSettings
+    settings: AgentSettings
+    version: int  # the policy version when the chunk started
+
+
+class AgentChunks:
+    """Chunks of agent-loop trajectories generated in the background on ``engine`` (see the module doc).
+
+    Args:
+        engine: the replica's engine (vLLM: it needs ``step_deltas``).
+        max_model_len: the context length (prompt + response) a request may use.
+        tokenizer: the policy's tokenizer, handed to the loops.
+        version: the policy version of the engine's weights.
+    """
+
+    def __init__(self, engine: Any, *, max_model_len: int, tokenizer: Any, version: int = 0) -> None:
+        self.server = AsyncRolloutServer(engine, max_model_len=max_model_len, interruptible=True, version=version)
+        self._tokenizer = tokenizer
+        self._chunks: dict[str, _AgentChunk] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agent-chunks", daemon=True)
+        self._thread.start()
+
+    def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the loop's thread, between two of its steps (so never during an engine iteration)."""
+        async def call() -> T:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+
+    def start(self, chunk_id: str, rows: list[dict[str, Any]], sampling: SamplingSettings,
+              settings: AgentSettings) -> None:
+        """Run the trajectories of chunk ``chunk_id`` (``sampling.n`` per row, prompt-major) in the background."""
+        if chunk_id in self._chunks:
+            raise ValueError(f"chunk {chunk_id!r} was started already")
+        versions: list[list[int]] = []
+
+        async def chunk() -> tuple[list[Any], float]:
+            busy_at_start = self.server.busy_s
+            outs = await run_trajectories(rows, sampling, server=self.server, tokenizer=self._tokenizer,
+                                          settings=settings, versions_out=versions)
+            return outs, self.server.busy_s - busy_at_start
+
+        future = asyncio.run_coroutine_threadsafe(chunk(), self._loop)
+        self._chunks[chunk_id] = _AgentChunk(future, versions, sampling, settings, self.server.version)
+
+    def pause(self) -> int:
+        """Interrupt the engine's requests after its current iteration; how many were interrupted."""
+        return self._on_loop(self.server.pause)
+
+    def resume(self, version: int | None = None) -> None:
+        """Continue every interrupted or held request with the engine's weights, policy ``version`` from now on
+        (None: the weights did not change)."""
+        self._on_loop(self.server.resume, version)
+
+    def collect(self, chunk_id: str, *, timeout_s: float | None = None) -> tuple[RolloutOutput, float]:
+        """Wait for chunk ``chunk_id`` and hand it over (forgotten here), with the engine's seconds while it ran.
+
+        Raises:
+            RuntimeError: the generation is paused (the chunk would never finish), or a loop failed (its message).
+            TimeoutError: not finished within ``timeout_s``.
+        """
+        if chunk_id not in self._chunks:
+            raise KeyError(f"no chunk {chunk_id!r} was started (started: {sorted(self._chunks)})")
+        c = self._chunks[chunk_id]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not c.future.done():
+            if self.server.paused:
+                raise RuntimeError(f"chunk {chunk_id!r} waits for a resume: the generation is paused")
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"chunk {chunk_id!r} not finished within {timeout_s} s")
+            try:
+                c.future.result(timeout=1.0 if left is None else min(left, 1.0))
+            except TimeoutError:
+                continue
+        del self._chunks[chunk_id]
+        outs, busy_s = c.future.result()
+        return to_rollout_output(outs, logprobs=c.sampling.logprobs, response_length=c.settings.response_length,
+                                 versions=c.versions, default_version=c.version), busy_s
+
+    @property
+    def active(self) -> bool:
+        """Whether a chunk is started and not collected."""
+        return bool(self._chunks)
+
+    @property
+    def paused(self) -> bool:
+        return self.server.paused
+
+    def close(self) -> None:
+        """Stop: the engine's requests are aborted, the chunks not collected are cancelled."""
+        if not self._loop.is_running():
+            return
+        try:
+            self._on_loop(self.server.pause)
+        except Exception:  # a failed engine: nothing left to abort
+            pass
+        for c in self._chunks.values():
+            c.future.cancel()
+        self._chunks.clear()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)

@@ -1,0 +1,154 @@
+"""Partial rollouts through agent loops: the interruptible asynchronous server (grpo_dist/rollout/async_server.py)
+and the background chunks of agent loops (grpo_dist/agents/chunks.py), on the stand-in engine of
+test_partial_rollouts.py (a token's value and log-prob say which weights sampled it). The real vLLM engine runs
+the same checks in tests/e2e/test_rollout_vllm.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from grpo_dist.agents.base import AgentLoopBase, AgentLoopOutput, register
+from grpo_dist.agents.chunks import AgentChunks
+from grpo_dist.agents.collect import align_versions
+from grpo_dist.agents.settings import AgentSettings
+from grpo_dist.rollout.async_server import AsyncRolloutServer
+from grpo_dist.rollout.base import SamplingSettings
+from grpo_dist.rollout.partial import continuation_seed
+from tests.unit.test_partial_rollouts import SteppedEngine, wait_until
+
+
+class ServedEngine(SteppedEngine):
+    """The stand-in with what the server checks for besides ``step_deltas``."""
+
+    def step(self):
+        raise AssertionError("an interruptible server steps with step_deltas")
+
+    def has_unfinished_requests(self):
+        return bool(self.requests)
+
+
+PARAMS = {"temperature": 1.0, "logprobs": True, "seed": 50, "max_tokens": 6}
+
+
+def test_align_versions_model_tokens_in_order_tool_tokens_take_the_previous():
+    assert align_versions([1, 1, 0, 0, 1, 1], [0, 0, 1, 1], default=9) == [0, 0, 0, 0, 1, 1]
+    assert align_versions([0, 1, 1], [2, 3], default=9) == [2, 2, 3]  # a tool token first: the first model token's
+    assert align_versions([1, 1], [4, 5, 6], default=9) == [4, 5]  # the loop cut its last turn: fewer used
+    assert align_versions([1, 1, 1], [4], default=9) == [4, 4, 4]  # more model tokens than sampled: the last repeats
+    assert align_versions([0, 0], [], default=9) == [9, 9]
+    assert align_versions([], [1], default=9) == []
+
+
+def test_a_paused_request_resumes_as_prompt_plus_its_tokens_each_token_keeping_its_version():
+    engine = ServedEngine()
+
+    async def main():
+        server = AsyncRolloutServer(engine, max_model_len=64, interruptible=True, version=0)
+        task = asyncio.ensure_future(server.generate("a", prompt_ids=[7, 8], sampling_params=PARAMS))
+        while sum(len(r.tokens) for r in server._unanswered.values()) < 2:
+            await asyncio.sleep(0)
+        assert server.pause() == 1 and server.paused
+        assert not engine.requests  # aborted in the engine: it is free for the weight sync
+        late = asyncio.ensure_future(server.generate("b", prompt_ids=[3], sampling_params={**PARAMS, "seed": 60}))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not task.done() and [rid for rid, _, _ in engine.added] == ["a"]  # "b" held back while paused
+        engine.weights = 1
+        server.resume(1)
+        return await task, await late, server
+
+    out, late, server = asyncio.run(main())
+    first, cont, b = engine.added
+    assert first[0] == "a" and cont[0].startswith("a#") and b[0] == "b"
+    assert cont[1] == [7, 8] + out.token_ids[:2]  # the prompt and the tokens so far, recomputed with the new weights
+    assert cont[2].max_tokens == 4 and cont[2].seed == continuation_seed(50, 2)
+    assert out.token_ids == [2, 3, 104, 105, 106, 107] and out.stop_reason == "length"
+    assert out.versions == [0, 0, 1, 1, 1, 1] and out.log_probs == [-1.0, -1.0, -2.0, -2.0, -2.0, -2.0]
+    assert late.versions == [1] * 6 and b[2].seed == 60  # a request held while paused starts afresh
+    assert server.requests == 2 and server.busy_s >= 0
+
+
+def test_a_plain_server_refuses_pause_and_an_engine_without_deltas_refuses_interruptible():
+    with pytest.raises(RuntimeError, match="interruptible=True"):
+        AsyncRolloutServer(ServedEngine(), max_model_len=64).pause()
+
+    class NoDeltas:
+        def add_request(self): ...
+        def step(self): ...
+        def has_unfinished_requests(self): ...
+
+    with pytest.raises(ValueError, match="step_deltas"):
+        AsyncRolloutServer(NoDeltas(), max_model_len=64, interruptible=True)
+
+
+@register("two_turn_test_agent")
+class TwoTurnLoop(AgentLoopBase):
+    """Two model turns of 3 tokens with 2 "tool" tokens (mask 0) between them; no tokenizer needed."""
+
+    async def run(self, sampling_params, **kwargs):
+        prompt = [int(t) for t in kwargs["prompt_ids"]]
+        ids, mask, lps = [], [], []
+        for turn in range(2):
+            out = await self.server_manager.generate(f"{kwargs['index']}-{sampling_params['seed']}-{turn}",
+                                                     prompt_ids=prompt + ids,
+                                                     sampling_params={**sampling_params, "max_tokens": 3})
+            ids += out.token_ids
+            mask += [1] * len(out.token_ids)
+            lps += out.log_probs
+            if turn == 0:
+                await asyncio.sleep(0.01)  # the tool
+                ids += [0, 0]
+                mask += [0, 0]
+                lps += [0.0, 0.0]
+        return AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=mask, response_logprobs=lps,
+                               num_turns=4)
+
+
+SETTINGS = AgentSettings(default_agent_loop="two_turn_test_agent", prompt_length=8, response_length=8)
+ROWS = [{"prompt_ids": [1, 2], "index": 0}, {"prompt_ids": [5], "index": 1}]
+
+
+def test_agent_chunks_survive_a_sync_mid_trajectory_with_every_tokens_version():
+    gate = threading.Semaphore(0)
+    engine = ServedEngine(gate=gate)
+    chunks = AgentChunks(engine, max_model_len=16, tokenizer=None, version=0)
+    try:
+        chunks.start("c0", ROWS, SamplingSettings(n=2, temperature=1.0, max_tokens=8, seed=10), SETTINGS)
+        gate.release(2)  # the first turns sample 2 of their 3 tokens, then the weights change
+        wait_until(lambda: engine.steps == 2)
+        assert chunks.pause() == 4 and not engine.requests
+        with pytest.raises(RuntimeError, match="waits for a resume"):
+            chunks.collect("c0", timeout_s=5)
+        engine.weights = 1
+        chunks.resume(1)
+        gate.release(1000)
+        out, busy_s = chunks.collect("c0", timeout_s=10)
+        assert not chunks.active and busy_s > 0
+    finally:
+        chunks.close()
+    assert out.response_masks == [[1, 1, 1, 0, 0, 1, 1, 1]] * 4
+    assert out.token_versions == [[0, 0, 1, 1, 1, 1, 1, 1]] * 4  # the tool tokens take the token before them
+    assert out.logprobs == [[-1.0, -1.0, -2.0, 0.0, 0.0, -2.0, -2.0, -2.0]] * 4
+    assert [ids[:3] for ids in out.response_ids] == [[2, 3, 104]] * 2 + [[1, 2, 103]] * 2
+    assert out.prompt_ids == [[1, 2]] * 2 + [[5]] * 2
+
+
+def test_an_uninterrupted_agent_chunk_has_one_version_and_a_failing_loop_is_named():
+    engine = ServedEngine()
+    chunks = AgentChunks(engine, max_model_len=16, tokenizer=None, version=3)
+    try:
+        chunks.start("c0", ROWS[:1], SamplingSettings(n=1, temperature=1.0, max_tokens=8, seed=1), SETTINGS)
+        out, _ = chunks.collect("c0", timeout_s=10)
+        assert out.token_versions == [[3] * 8]
+        with pytest.raises(ValueError, match="started already"):
+            chunks.start("c1", ROWS[:1], SamplingSettings(n=1, temperature=1.0, max_tokens=8), SETTINGS)
+            chunks.start("c1", ROWS[:1], SamplingSettings(n=1, temperature=1.0, max_tokens=8), SETTINGS)
+        chunks.collect("c1", timeout_s=10)
+        chunks.start("bad", [{"index": 0}], SamplingSettings(n=1, temperature=1.0, max_tokens=8), SETTINGS)  # no prompt_ids
+        with pytest.raises(RuntimeError, match="'two_turn_test_agent' failed on row 0"):
+            chunks.collect("bad", timeout_s=10)
+    finally:
+        chunks.close()
