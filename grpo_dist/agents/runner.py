@@ -16,6 +16,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from grpo_dist.agents.base import (AgentLoopEntry, AgentLoopOutput, Server, TrainerConfigRef, get_agent_loop_entry,
                                    load_agent_loop_config)
 from grpo_dist.agents.settings import AgentSettings
@@ -92,7 +94,9 @@ async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSetting
     n = sampling.n
     names = [row.get("agent_name") or settings.default_agent_loop for row in rows]
     entries = {name: get_agent_loop_entry(name) for name in names}
-    trainer_config = TrainerConfigRef(settings.trainer_config)
+    # one DictConfig for every loop of the call, as verl shares one config object: building it is the costly part
+    # of a loop's constructor (milliseconds for a full run configuration, per trajectory otherwise)
+    trainer_config = TrainerConfigRef(OmegaConf.create(settings.trainer_config or {}))
     tasks = []
     if versions_out is not None:
         versions_out[:] = [[] for _ in range(len(rows) * n)]

@@ -94,28 +94,32 @@ def test_fully_async_learns_within_its_staleness_bound(embedded_model, tmp_path)
     resumed_from_step_5_equals(FULLY_ASYNC, out, m, tmp_path, ["training/sample_age", "fully_async/queue_size"])
 
 
-def test_partial_rollouts_interrupt_generation_at_every_sync(tiny_model_dir, reverse_data, tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_partial_rollouts_interrupt_generation_at_every_sync(mode, tiny_model_dir, reverse_data, tmp_path):
     """verl's default, partial rollouts, where generation takes longer than a step: a random model (it rarely
-    says EOS) writing up to 192 tokens, on chunks of 4 prompts x 4. The rollout pool generates in the
-    background; a sync after every step interrupts the responses in flight, and the new weights finish them;
-    a validation every 2 steps runs between the engine's iterations (the chunks pause around it). Every
+    says EOS) writing up to 192 tokens, on chunks of 4 prompts x 4, with the engine's own calls (``sync``) and
+    through agent loops (``async``, as verl's fully asynchronous scripts run). The rollout pool generates in
+    the background; a sync after every step interrupts the responses in flight, and the new weights finish
+    them; a validation every 2 steps runs between the engine's iterations (the chunks pause around it). Every
     trained chunk reports verl's ``fully_async/partial/*``: responses holding tokens of two versions, never
     more than the staleness bound lets a chunk lag (staleness 1, trigger 1: 1 version)."""
     out = tmp_path / "run"
-    args = base_args(tiny_model_dir, reverse_data, out, 6) + [
+    steps = 4
+    args = base_args(tiny_model_dir, reverse_data, out, steps) + [
         "actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
         "rollout.n_gpus_per_node=1", "data.max_response_length=192", "trainer.test_freq=2",
-        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-        "async_training.require_batches=2"]
+        f"actor_rollout_ref.rollout.mode={mode}", "async_training.staleness_threshold=1",
+        "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=2"]
     proc = run_main(args)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "partial rollouts: a sync interrupts the responses being generated" in proc.stdout
     m = read_metrics(out)
-    assert [s for s in m if any(k.startswith("val-core/") for k in m[s])] == [0, 2, 4, 6]
-    for s in range(1, 7):
+    assert [s for s in m if any(k.startswith("val-core/") for k in m[s])] == [0, 2, 4]
+    trained = range(1, steps + 1)
+    for s in trained:
         assert m[s]["fully_async/partial/max_partial_span"] <= 1 and m[s]["training/sample_age"] <= 1
         assert m[s]["response_length/mean"] > 20  # long responses: the engine is busy at a sync
-    assert [s for s in range(1, 7) if "fully_async/partial/interrupted" in m[s]] == list(range(1, 6))
-    assert sum(m[s]["fully_async/partial/interrupted"] for s in range(1, 6)) > 0
-    assert sum(m[s]["fully_async/partial/total_partial_num"] for s in range(1, 7)) > 0
-    assert max(m[s]["fully_async/partial/max_partial_span"] for s in range(1, 7)) == 1
+    assert [s for s in trained if "fully_async/partial/interrupted" in m[s]] == list(range(1, steps))
+    assert sum(m[s]["fully_async/partial/interrupted"] for s in range(1, steps)) > 0
+    assert sum(m[s]["fully_async/partial/total_partial_num"] for s in trained) > 0
+    assert max(m[s]["fully_async/partial/max_partial_span"] for s in trained) == 1

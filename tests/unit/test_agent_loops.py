@@ -164,10 +164,23 @@ def test_without_a_seed_every_trajectory_samples_with_seed_none():
 class EchoLoop(AgentLoopBase):
     """A user loop: answers with its own name's marker and reads the trainer configuration."""
 
+    configs: list = []
+
     async def run(self, sampling_params, **kwargs):
+        EchoLoop.configs.append(self.config)
         marker = int(self.config.marker) if "marker" in self.config else 1
         return AgentLoopOutput(prompt_ids=list(kwargs["prompt_ids"]), response_ids=[marker], response_mask=[1],
                                num_turns=2)
+
+
+def test_the_loops_of_a_call_share_one_trainer_configuration():
+    """verl hands every loop the same configuration object; building one per trajectory cost milliseconds each
+    (most of a single-turn step's rollout time on CPU)."""
+    EchoLoop.configs.clear()
+    rows = [{"prompt_ids": [5], "agent_name": "echo_test_agent"}] * 3
+    run_trajectories_sync(rows, sampling(n=2), server=None, tokenizer=None, settings=settings(trainer_config={"marker": 7}))
+    assert len(EchoLoop.configs) == 6 and all(c is EchoLoop.configs[0] for c in EchoLoop.configs)
+    assert EchoLoop.configs[0].marker == 7
 
 
 def test_rows_pick_their_loop_by_agent_name_else_the_default():
