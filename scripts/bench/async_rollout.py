@@ -10,8 +10,10 @@ tokenizer, ``max_model_len`` = prompt + response. It prints two tables:
 1. **Single-turn GRPO**: the same prompts (``--prompts`` x ``--n`` responses, temperature 1, each response
    with its own seed as the trainer seeds them) through ``VLLMEngine.generate`` (the sync path) and through
    ``AsyncRolloutServer`` (one request per response, all at once, as the single-turn agent loop sends them).
-   Both sample the same tokens (checked), so the generated-token rate compares like with like. Target: async
-   >= 0.95x sync.
+   Both sample the same tokens (checked), so the generated-token rate compares like with like; and through
+   the ``single_turn_agent`` loops themselves (``run_trajectories``, each loop handed the run configuration
+   as a training run hands it: what ``rollout.mode=async`` costs end to end), same tokens again. Target:
+   async >= 0.95x sync.
 2. **Multi-turn**: trajectories of ``--turns`` model turns; after each turn a fixed 12-token "tool response"
    is appended and the trajectory generates again (a tool that answers at once), with 1, 8 and 64
    trajectories at a time. Reported: model tokens per second and trajectories per second.
@@ -79,9 +81,25 @@ def single_turn(engine, server, prompts, n, response_length, repeats):
                                       for i, p in enumerate(prompts) for j in range(n)))
 
     async_s, async_out = median_time(lambda: asyncio.run(all_requests()), repeats)
-    same = [o.token_ids for o in async_out] == sync_out.response_ids
+    loops_s, loops_out = median_time(lambda: through_loops(server, prompts, sampling, response_length), repeats)
+    same = ([o.token_ids for o in async_out] == sync_out.response_ids
+            and [o.response_ids for o in loops_out] == sync_out.response_ids)
     tokens = sum(len(r) for r in sync_out.response_ids)
-    return [("sync (engine.generate)", sync_s, tokens), ("async server", async_s, tokens)], same
+    return [("sync (engine.generate)", sync_s, tokens), ("async server", async_s, tokens),
+            ("single-turn agent loops", loops_s, tokens)], same
+
+
+def through_loops(server, prompts, sampling, response_length):
+    """The trajectories through ``single_turn_agent``, with the default run configuration as every loop's
+    ``self.config`` (what a training run with ``rollout.mode=async`` does)."""
+    from grpo_dist.agents.runner import run_trajectories_sync
+    from grpo_dist.agents.settings import AgentSettings
+    from grpo_dist.config.agents import _plain
+    from grpo_dist.config.schema import GRPOConfig
+
+    settings = AgentSettings(prompt_length=32, response_length=response_length, trainer_config=_plain(GRPOConfig()))
+    rows = [{"prompt_ids": p, "index": i} for i, p in enumerate(prompts)]
+    return run_trajectories_sync(rows, sampling, server=server, tokenizer=None, settings=settings)
 
 
 def multi_turn(server, prompts, turns, response_length, concurrency, repeats):
