@@ -538,7 +538,8 @@ CURRENT_TUNING_LORA = {
     "cpu_sizes": ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
                   "actor_rollout_ref.rollout.log_prob_micro_batch_size=4",
                   "actor_rollout_ref.ref.log_prob_micro_batch_size=4", "data.val_batch_size=4",
-                  "actor_rollout_ref.rollout.max_model_len=72", "actor_rollout_ref.rollout.max_num_batched_tokens=72"],
+                  "actor_rollout_ref.rollout.max_model_len=72", "actor_rollout_ref.rollout.max_num_batched_tokens=72",
+                  "actor_rollout_ref.rollout.max_num_seqs=64"],
     # rollout.n=1: verl's GRPO with one response per prompt (mean 0, std 1: the advantage is the raw score);
     # accepted here the same way, with a warning at start-up
 }
@@ -635,10 +636,11 @@ FULLY_ASYNC_DAPO = {
     # a chunk of 1 x 4 prompts (CPU_COMMON's train_batch_size, unused in this mode), two steps of it, one
     # rollout rank, responses short enough for a 64-token prompt window
     "cpu_sizes": ["async_training.require_batches=2", "rollout.total_rollout_steps=8", "rollout.n_gpus_per_node=1",
+                  "trainer.n_gpus_per_node=1",
                   "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512",
                   "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=512",
                   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=512",
-                  "actor_rollout_ref.rollout.max_num_batched_tokens=72",
+                  "actor_rollout_ref.rollout.max_num_batched_tokens=72", "actor_rollout_ref.rollout.max_num_seqs=64",
                   "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=8"],
 }
 
@@ -657,7 +659,7 @@ SCRIPTS = {
 }
 """The scripts kept here; ``RUN_ON_CPU`` are the ones the end-to-end test trains for two steps."""
 
-RUN_ON_CPU = ("early_gspo", "early_reinforce_pp", "current_grpo")
+RUN_ON_CPU = ("early_gspo", "early_reinforce_pp", "current_grpo", "fully_async_dapo")
 
 
 def script_args(script: dict, *, cpu: bool, **paths: str) -> list[str]:

@@ -85,6 +85,15 @@ def _check_rollout_extras(cfg: GRPOConfig) -> None:
     for k in vllm_kwargs:
         if k in VLLM_KWARGS_OWNED:
             raise _bad(pre + f"engine_kwargs.vllm.{k}", vllm_kwargs[k], VLLM_KWARGS_OWNED[k])
+    if r.name == "vllm" and r.max_num_batched_tokens is not None:
+        # the engine schedules at least one whole sequence (max_model_len tokens) per step; vLLM refuses a step
+        # budget below max_num_seqs, and would say so only inside a worker
+        max_len = r.max_model_len or (r.prompt_length + r.response_length)
+        if max(r.max_num_batched_tokens, max_len) < r.max_num_seqs:
+            raise _bad(pre + "max_num_batched_tokens", r.max_num_batched_tokens,
+                       f"a vLLM step must have room for one token of each of the {pre}max_num_seqs={r.max_num_seqs} "
+                       f"sequences it may run (the engine uses at least max_model_len={max_len}); raise it to "
+                       f">= {r.max_num_seqs} or lower max_num_seqs")
 
 
 def _check_rollout_tp(cfg: GRPOConfig) -> None:

@@ -26,6 +26,8 @@ from tests.verl_scripts import RUN_ON_CPU, SCRIPTS, script_args
 pytestmark = pytest.mark.slow
 ACTOR = ["actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/lr", "critic/score/mean", "response_length/mean",
          "timing_s/gen", "timing_s/update_actor", "timing_s/update_weights"]
+# generated ahead: the step waits for its chunk (wait_prev_gen) and syncs every trigger_parameter_sync_step (4) steps
+AHEAD = {"timing_s/gen": "timing_s/wait_prev_gen", "timing_s/update_weights": "fully_async/queue_size"}
 
 
 TP_CHECKS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=2"]
@@ -61,8 +63,9 @@ def test_the_script_trains_two_steps(runs, name):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     m = read_metrics(folder)
     assert [s for s in sorted(m) if s > 0] == [1, 2]
+    keys = [AHEAD.get(k, k) for k in ACTOR] if name.startswith("fully_async") else ACTOR
     for step in (1, 2):
-        missing = [k for k in ACTOR if k not in m[step]]
+        missing = [k for k in keys if k not in m[step]]
         assert not missing, f"step {step} lacks {missing}"
     assert (folder / "global_step_2" / "huggingface" / "model.safetensors").exists()
 
@@ -90,6 +93,20 @@ def test_current_grpo_script_balances_and_uses_the_kl_loss(runs):
     assert "global_seqlen/balanced_max" in m[1] and "actor/kl_loss" in m[1]
     # log-prob forwards by token budget, derived from the actor's as in verl: the reference ran
     assert "timing_s/ref" in m[1]
+
+
+def test_the_fully_async_script_generates_ahead_through_agent_loops_with_partial_rollouts(runs):
+    """verl's fully asynchronous DAPO script (rollout.mode=async, partial_rollout=True, a sync every 4 steps):
+    its chunks run through the agent loops on the rollout's own rank, generated ahead (step 2 trains a chunk
+    sampled one update earlier), with partial rollouts on and verl's fully_async metrics."""
+    folder, proc, _ = runs["fully_async_dapo"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "partial rollouts: a sync interrupts the responses being generated" in proc.stdout
+    m = read_metrics(folder)
+    assert [m[s]["training/sample_age"] for s in (1, 2)] == [0, 1]
+    for s in (1, 2):
+        assert "agent/model_token_ratio" in m[s] and "fully_async/partial/partial_ratio" in m[s]
+        assert m[s]["fully_async/count/current_param_version"] == s - 1
 
 
 def test_the_tensor_parallel_engine_holds_the_trainers_policy(runs):

@@ -67,6 +67,16 @@ def test_agent_knobs_without_an_effect_are_accepted_with_a_note(override):
     assert override.split("=")[0] in notes
 
 
+def test_a_step_budget_below_max_num_seqs_is_refused_before_vllm_refuses_it_in_a_worker():
+    """vLLM refuses max_num_batched_tokens < max_num_seqs when the engine starts, inside a worker; the engine
+    raises the budget to max_model_len itself, so only a budget below both is refused."""
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens = 72 is not valid.*max_num_seqs=1024"):
+        cfg_of(R + "max_num_batched_tokens=72", "data.max_prompt_length=64", "data.max_response_length=8")
+    cfg_of(R + "max_num_batched_tokens=72", R + "max_num_seqs=64", "data.max_prompt_length=64",
+           "data.max_response_length=8")
+    cfg_of(R + "max_num_batched_tokens=72", "data.max_prompt_length=1024", "data.max_response_length=8")
+
+
 def test_vllm_kwargs_need_the_vllm_engine():
     with pytest.raises(ConfigError, match="rollout.name=hf"):
         cfg_of(R + "name=hf", "+" + R + "engine_kwargs.vllm.swap_space=4")

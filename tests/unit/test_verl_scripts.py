@@ -101,6 +101,7 @@ def test_the_fully_async_script_runs_its_schedule():
     cfg = load(verl_scripts.script_args(verl_scripts.FULLY_ASYNC_DAPO, cpu=False, **PATHS))
     fa = fully_async_settings(cfg)
     assert (fa.chunk_prompts, fa.trigger, fa.max_ahead, fa.old_from_rollout) == (128, 4, 4, True)
+    assert fa.partial_rollout and fa.partial_off is None  # through its agent loops (rollout.mode=async)
     plan = resolve(cfg).driver_plan("cuda", 17000)
     assert plan.total_steps == 400 and plan.test_freq == 40 and not plan.one_step_off
     assert cfg.data.train_batch_size == 128
