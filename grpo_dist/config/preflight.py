@@ -66,6 +66,13 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             f"data.max_prompt_length + data.max_response_length = {need} is longer than the model's context "
             f"(max_position_embeddings = {ctx} in {model_path}/config.json); lower one of them"
         )
+    scaled = (getattr(mc, "rope_scaling", None) or {}).get("rope_type", "default") != "default"  # vLLM stretches ctx
+    if r.name == "vllm" and r.max_model_len is not None and ctx is not None and r.max_model_len > ctx and not scaled:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.max_model_len = {r.max_model_len} is longer than the model's context "
+            f"(max_position_embeddings = {ctx} in {model_path}/config.json), which vLLM refuses; lower it or leave it "
+            f"null (data.max_prompt_length + data.max_response_length = {need})"
+        )
     vocab = getattr(mc, "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
         raise ValueError(

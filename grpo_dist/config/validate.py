@@ -85,6 +85,12 @@ def _check_rollout_extras(cfg: GRPOConfig) -> None:
     for k in vllm_kwargs:
         if k in VLLM_KWARGS_OWNED:
             raise _bad(pre + f"engine_kwargs.vllm.{k}", vllm_kwargs[k], VLLM_KWARGS_OWNED[k])
+    needed = r.prompt_length + r.response_length
+    if r.max_model_len is not None and r.max_model_len < needed:
+        raise _bad(pre + "max_model_len", r.max_model_len,
+                   f"the engine's context must hold a prompt and its response: at least rollout.prompt_length + "
+                   f"rollout.response_length = {needed} (data.max_prompt_length + data.max_response_length); "
+                   "raise it or leave it null (that sum)")
     if r.name == "vllm" and r.max_num_batched_tokens is not None:
         # the engine schedules at least one whole sequence (max_model_len tokens) per step; vLLM refuses a step
         # budget below max_num_seqs, and would say so only inside a worker
@@ -608,7 +614,8 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         ("algorithm.kl_ctrl.target_kl", alg.kl_ctrl.target_kl),
     ):
         _positive(key, val)
-    for key, val in (("actor_rollout_ref.rollout.top_p", rollout.top_p), ("actor_rollout_ref.rollout.val_kwargs.top_p", rollout.val_kwargs.top_p)):
+    for key, val in (("actor_rollout_ref.rollout.top_p", rollout.top_p), ("actor_rollout_ref.rollout.val_kwargs.top_p", rollout.val_kwargs.top_p),
+                     ("actor_rollout_ref.rollout.gpu_memory_utilization", rollout.gpu_memory_utilization)):
         if not 0 < val <= 1:
             raise _bad(key, val, "expected a number in (0, 1]")
     if not 0 <= alg.gamma <= 1 or not 0 <= alg.lam <= 1:

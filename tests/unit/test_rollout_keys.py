@@ -4,6 +4,7 @@ tests/unit/test_agent_config.py), the vLLM pass-through keys
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -75,6 +76,16 @@ def test_a_step_budget_below_max_num_seqs_is_refused_before_vllm_refuses_it_in_a
     cfg_of(R + "max_num_batched_tokens=72", R + "max_num_seqs=64", "data.max_prompt_length=64",
            "data.max_response_length=8")
     cfg_of(R + "max_num_batched_tokens=72", "data.max_prompt_length=1024", "data.max_response_length=8")
+
+
+@pytest.mark.parametrize("override,needle", [
+    (R + "max_model_len=16", "at least rollout.prompt_length + rollout.response_length"),
+    (R + "gpu_memory_utilization=1.5", "in (0, 1]"),
+    (R + "gpu_memory_utilization=0", "in (0, 1]"),
+])
+def test_engine_sizes_vllm_would_refuse_in_a_worker_are_refused_here(override, needle):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        cfg_of(override)
 
 
 def test_vllm_kwargs_need_the_vllm_engine():

@@ -131,6 +131,14 @@ def test_a_response_longer_than_the_models_context_is_refused(tiny_model_dir, re
     assert no_ray.loaded == 0 and no_ray.closed == no_ray.created
 
 
+def test_an_engine_context_longer_than_the_models_is_refused(tiny_model_dir, reverse_data, tmp_path, no_ray, capsys):
+    """vLLM refuses rollout.max_model_len above the model's max_position_embeddings, inside a worker."""
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", "actor_rollout_ref.rollout.max_model_len=4096",
+                            "actor_rollout_ref.rollout.name=vllm"))
+    one_message(capsys.readouterr().err, 2, code, "rollout.max_model_len = 4096", "max_position_embeddings")
+    assert no_ray.loaded == 0
+
+
 def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tiny_model_dir, reverse_data, tmp_path,
                                                             ray_must_not_start, capsys):
     from grpo_dist.utils.tiny_model import build_tiny_model
