@@ -113,10 +113,10 @@ class AgentChunks:
             if left is not None and left <= 0:
                 raise TimeoutError(f"chunk {chunk_id!r} not finished within {timeout_s} s")
             try:
-                c.future.result(timeout=1.0 if left is None else min(left, 1.0))
+                c.future.exception(timeout=1.0 if left is None else min(left, 1.0))
             except TimeoutError:
                 continue
-        del self._chunks[chunk_id]
+        del self._chunks[chunk_id]  # handed over, or failed: either way no longer generated here
         outs, busy_s = c.future.result()
         return to_rollout_output(outs, logprobs=c.sampling.logprobs, response_length=c.settings.response_length,
                                  versions=c.versions, default_version=c.version), busy_s

@@ -150,5 +150,6 @@ def test_an_uninterrupted_agent_chunk_has_one_version_and_a_failing_loop_is_name
         chunks.start("bad", [{"index": 0}], SamplingSettings(n=1, temperature=1.0, max_tokens=8), SETTINGS)  # no prompt_ids
         with pytest.raises(RuntimeError, match="'two_turn_test_agent' failed on row 0"):
             chunks.collect("bad", timeout_s=10)
+        assert not chunks.active  # a failed chunk is handed over too: nothing is left generating
     finally:
         chunks.close()
