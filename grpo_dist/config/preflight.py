@@ -4,6 +4,7 @@ tokenizer against it, the ranks against this machine's cores, and what ``--check
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 
 import torch
@@ -66,8 +67,11 @@ def check_model_fits(cfg: GRPOConfig, model_path: str, tokenizer) -> None:
             f"data.max_prompt_length + data.max_response_length = {need} is longer than the model's context "
             f"(max_position_embeddings = {ctx} in {model_path}/config.json); lower one of them"
         )
-    scaled = (getattr(mc, "rope_scaling", None) or {}).get("rope_type", "default") != "default"  # vLLM stretches ctx
-    if r.name == "vllm" and r.max_model_len is not None and ctx is not None and r.max_model_len > ctx and not scaled:
+    rope = getattr(mc, "rope_scaling", None) or getattr(mc, "rope_parameters", None) or {}
+    scaled = (rope.get("rope_type") or rope.get("type") or "default") != "default"  # vLLM stretches the context
+    allowed = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("", "0")  # vLLM's own override
+    if (r.name == "vllm" and r.max_model_len is not None and ctx is not None and r.max_model_len > ctx
+            and not scaled and not allowed):
         raise ValueError(
             f"actor_rollout_ref.rollout.max_model_len = {r.max_model_len} is longer than the model's context "
             f"(max_position_embeddings = {ctx} in {model_path}/config.json), which vLLM refuses; lower it or leave it "

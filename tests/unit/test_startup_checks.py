@@ -139,6 +139,25 @@ def test_an_engine_context_longer_than_the_models_is_refused(tiny_model_dir, rev
     assert no_ray.loaded == 0
 
 
+@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0}, {"type": "dynamic", "factor": 2.0}])
+def test_a_context_stretched_by_rope_scaling_is_left_to_vllm(rope, tiny_model_dir, monkeypatch):
+    """With RoPE scaling vLLM derives a longer context than max_position_embeddings: the check stands aside."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from grpo_dist.config import preflight
+
+    config = SimpleNamespace(max_position_embeddings=256, rope_scaling=rope, vocab_size=10**6)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: config)
+    cfg = tiny_cfg(tiny_model_dir, {"train": "x", "test": "x"}, "o", "actor_rollout_ref.rollout.max_model_len=4096",
+                   "actor_rollout_ref.rollout.name=vllm")
+    preflight.check_model_fits(cfg, str(tiny_model_dir), [0] * 10)
+    config.rope_scaling = None
+    with pytest.raises(ValueError, match="max_model_len = 4096 is longer than the model's context"):
+        preflight.check_model_fits(cfg, str(tiny_model_dir), [0] * 10)
+
+
 def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tiny_model_dir, reverse_data, tmp_path,
                                                             ray_must_not_start, capsys):
     from grpo_dist.utils.tiny_model import build_tiny_model
