@@ -94,7 +94,7 @@ def _check_rollout_extras(cfg: GRPOConfig) -> None:
     if r.name == "vllm" and r.max_num_batched_tokens is not None:
         # the engine schedules at least one whole sequence (max_model_len tokens) per step; vLLM refuses a step
         # budget below max_num_seqs, and would say so only inside a worker
-        max_len = r.max_model_len or (r.prompt_length + r.response_length)
+        max_len = r.max_model_len or needed
         if max(r.max_num_batched_tokens, max_len) < r.max_num_seqs:
             raise _bad(pre + "max_num_batched_tokens", r.max_num_batched_tokens,
                        f"a vLLM step must have room for one token of each of the {pre}max_num_seqs={r.max_num_seqs} "

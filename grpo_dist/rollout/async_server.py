@@ -44,11 +44,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.rollout.base import SamplingSettings, TokenOutput
-from grpo_dist.rollout.partial import continuation_seed
+from grpo_dist.rollout.partial import Unfinished
 
 __all__ = ["AsyncRolloutServer", "sampling_from_params"]
 
@@ -90,14 +90,9 @@ def sampling_from_params(params: dict[str, Any], *, max_tokens: int) -> Sampling
 
 
 @dataclass
-class _Unanswered:
-    """An interruptible server's request: what it asked for and what it got so far."""
+class _Unanswered(Unfinished):
+    """An interruptible server's request: what it asked for and what it got so far, and where it is in the engine."""
 
-    prompt_ids: list[int]
-    sampling: SamplingSettings
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
     engine_id: str | None = None  # its id in the engine; None while held back (paused, or interrupted)
     submits: int = 0
 
@@ -233,14 +228,12 @@ class AsyncRolloutServer:
     def _submit(self, request_id: str) -> None:
         """Hand an unanswered request to the engine: its prompt and tokens so far, for the tokens it has left."""
         r = self._unanswered[request_id]
-        left = r.sampling.max_tokens - len(r.tokens)
-        if left <= 0:  # (the engine ends a request at max_tokens itself; this only guards the arithmetic)
+        request = r.continuation()
+        if request is None:
             self._answer(request_id, "length")
             return
-        seed = continuation_seed(r.sampling.seed, len(r.tokens)) if r.tokens else r.sampling.seed
         engine_id = request_id if r.submits == 0 else f"{request_id}#resumed{r.submits}"
-        self.engine.add_request(engine_id, r.prompt_ids + r.tokens, replace(r.sampling, max_tokens=left, seed=seed),
-                                deltas=True)
+        self.engine.add_request(engine_id, *request, deltas=True)
         r.engine_id, r.submits = engine_id, r.submits + 1
         self._engine_ids[engine_id] = request_id
 
@@ -251,10 +244,7 @@ class AsyncRolloutServer:
             if request_id is None:
                 continue  # aborted meanwhile
             r = self._unanswered[request_id]
-            r.tokens.extend(ids)
-            r.versions.extend([self.version] * len(ids))
-            if lps is not None:
-                r.logprobs.extend(lps)
+            r.absorb(ids, lps, self.version)
             if reason is not None:
                 del self._engine_ids[engine_id]
                 r.engine_id = None

@@ -42,7 +42,7 @@ import torch
 
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 
-__all__ = ["PartialRollouts", "continuation_seed", "partial_metrics"]
+__all__ = ["PartialRollouts", "Unfinished", "continuation_seed", "partial_metrics"]
 
 
 def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
@@ -54,18 +54,39 @@ def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
 
 
 @dataclass
-class _Response:
+class Unfinished:
+    """A response generated in pieces (one engine request per piece, a weight sync between two): what was asked
+    and what was sampled so far, each token with its log-prob and the policy version that sampled it. Shared by
+    the engine-call generator here and the interruptible agent-loop server (``rollout/async_server``)."""
+
     prompt_ids: list[int]
-    sampling: SamplingSettings  # n = 1, this response's own seed
+    sampling: SamplingSettings  # n = 1, this response's own seed and token budget
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
 
+    def continuation(self) -> tuple[list[int], SamplingSettings] | None:
+        """The engine request that goes on from here: the prompt and the tokens so far, for the tokens left,
+        seeded with :func:`continuation_seed` once tokens were drawn; None when no token is left (the engine ends
+        a request at ``max_tokens`` itself, so this only guards the arithmetic)."""
+        left = self.sampling.max_tokens - len(self.tokens)
+        if left <= 0:
+            return None
+        seed = continuation_seed(self.sampling.seed, len(self.tokens)) if self.tokens else self.sampling.seed
+        return self.prompt_ids + self.tokens, replace(self.sampling, max_tokens=left, seed=seed)
+
+    def absorb(self, ids: list[int], logprobs: list[float] | None, version: int) -> None:
+        """One engine iteration's new tokens, sampled by policy ``version``."""
+        self.tokens.extend(ids)
+        self.versions.extend([version] * len(ids))
+        if logprobs is not None:
+            self.logprobs.extend(logprobs)
+
 
 @dataclass
 class _Chunk:
-    responses: list[_Response]
+    responses: list[Unfinished]
     logprobs: bool
     busy_s: float = 0.0  # engine iterations that worked on this chunk
 
@@ -92,8 +113,8 @@ class PartialRollouts:
         self._engine = engine
         self._lock = threading.Condition()
         self._chunks: dict[str, _Chunk] = {}
-        self._running: dict[str, tuple[_Chunk, _Response]] = {}  # engine request id -> its response
-        self._waiting: deque[tuple[_Chunk, _Response]] = deque()  # oldest first; interrupted ones in front
+        self._running: dict[str, tuple[_Chunk, Unfinished]] = {}  # engine request id -> its response
+        self._waiting: deque[tuple[_Chunk, Unfinished]] = deque()  # oldest first; interrupted ones in front
         self._max_running = max_running
         self._version = version
         self._paused = False
@@ -127,7 +148,7 @@ class PartialRollouts:
             raise ValueError(f"chunk {chunk_id!r} was started already")
         n = sampling.n
         responses = [
-            _Response(list(p), replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + i * n + j))
+            Unfinished(list(p), replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + i * n + j))
             for i, p in enumerate(prompt_ids) for j in range(n)
         ]
         chunk = _Chunk(responses, logprobs=sampling.logprobs)
@@ -221,16 +242,14 @@ class PartialRollouts:
         while not self._paused and self._waiting and len(self._running) < (self._max_running or 1):
             self._submit(*self._waiting.popleft())
 
-    def _submit(self, chunk: _Chunk, r: _Response) -> None:
-        left = r.sampling.max_tokens - len(r.tokens)
-        if left <= 0:  # (the engine ends a response at max_tokens itself; this only guards the arithmetic)
+    def _submit(self, chunk: _Chunk, r: Unfinished) -> None:
+        request = r.continuation()
+        if request is None:
             r.finish_reason = "length"
             return
-        seed = continuation_seed(r.sampling.seed, len(r.tokens)) if r.tokens else r.sampling.seed
         request_id = f"partial-{self._next_id}"
         self._next_id += 1
-        self._engine.add_request(request_id, r.prompt_ids + r.tokens, replace(r.sampling, max_tokens=left, seed=seed),
-                                 deltas=True)
+        self._engine.add_request(request_id, *request, deltas=True)
         self._running[request_id] = (chunk, r)
 
     def _ensure_thread(self) -> None:
@@ -259,10 +278,7 @@ class PartialRollouts:
                         if request_id not in self._running:
                             continue  # not one of ours (or aborted meanwhile)
                         _, r = self._running[request_id]
-                        r.tokens.extend(ids)
-                        r.versions.extend([self._version] * len(ids))
-                        if lps is not None:
-                            r.logprobs.extend(lps)
+                        r.absorb(ids, lps, self._version)
                         if reason is not None:
                             r.finish_reason = reason
                             del self._running[request_id]
