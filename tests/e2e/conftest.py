@@ -8,8 +8,26 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import base_args, run_main
+from tests.shared_ray import LOCAL_RAY
 
 HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_ray(tmp_path_factory):
+    """One Ray cluster for the session's runs (tests/shared_ray.py): every run started by ``run_main`` attaches
+    to it, unless its test asks for a local instance (``LOCAL_RAY``)."""
+    from tests import shared_ray
+
+    if not shared_ray.wanted():
+        yield None
+        return
+    shared_ray._cluster = shared_ray.SharedCluster(tmp_path_factory.mktemp("shared_ray"))
+    try:
+        yield shared_ray._cluster
+    finally:
+        cluster, shared_ray._cluster = shared_ray._cluster, None
+        cluster.stop()
 RESUME_ARGS = [f"custom_reward_function.path={HERE / 'reward_digits.py'}", "trainer.save_freq=2", "trainer.test_freq=2"]
 
 
@@ -23,8 +41,10 @@ def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     reverse_data = epoch_data(reverse_data, out.parent)
     # A secret in the environment (as a wandb key would be) must never reach logs, configs or checkpoints.
     os.environ.setdefault("WANDB_API_KEY", "grpo-dist-test-secret-6f1c2a")
+    # its own Ray instance: the workers inherit the driver's environment (with the secret), as in a user's run
     proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS
-                    + ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=3"])
+                    + ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=3"],
+                    env=LOCAL_RAY)
     return out, proc
 
 

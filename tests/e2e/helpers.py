@@ -12,7 +12,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_main(args: list[str], timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    """``python -m grpo_dist.main args``, attached to the session's Ray cluster (tests/shared_ray.py) unless
+    ``env`` says where Ray is (``RAY_ADDRESS``; ``LOCAL_RAY``: a local instance of the run's own) or the
+    arguments do (``ray_kwargs.ray_init.address``)."""
+    from tests import shared_ray
+
+    env = env or {}
+    own = "RAY_ADDRESS" in env or any(a.startswith("ray_kwargs.ray_init.address=") for a in args)
+    cluster = {} if own else shared_ray.client_env()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **cluster, **env)
     return subprocess.run([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

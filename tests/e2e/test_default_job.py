@@ -9,6 +9,7 @@ import re
 import pytest
 
 from tests.e2e.helpers import read_metrics, run_main
+from tests.shared_ray import LOCAL_RAY
 
 pytestmark = pytest.mark.slow
 VAL = "val-core/grpo_dist/reverse/acc/mean@1"
@@ -38,7 +39,7 @@ def test_default_job_short_version_learns(tmp_path):
     # as on a fresh machine: no model cache, no matplotlib font cache; the default log level
     proc = run_main(["trainer.total_training_steps=10", "trainer.test_freq=10", f"trainer.default_local_dir={out}"],
                     env={"GRPO_DIST_CACHE": str(tmp_path / "cache"), "MPLCONFIGDIR": str(tmp_path / "mpl"),
-                         "GRPO_DIST_LOG_LEVEL": ""})
+                         "GRPO_DIST_LOG_LEVEL": "", **LOCAL_RAY})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "building the embedded base model" in proc.stdout
     # the memory-driven defaults say what they chose: the whole mini-batch fits, no recomputation; the

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.e2e.helpers import ROOT, read_metrics, run_main
+from tests.shared_ray import LOCAL_RAY
 from tests.verl_ppo_scripts import SCRIPTS, script_args
 
 pytestmark = pytest.mark.slow
@@ -154,9 +155,9 @@ def killed_and_resumed(ppo_run, embedded_model, reverse_data, tmp_path_factory):
     roles it held); then the same command to step 4."""
     out = tmp_path_factory.mktemp("ppo_killed") / "run"
     args = ppo_args(embedded_model, reverse_data, out)
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,  # its own Ray: the victim
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY),  # is among the driver's children
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 600
         while time.time() < deadline and not (out / "global_step_2").exists():

@@ -19,6 +19,7 @@ import pytest
 
 from grpo_dist.trainer import checkpoint
 from tests.e2e.helpers import ROOT, base_args, read_metrics, run_main
+from tests.shared_ray import LOCAL_RAY
 from tests.unit.test_startup_checks import good_row
 
 pytestmark = pytest.mark.slow
@@ -183,8 +184,9 @@ def test_sigterm_at_any_moment_of_start_up_is_one_message_and_143(tiny_model_dir
 
     moments = {"loading": loading, "ray": ray_started, "workers": workers_starting}
     for name, ready in moments.items():
+        # its own Ray instance, started under the driver (the moment "ray" is seen among its children)
         proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.time() + 240
@@ -228,7 +230,7 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
         "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
     if layout == "separate":
         args += SPLIT_POOLS
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY)  # the victim is found among the driver's children
     proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -287,7 +289,7 @@ def test_sigterm_saves_at_the_step_boundary_and_exits(tiny_model_dir, reverse_da
     out = tmp_path / "o"
     args = base_args(tiny_model_dir, reverse_data, out, 40) + LIGHT + ["trainer.save_freq=-1"]
     proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
@@ -316,7 +318,8 @@ class Run:
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **env), stdout=subprocess.PIPE,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY, **env),
+                                     stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.out: list[tuple[float, str]] = []
         self.err: list[tuple[float, str]] = []

@@ -1,0 +1,103 @@
+"""One Ray cluster for a test session's real-stack runs.
+
+Every ``python -m grpo_dist.main`` a test starts through ``tests/e2e/helpers.run_main`` attaches to it
+(``RAY_ADDRESS`` and the cluster's token in the run's environment, as a user's run attaches to a running
+cluster) instead of starting and stopping a Ray instance of its own: that saves each run about 3 s of the
+2-core machine. The cluster is started once per session (``tests/e2e/conftest.py``), bound to the loopback
+interface as a run's own instance would be, with the environment a run gives a local instance's workers,
+and stopped at the end of the session. The test process's own environment is left as it was (the tests that
+start Ray in-process start their own).
+
+A test that checks a run's own Ray instance (its processes as children of the driver, its listening sockets,
+a signal while it starts, the newcomer's console) runs with ``LOCAL_RAY`` in its environment, as do the runs
+a test starts itself (``subprocess.Popen``). ``GRPO_DIST_TEST_SHARED_RAY=0`` turns the shared cluster off for
+the whole session.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: The environment that makes ``python -m grpo_dist.main`` start its own local Ray instance.
+LOCAL_RAY = {"RAY_ADDRESS": ""}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+class SharedCluster:
+    """A head node started with ``ray start --block`` (its processes end with it)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        # the clients' environment: loopback binding, token authentication with a token of this session's
+        self.client_env = {
+            "RAY_ADDRESS": self.address,
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(16),
+        }
+        # what a run sets for the workers of a local instance it starts (distributed/worker_group.init_ray)
+        workers = {
+            "RAY_worker_niceness": "0",
+            "RAY_prestart_worker_first_driver": "0",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
+        }
+        env = {**os.environ, **self.client_env, **workers}
+        env.pop("RAY_ADDRESS")
+        ray_cli = Path(sys.executable).with_name("ray")
+        self.log = open(log_dir / "shared_ray.log", "w")  # noqa: SIM115 (open for the cluster's life)
+        self.proc = subprocess.Popen(
+            [str(ray_cli), "start", "--head", "--block", f"--port={self.port}", "--node-ip-address=127.0.0.1",
+             "--num-cpus=16", "--include-dashboard=false", "--disable-usage-stats"],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while not _answers(self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the shared Ray cluster did not start; see {log_dir / 'shared_ray.log'}")
+            time.sleep(0.5)
+        # the raylet registers a moment after the GCS answers
+        time.sleep(2.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
+
+
+_cluster: SharedCluster | None = None
+
+
+def client_env() -> dict[str, str]:
+    """The environment that attaches a run to the session's cluster ({} when none runs)."""
+    return dict(_cluster.client_env) if _cluster is not None else {}
+
+
+def wanted() -> bool:
+    return os.environ.get("GRPO_DIST_TEST_SHARED_RAY", "1") != "0" and not os.environ.get("RAY_ADDRESS")
