@@ -23,6 +23,14 @@ Seeds: response ``j`` of prompt ``i`` starts with ``seed + i * n + j``, as an un
 tokens is seeded with :func:`continuation_seed`. Where a pause lands depends on timing, so a run
 with partial rollouts is not bit-reproducible (every framework's partial rollouts share this).
 
+Tensor-parallel engines (``rollout.tensor_model_parallel_size > 1``): every process of the engine runs its
+own scheduler, so every process must add the same requests, step, abort and pause at the same engine
+iteration. Each process runs a :class:`PartialRollouts` with an :class:`Agreement`: before every iteration the
+engine's first process says what it does (step, pause, or close, and how many chunks are admitted by then)
+and the others do the same (one small broadcast per iteration). A chunk the first process admitted waits on
+another process until that process's own ``start`` arrived; a pause lands on every process at the iteration
+the first one chose; a resume waits for every process's own ``resume``.
+
 The engine needs ``add_request(request_id, prompt_ids, sampling, deltas=True)``, ``step_deltas()``
 (``[(request_id, new token ids, their log-probs or None, finish reason or None)]``) and
 ``abort(request_ids)``: the vLLM engine has them.
@@ -42,7 +50,11 @@ import torch
 
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 
-__all__ = ["PartialRollouts", "Unfinished", "continuation_seed", "partial_metrics"]
+__all__ = ["Agreement", "PartialRollouts", "TensorParallelAgreement", "Unfinished", "continuation_seed",
+           "partial_metrics"]
+
+#: What an agreed engine iteration does (:class:`Agreement`).
+STEP, PAUSE, CLOSE = 0, 1, 2
 
 
 def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
@@ -84,6 +96,41 @@ class Unfinished:
             self.logprobs.extend(logprobs)
 
 
+class Agreement:
+    """What the processes of one tensor-parallel engine agree on before each engine iteration: the first
+    process (``leader``) says ``(what, chunks admitted)``; every other process receives the same. Subclasses
+    carry it (a broadcast over the engine's processes: :class:`TensorParallelAgreement`)."""
+
+    leader: bool
+
+    def share(self, decision: tuple[int, int] | None) -> tuple[int, int]:
+        """The leader's ``decision``, on every process (the others pass None and wait for it)."""
+        raise NotImplementedError
+
+
+class TensorParallelAgreement(Agreement):
+    """:class:`Agreement` over a gloo group of the engine's processes (made collectively, after the engine:
+    vLLM's external launcher has made the engine's processes a ``torch.distributed`` world). A process
+    waits for the leader's next word for as long as the engine stays idle, so the group waits without a
+    time limit worth the name."""
+
+    def __init__(self, tp_rank: int) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.leader = tp_rank == 0
+        self._dist = dist
+        self._group = dist.new_group(backend="gloo", timeout=timedelta(days=30))
+        self._src = dist.get_global_rank(self._group, 0)
+
+    def share(self, decision: tuple[int, int] | None) -> tuple[int, int]:
+        t = torch.tensor(decision if self.leader else (0, 0), dtype=torch.int64)
+        self._dist.broadcast(t, src=self._src, group=self._group)
+        what, admitted = t.tolist()
+        return what, admitted
+
+
 @dataclass
 class _Chunk:
     responses: list[Unfinished]
@@ -109,8 +156,14 @@ class PartialRollouts:
     that releases it takes it again first, and a pause would wait for the whole chunk).
     """
 
-    def __init__(self, engine: Any, *, version: int = 0, max_running: int | None = None) -> None:
+    def __init__(self, engine: Any, *, version: int = 0, max_running: int | None = None,
+                 agreement: Agreement | None = None) -> None:
         self._engine = engine
+        self._agreement = agreement  # a tensor-parallel engine's: iterations agreed with its other processes
+        self._pending: deque[str] = deque()  # (agreement) chunks started here, not yet admitted by the leader
+        self._admitted = 0  # (agreement) chunks admitted so far
+        self._pause_wanted = False  # (agreement, leader) a pause() waits for the loop to pause every process
+        self._interrupted = 0  # (agreement) responses the last pause interrupted
         self._lock = threading.Condition()
         self._chunks: dict[str, _Chunk] = {}
         self._running: dict[str, tuple[_Chunk, Unfinished]] = {}  # engine request id -> its response
@@ -157,8 +210,11 @@ class PartialRollouts:
             if self._max_running is None and responses:
                 self._max_running = len(responses)
             self._chunks[chunk_id] = chunk
-            self._waiting.extend((chunk, r) for r in responses)
-            self._fill()
+            if self._agreement is not None:  # admitted at an iteration every process agrees on
+                self._pending.append(chunk_id)
+            else:
+                self._waiting.extend((chunk, r) for r in responses)
+                self._fill()
             self._ensure_thread()
             self._lock.notify_all()
 
@@ -167,13 +223,17 @@ class PartialRollouts:
         and keeps its tokens. Returns how many responses were interrupted."""
         with self._held():
             self._raise_error()
-            self._paused = True
-            if self._running:
-                self._engine.abort(list(self._running))
-            interrupted = list(self._running.values())
-            self._running.clear()
-            self._waiting.extendleft(reversed(interrupted))  # first again, in their order
-            return len(interrupted)
+            if self._agreement is None or self._thread is None:
+                return self._interrupt()
+            if self._paused:
+                return 0
+            if self._agreement.leader:  # the loop pauses every process at the next iteration
+                self._pause_wanted = True
+                self._lock.notify_all()
+            while not self._paused:  # (another process: when the leader's word comes)
+                self._lock.wait(timeout=1.0)
+                self._raise_error()
+            return self._interrupted
 
     def resume(self, version: int | None = None) -> None:
         """Continue every interrupted response (prompt + its tokens so far) with the engine's weights,
@@ -237,6 +297,16 @@ class PartialRollouts:
 
     # ------------------------------------------------------------------ inside (under the lock)
 
+    def _interrupt(self) -> int:
+        """Pause: abort every running request, which waits first again with its tokens so far."""
+        self._paused = True
+        if self._running:
+            self._engine.abort(list(self._running))
+        interrupted = list(self._running.values())
+        self._running.clear()
+        self._waiting.extendleft(reversed(interrupted))  # first again, in their order
+        return len(interrupted)
+
     def _fill(self) -> None:
         """Hand the engine the oldest waiting responses while fewer than ``max_running`` run."""
         while not self._paused and self._waiting and len(self._running) < (self._max_running or 1):
@@ -254,7 +324,17 @@ class PartialRollouts:
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="partial-rollouts", daemon=True)
+            loop = self._loop if self._agreement is None else self._agreed_loop
+            threads = torch.get_num_threads()
+
+            def run() -> None:
+                # this process's intra-op threads in the stepping thread too (a new thread starts with OpenMP's
+                # default; vLLM's CPU attention refuses a step whose thread count differs from its plan's). The
+                # C function: vLLM's CPU worker replaces torch.set_num_threads with a no-op once it bound its threads
+                torch._C.set_num_threads(threads)
+                loop()
+
+            self._thread = threading.Thread(target=run, name="partial-rollouts", daemon=True)
             self._thread.start()
 
     def _raise_error(self) -> None:
@@ -269,25 +349,74 @@ class PartialRollouts:
                         self._lock.wait()
                     if self._closed:
                         return
-                    t0 = time.perf_counter()
-                    outputs = self._engine.step_deltas()
-                    seconds = time.perf_counter() - t0
-                    for chunk in {id(c): c for c, _ in self._running.values()}.values():
-                        chunk.busy_s += seconds
-                    for request_id, ids, lps, reason in outputs:
-                        if request_id not in self._running:
-                            continue  # not one of ours (or aborted meanwhile)
-                        _, r = self._running[request_id]
-                        r.absorb(ids, lps, self._version)
-                        if reason is not None:
-                            r.finish_reason = reason
-                            del self._running[request_id]
-                    self._fill()
-                    self._lock.notify_all()
+                    self._iterate()
         except BaseException as exc:  # handed to the driver's next call
-            with self._lock:
-                self._error = exc
-                self._lock.notify_all()
+            self._failed(exc)
+
+    def _iterate(self) -> None:
+        """One engine iteration: new tokens to their responses (tagged with the current version), finished ones
+        out, waiting ones in."""
+        t0 = time.perf_counter()
+        outputs = self._engine.step_deltas()
+        seconds = time.perf_counter() - t0
+        for chunk in {id(c): c for c, _ in self._running.values()}.values():
+            chunk.busy_s += seconds
+        for request_id, ids, lps, reason in outputs:
+            if request_id not in self._running:
+                continue  # not one of ours (or aborted meanwhile)
+            _, r = self._running[request_id]
+            r.absorb(ids, lps, self._version)
+            if reason is not None:
+                r.finish_reason = reason
+                del self._running[request_id]
+        self._fill()
+        self._lock.notify_all()
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._error = exc
+            self._lock.notify_all()
+
+    def _agreed_loop(self) -> None:
+        """The stepping thread of a tensor-parallel engine's process: before every iteration the leader's word
+        (:class:`Agreement`), then the same work on every process."""
+        agreement = self._agreement
+        try:
+            while True:
+                decision = None
+                if agreement.leader:
+                    with self._lock:
+                        while not (self._closed or self._pause_wanted
+                                   or (not self._paused and (self._running or self._waiting or self._pending))):
+                            self._lock.wait()
+                        what = CLOSE if self._closed else PAUSE if self._pause_wanted else STEP
+                        decision = (what, self._admitted + len(self._pending))
+                what, admitted = agreement.share(decision)  # (outside the lock: the driver's calls go on)
+                with self._lock:
+                    if what == CLOSE:
+                        return
+                    while self._admitted < admitted:  # a chunk this process was not handed yet waits here
+                        while not self._pending:
+                            if self._closed:
+                                return
+                            self._lock.wait(timeout=1.0)
+                        chunk = self._chunks[self._pending.popleft()]
+                        self._waiting.extend((chunk, r) for r in chunk.responses)
+                        self._admitted += 1
+                    if what == PAUSE:
+                        self._interrupted = self._interrupt()
+                        self._pause_wanted = False
+                        self._lock.notify_all()
+                        continue
+                    while self._paused and not self._closed:  # this process's own resume (it refills first)
+                        self._lock.wait(timeout=1.0)
+                    if self._closed:
+                        return
+                    self._fill()
+                    if self._running:
+                        self._iterate()
+        except BaseException as exc:  # handed to the driver's next call
+            self._failed(exc)
 
 
 def partial_metrics(versions_BR: torch.Tensor) -> dict[str, float]:

@@ -36,6 +36,7 @@ class RolloutWorker:
         self.rank = rank
         self._engine_args = (engine, engine_kwargs)
         self._tp = tp
+        self._tp_rank = 0
         self.engine = None if tp > 1 else self._make_engine()
         startup.mark("engine built")
         self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
@@ -59,6 +60,7 @@ class RolloutWorker:
     def init_engine(self, tp_rank: int, master_addr: str, master_port: int) -> None:
         """Build this rank's shard of a tensor-parallel engine; every rank of the engine calls it at once."""
         self.engine = self._make_engine(tp_rank=tp_rank, tp_master=(master_addr, master_port))
+        self._tp_rank = tp_rank
 
     @timed
     def generate(self, prompt_ids: list[list[int]], sampling: Any):
@@ -83,9 +85,12 @@ class RolloutWorker:
         """Partial rollouts: queue chunk ``chunk_id`` (``sampling.n`` responses per prompt) on the background
         generator, its tokens tagged with policy ``version`` until the next resume; returns at once."""
         if self._partial is None:
-            from grpo_dist.rollout.partial import PartialRollouts
+            from grpo_dist.rollout.partial import PartialRollouts, TensorParallelAgreement
 
-            self._partial = PartialRollouts(self.engine, version=version)
+            # a tensor-parallel engine's processes agree on every iteration (made by all of them at once: every
+            # process of the engine gets the same chunks)
+            agreement = TensorParallelAgreement(self._tp_rank) if self._tp > 1 else None
+            self._partial = PartialRollouts(self.engine, version=version, agreement=agreement)
         self._partial.start(chunk_id, prompt_ids, sampling)
 
     def start_agent_chunk(self, chunk_id: str, rows: list[dict], sampling: Any, settings: Any, tokenizer_path: str,
@@ -102,8 +107,9 @@ class RolloutWorker:
 
     def pause_generation(self) -> int:
         """Partial rollouts: interrupt the background generation (before a weight sync); how many responses
-        were interrupted."""
-        return 0 if self._partial is None else self._partial.pause()
+        were interrupted (counted by an engine's first process only: every process of it holds the same)."""
+        interrupted = 0 if self._partial is None else self._partial.pause()
+        return interrupted if self._tp_rank == 0 else 0
 
     def resume_generation(self, version: int) -> None:
         """Partial rollouts: continue the interrupted responses with the engine's weights, policy ``version``."""

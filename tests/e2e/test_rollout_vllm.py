@@ -644,3 +644,68 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
     assert alone["size"] == 1 and all(alone[n][0] == alone[n][1] for n in SHARDED), alone
     assert one["before"][0].response_ids != one["after"][0].response_ids  # the sync changed the policy
 
+
+
+def _tp_partial_run(model_dir, tp_rank, port, queue):
+    """One process of a two-process engine generating a chunk in the background (partial rollouts), paused
+    mid-way by the leader's timing, given new weights and resumed; then a plain call on the same engine."""
+    import time
+
+    torch.set_num_threads(1)
+    from safetensors.torch import load_file
+
+    from grpo_dist.rollout.partial import PartialRollouts, TensorParallelAgreement
+
+    engine = make_engine("vllm", model_path=model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
+                         seed=0, kv_cache_gib=0.125, tensor_parallel_size=2, tp_rank=tp_rank,
+                         tp_master=("127.0.0.1", port))
+    gen = PartialRollouts(engine, version=0, agreement=TensorParallelAgreement(tp_rank))
+    prompts = PROMPTS[:3]
+    gen.start("cut", prompts, SamplingSettings(n=2, temperature=1.0, max_tokens=120, seed=5))
+    if tp_rank == 0:  # the leader's pause lands mid-way; the other's lands on the same iteration
+        chunk = gen._chunks["cut"]
+        deadline = time.monotonic() + 120
+        while not any(len(r.tokens) >= 3 for r in chunk.responses) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    interrupted = gen.pause()
+    g = torch.Generator().manual_seed(1)
+    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
+    engine.update_weights(state.items())
+    gen.resume(1)
+    cut, _ = gen.collect("cut", timeout_s=300)
+    gen.close()
+    after = engine.generate(prompts, SamplingSettings(n=1, temperature=1.0, max_tokens=12, seed=9))
+    engine.close()
+    queue.put((tp_rank, {"interrupted": interrupted, "cut": cut, "after": after}))
+
+
+def test_partial_rollouts_on_a_tensor_parallel_engine_pause_both_processes_at_one_iteration(tmp_path):
+    """``tensor_model_parallel_size=2`` with partial rollouts: each process of the engine runs its own scheduler,
+    and their background generators agree on every iteration (the first process's word, a broadcast), so a pause
+    the first process's timing chose lands on the same iteration in both: both interrupt the same responses,
+    finish them with the new weights with the same tokens, versions and log-probs, and the engine goes on
+    serving plain calls (a process that stepped once more than the other would hang in the model's collectives)."""
+    import multiprocessing as mp
+
+    from grpo_dist.distributed.process_group import free_port
+
+    model = build_tiny_model(tmp_path / "model2h", seed=0, hidden_size=128, num_heads=2, num_kv_heads=2)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port("127.0.0.1")
+    procs = [ctx.Process(target=_tp_partial_run, args=(model, r, port, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        results = dict(queue.get(timeout=600) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    first, second = results[0], results[1]
+    assert first["interrupted"] == second["interrupted"] > 0
+    for key in ("response_ids", "token_versions", "logprobs", "finished_by_eos"):
+        assert getattr(first["cut"], key) == getattr(second["cut"], key), key
+    assert any(v and v[0] == 0 and v[-1] == 1 for v in first["cut"].token_versions)
+    assert first["after"].response_ids == second["after"].response_ids

@@ -259,8 +259,11 @@ def test_the_start_up_plan_says_what_the_mode_does():
     (("async_training.partial_rollout=false",), False, "; a sync waits for the chunks being generated"),
     (("actor_rollout_ref.rollout.mode=async",), True, "partial rollouts: a sync interrupts"),  # agent loops too
     (("actor_rollout_ref.rollout.name=hf",), False, "partial_rollout has no effect with rollout.name=hf"),
-    (("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2"), False,
-     "partial_rollout has no effect with rollout.tensor_model_parallel_size > 1"),
+    (("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2"), True,
+     "partial rollouts: a sync interrupts"),  # the engine's processes agree on every iteration
+    (("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2",
+      "actor_rollout_ref.rollout.mode=async"), False,
+     "partial_rollout has no effect with rollout.mode=async and rollout.tensor_model_parallel_size > 1"),
 ])
 def test_partial_rollouts_are_on_where_the_engine_can_interrupt_requests(overrides, on, said):
     fa = fully_async_settings(config(*fully_async(0.5, 2, partial=None), *overrides))

@@ -169,3 +169,81 @@ def test_partial_metrics_by_hand():
     m = partial_metrics(versions)
     assert m == {"fully_async/partial/total_partial_num": 2.0, "fully_async/partial/partial_ratio": 0.5,
                  "fully_async/partial/max_partial_span": 3.0}
+
+
+class QueueAgreement:
+    """The tensor-parallel agreement of two processes, in memory: the leader's words reach the other in order."""
+
+    def __init__(self, leader: bool, words: "queue.Queue") -> None:
+        self.leader, self.words = leader, words
+
+    def share(self, decision):
+        if self.leader:
+            self.words.put(decision)
+            return decision
+        return self.words.get(timeout=30)
+
+
+def test_a_tensor_parallel_engines_processes_admit_step_and_pause_at_the_same_iterations():
+    """Each process of a tensor-parallel engine runs its own scheduler: they must add, step, abort and resume the
+    same requests at the same iterations, whenever the driver's calls reach each of them (in the same order on
+    every process, as an actor's calls do). Here the other process gets chunk a before the leader (it waits for the
+    leader's word to admit it) and chunk b after the leader admitted it (its iterations wait for it); its pause is
+    called first and returns once the leader paused; both load the new weights at the pause; its resume comes
+    first too. Both end with the same requests, tokens, versions and log-probs."""
+    import queue
+
+    words = queue.Queue()
+    engines = [SteppedEngine(), SteppedEngine()]
+    for e in engines:
+        e.step_s = 0.002
+    leader, other = (PartialRollouts(e, version=0, agreement=QueueAgreement(i == 0, words))
+                     for i, e in enumerate(engines))
+    sampling = SamplingSettings(n=2, temperature=1.0, max_tokens=200, seed=7)
+    other.start("a", [[1, 2], [5]], sampling)
+    time.sleep(0.05)
+    assert engines[1].added == []  # not admitted: the leader has not said so
+    leader.start("a", [[1, 2], [5]], sampling)
+    leader.start("b", [[9]], sampling)
+    wait_until(lambda: engines[0].steps >= 3)
+    time.sleep(0.02)
+    assert len(engines[1].added) <= 4  # b (admitted by the leader by now) waits for the other's own start of it
+    other.start("b", [[9]], sampling)
+    paused_other = []
+    waiter = threading.Thread(target=lambda: paused_other.append(other.pause()))
+    waiter.start()
+    time.sleep(0.02)
+    assert not paused_other  # the other process pauses where the leader does, not on its own
+    interrupted = leader.pause()
+    waiter.join(timeout=10)
+    assert paused_other == [interrupted] and interrupted > 0
+    for e in engines:
+        e.weights = 1
+    other.resume(1)
+    time.sleep(0.02)
+    leader.resume(1)
+    outs = [[g.collect(c, timeout_s=20)[0] for c in ("a", "b")] for g in (leader, other)]
+    for g in (leader, other):
+        g.close()
+    assert engines[0].added == engines[1].added and engines[0].steps == engines[1].steps
+    for mine, theirs in zip(*outs):
+        assert (mine.response_ids, mine.token_versions, mine.logprobs) == \
+               (theirs.response_ids, theirs.token_versions, theirs.logprobs)
+    versions = [v for out in outs[0] for v in out.token_versions]
+    assert any(0 in v and 1 in v for v in versions)  # interrupted, finished by the new weights
+    assert all(len(v) == 200 for v in versions)
+
+
+def test_a_tensor_parallel_process_closes_on_the_leaders_word():
+    import queue
+
+    words = queue.Queue()
+    engines = [SteppedEngine(), SteppedEngine()]
+    leader, other = (PartialRollouts(e, agreement=QueueAgreement(i == 0, words)) for i, e in enumerate(engines))
+    for g in (leader, other):
+        g.start("a", [[1]], SAMPLING)
+    assert [g.collect("a", timeout_s=10)[0].response_ids for g in (leader, other)] == [[[1, 2, 3, 4, 5, 6]] * 2] * 2
+    threads = [leader._thread, other._thread]
+    leader.close()
+    other.close()
+    assert not any(t.is_alive() for t in threads)
