@@ -5,8 +5,9 @@ Every ``python -m grpo_dist.main`` a test starts through ``tests/e2e/helpers.run
 cluster) instead of starting and stopping a Ray instance of its own: that saves each run about 3 s of the
 2-core machine. The cluster is started once per session (``tests/e2e/conftest.py``), bound to the loopback
 interface as a run's own instance would be, with the environment a run gives a local instance's workers,
-and stopped at the end of the session. The test process's own environment is left as it was (the tests that
-start Ray in-process start their own).
+and stopped at the end of the session, or, when the session is killed before its end, by the watchdog a
+run's own instance has (``grpo_dist/distributed/ray_watchdog.py``). The test process's own environment is
+left as it was (the tests that start Ray in-process start their own).
 
 A test that checks a run's own Ray instance (its processes as children of the driver, its listening sockets,
 a signal while it starts, the newcomer's console) runs with ``LOCAL_RAY`` in its environment, as do the runs
@@ -24,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from grpo_dist.distributed import ray_watchdog
+
 #: The environment that makes ``python -m grpo_dist.main`` start its own local Ray instance.
 LOCAL_RAY = {"RAY_ADDRESS": ""}
 
@@ -40,6 +43,25 @@ def _answers(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+#: What a head node's processes run (parts of their command lines): the raylet and the agents it starts.
+_NODE_PROCESSES = ("raylet", "dashboard/agent.py", "runtime_env/agent/main.py")
+
+
+def _wait_for_processes(root: int, parts: tuple[str, ...], timeout_s: float) -> None:
+    """Wait until ``root``'s descendants include a process for each of ``parts`` (or ``timeout_s`` passed)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            lines = [" ".join(p.cmdline()) for p in psutil.Process(root).children(recursive=True)]
+        except psutil.Error:
+            return
+        if all(any(part in line for line in lines) for part in parts):
+            return
+        time.sleep(0.25)
 
 
 class SharedCluster:
@@ -79,6 +101,11 @@ class SharedCluster:
             time.sleep(0.5)
         # the raylet registers a moment after the GCS answers
         time.sleep(2.0)
+        # a pytest killed without its teardown (a timeout's SIGTERM, SIGKILL) does not leave the cluster behind:
+        # the watchdog a run's own instance has ends its processes once this process is gone. It lists the
+        # processes there are when it starts, so it starts once the raylet's agents are up too
+        _wait_for_processes(self.proc.pid, _NODE_PROCESSES, timeout_s=30.0)
+        self.watchdog = ray_watchdog.start(roots=[self.proc.pid])
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -68,16 +68,22 @@ def watch(driver: tuple[int, float], procs: list[tuple[int, float]], *, poll_s: 
     return [p.pid for p in left]
 
 
-def start() -> subprocess.Popen | None:
-    """Start the watchdog for the Ray processes this (driver) process started so far; None when it
-    has none (e.g. it attached to a running cluster) or psutil is missing."""
+def start(roots: list[int] | None = None) -> subprocess.Popen | None:
+    """Start the watchdog for the Ray processes this (driver) process started so far (``roots``: only
+    these processes of its and their descendants); None when it has none (e.g. it attached to a running
+    cluster) or psutil is missing."""
     try:
         import psutil
     except ImportError:
         return None
     me = psutil.Process()
     procs = []
-    for p in me.children(recursive=True):
+    try:
+        tops = [me] if roots is None else [psutil.Process(pid) for pid in roots]
+        listed = [q for top in tops for q in ([] if top is me else [top]) + top.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for p in listed:
         try:
             procs.append(f"{p.pid}:{p.create_time()!r}")
         except psutil.Error:

@@ -164,6 +164,7 @@ class PartialRollouts:
         self._admitted = 0  # (agreement) chunks admitted so far
         self._pause_wanted = False  # (agreement, leader) a pause() waits for the loop to pause every process
         self._interrupted = 0  # (agreement) responses the last pause interrupted
+        self._unclaimed = False  # (agreement) the loop paused on the leader's word; this process's pause() not yet returned
         self._lock = threading.Condition()
         self._chunks: dict[str, _Chunk] = {}
         self._running: dict[str, tuple[_Chunk, Unfinished]] = {}  # engine request id -> its response
@@ -220,19 +221,22 @@ class PartialRollouts:
 
     def pause(self) -> int:
         """Stop generating after the engine iteration in progress; every unfinished request is aborted
-        and keeps its tokens. Returns how many responses were interrupted."""
+        and keeps its tokens. Returns how many responses this pause interrupted (0 if generation was paused
+        already), the same count on every process of a tensor-parallel engine, whether its call came before the
+        leader's word or after the loop had paused on it."""
         with self._held():
             self._raise_error()
             if self._agreement is None or self._thread is None:
                 return self._interrupt()
-            if self._paused:
-                return 0
-            if self._agreement.leader:  # the loop pauses every process at the next iteration
+            if self._agreement.leader and not self._paused:  # the loop pauses every process at the next iteration
                 self._pause_wanted = True
                 self._lock.notify_all()
-            while not self._paused:  # (another process: when the leader's word comes)
+            while not self._paused:  # (another process: when the leader's word comes, if it has not yet)
                 self._lock.wait(timeout=1.0)
                 self._raise_error()
+            if not self._unclaimed:  # paused already by an earlier call
+                return 0
+            self._unclaimed = False
             return self._interrupted
 
     def resume(self, version: int | None = None) -> None:
@@ -243,6 +247,7 @@ class PartialRollouts:
             if version is not None:
                 self._version = version
             self._paused = False
+            self._unclaimed = False
             self._fill()
             self._lock.notify_all()
 
@@ -405,6 +410,7 @@ class PartialRollouts:
                         self._admitted += 1
                     if what == PAUSE:
                         self._interrupted = self._interrupt()
+                        self._unclaimed = True
                         self._pause_wanted = False
                         self._lock.notify_all()
                         continue

@@ -33,7 +33,10 @@ SCRIPT = textwrap.dedent("""
     assert t.tolist() == [1.0, 1.0]
     dist.destroy_process_group()
     assert not dist.is_initialized()
-    print("OK")
+    print("OK", flush=True)
+    # leave without the interpreter's teardown: there torch's gloo threads met their destructors out of order once
+    # in a loaded run ("terminate called without an active exception", rc -6 after OK), which is not what this checks
+    os._exit(0)
 """)
 
 

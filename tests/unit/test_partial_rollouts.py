@@ -247,3 +247,29 @@ def test_a_tensor_parallel_process_closes_on_the_leaders_word():
     leader.close()
     other.close()
     assert not any(t.is_alive() for t in threads)
+
+
+def test_a_pause_that_reaches_the_other_process_after_the_leaders_word_returns_the_same_count():
+    """The other process's loop may pause on the leader's word before the driver's pause call reaches that
+    process: its call still returns the count of that pause (and a second call, paused already, returns 0)."""
+    import queue
+
+    words = queue.Queue()
+    engines = [SteppedEngine(), SteppedEngine()]
+    for e in engines:
+        e.step_s = 0.002
+    leader, other = (PartialRollouts(e, agreement=QueueAgreement(i == 0, words)) for i, e in enumerate(engines))
+    sampling = SamplingSettings(n=2, temperature=1.0, max_tokens=200, seed=3)
+    for g in (leader, other):
+        g.start("a", [[1, 2], [5]], sampling)
+    wait_until(lambda: engines[1].steps >= 3)
+    interrupted = leader.pause()
+    wait_until(lambda: other.paused)  # the other's loop paused on the word, before its own call
+    assert interrupted == 4 and other.pause() == interrupted
+    assert (leader.pause(), other.pause()) == (0, 0)
+    for g in (leader, other):
+        g.resume(1)
+    outs = [g.collect("a", timeout_s=20)[0] for g in (leader, other)]
+    for g in (leader, other):
+        g.close()
+    assert outs[0].response_ids == outs[1].response_ids

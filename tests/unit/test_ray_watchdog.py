@@ -75,3 +75,27 @@ def test_watchdog_leaves_when_the_ray_processes_are_gone(started):
     ray_proc.wait()
     assert watchdog.wait(timeout=15) == 0
     assert d.is_running()
+
+
+def test_a_test_session_killed_before_its_teardown_leaves_no_shared_ray_cluster(tmp_path):
+    """The real-stack tier's one Ray cluster (tests/shared_ray.py) is stopped by the session's teardown; a
+    session killed outright (a timeout's SIGTERM, SIGKILL) has none, and the watchdog ends the cluster."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    session = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from tests.shared_ray import SharedCluster; "
+         "c = SharedCluster(Path(sys.argv[1])); print(c.proc.pid, flush=True); time.sleep(600)", str(tmp_path)],
+        cwd=root, stdout=subprocess.PIPE, text=True)
+    cluster = []
+    try:
+        head = psutil.Process(int(session.stdout.readline()))  # printed once the cluster is up
+        cluster = [head, *head.children(recursive=True)]
+        names = sorted(p.name() for p in cluster)
+    finally:
+        session.kill()
+        session.wait()
+        _, alive = psutil.wait_procs(cluster, timeout=30)
+        for p in alive:
+            p.kill()
+    assert {"gcs_server", "raylet"} <= set(names) and len(names) >= 5 and not alive, (names, alive)
