@@ -288,7 +288,7 @@ def _run_locked(spec: RunSpec, lp, out_dir: Path, stop, *, model_path, tok_path,
         raise stop.interrupted from None
     stop.reassert()  # ray.init installs a SIGTERM handler of its own (a stack dump, then exit)
     startup.mark("ray started")
-    trainer = workers = None
+    trainer = workers = report = None
     failure = LastWord()  # said once the workers and Ray are gone: their late log lines come before it
     try:
         device = choose_device(lp.device, cluster_gpus())
@@ -331,6 +331,7 @@ def _run_locked(spec: RunSpec, lp, out_dir: Path, stop, *, model_path, tok_path,
                               or (str(exc), 1)))
         if not failure:
             summary = trainer.fit(resume)
+            report = _ReportDrawing(out_dir)  # drawn while the workers and Ray shut down
     except BaseException as exc:  # noqa: B036 (Ctrl-C and the stop signal too: said once all is shut down)
         _keep_report(logs, exc)
         said = failure_message(exc, stop, lp.resume, log_file=log_file)
@@ -354,16 +355,37 @@ def _run_locked(spec: RunSpec, lp, out_dir: Path, stop, *, model_path, tok_path,
         finally:
             failure.say_now()
     if failure:
+        if report is not None:
+            report.finish()
         return failure.code
 
     _print_summary(summary, time.perf_counter() - t0)
-    try:
-        from grpo_dist.report import write_report
-
-        write_report(out_dir)
-    except Exception as exc:  # a report must never fail a finished run
-        print(f"grpo_dist: could not draw the report: {exc}", file=sys.stderr)
+    report.finish()
     return 0
+
+
+class _ReportDrawing:
+    """The run's report (:func:`grpo_dist.report.write_report`) drawn on a thread of its own from the end of
+    training, while the workers and Ray shut down (mostly waiting: 1-2 s with a local instance, as long as the
+    drawing); :meth:`finish` waits for it and says a failure in one line (a report never fails a run)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._draw, args=(out_dir,), name="grpo_dist-report", daemon=True)
+        self._thread.start()
+
+    def _draw(self, out_dir: Path) -> None:
+        try:
+            from grpo_dist.report import write_report
+
+            write_report(out_dir)
+        except Exception as exc:
+            self.error = exc
+
+    def finish(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            print(f"grpo_dist: could not draw the report: {self.error}", file=sys.stderr)
 
 
 def _keep_report(logs, exc: BaseException) -> None:

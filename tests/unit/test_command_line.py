@@ -325,3 +325,40 @@ def test_plan_lists_keys_the_schema_marks_as_no_ops(monkeypatch):
     assert total == 3
     # only=4 is not one of its no-op values (validation refuses it; the plan does not list it)
     assert noops == [("sub.knob", 5, "why not"), ("flag", True, "a plain string state")]
+
+
+LEAVING = """
+import atexit, logging, logging.handlers, sys
+import grpo_dist.main as m
+atexit.register(m._leave_without_finalizing)  # as python -m grpo_dist.main registers it: before any other
+log = logging.getLogger("run")
+# a handler that writes its records out when it is closed (logging's own exit handler closes it)
+log.addHandler(logging.handlers.MemoryHandler(100, target=logging.FileHandler(sys.argv[1]), flushOnClose=True))
+atexit.register(lambda: print("a library's exit handler ran", file=sys.stderr))  # registered during the run
+log.warning("the run's last log line")
+print("written, not flushed", end="")
+m._exit_code = int(sys.argv[2])
+if m._exit_code < 0:
+    m._exit_code = None
+    raise RuntimeError("a bug")
+"""
+
+
+@pytest.mark.parametrize("code", [0, 2])
+def test_the_command_ends_after_every_exit_handler_with_its_code_and_output(tmp_path, code):
+    """``python -m grpo_dist.main`` leaves without the interpreter's finalization once ``main()`` returned (its
+    last garbage collection costs ~1.5 s after every run): the exit code, buffered output, the libraries' exit
+    handlers and log files are as a normal exit leaves them."""
+    log = tmp_path / "run.log"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered, as in a pipe by default
+    proc = subprocess.run([sys.executable, "-c", LEAVING, str(log), str(code)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout == "written, not flushed" and proc.stderr == "a library's exit handler ran\n"
+    assert log.read_text() == "the run's last log line\n"
+
+
+def test_an_exception_leaving_the_command_keeps_its_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", LEAVING, str(tmp_path / "run.log"), "-1"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "RuntimeError: a bug" in proc.stderr
