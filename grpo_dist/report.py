@@ -160,43 +160,56 @@ def write_report(run_dir: str | Path) -> list[Path]:
 
 
 def _write_report(run_dir: str | Path) -> list[Path]:
+    """One figure with every panel, drawn once: ``summary.png`` is that figure, and each panel's own PNG is its
+    part of the same image (the panel with its title, labels and legend). Drawing the panels as figures of their
+    own took as long again, and laying out each of them (``tight_layout``) as long as the drawing."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from PIL import Image
 
     rows = read_metrics(run_dir)
     out_dir = Path(run_dir) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
     panels = _panels(rows)
     ncols = 4
     nrows = -(-len(panels) // ncols)
-    fig_all, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 4 * nrows))
-    for ax_all in axes.flat[len(panels):]:
-        ax_all.set_visible(False)
-    for ax_all, (name, title, count, draw) in zip(axes.flat, panels):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for a in (ax, ax_all):
-            draw(a)
-            a.set_title(title)
-            a.set_xlabel("step")
-            a.grid(alpha=0.3)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5 * ncols, 4 * nrows), dpi=_DPI)
+    try:
+        for ax in axes.flat[len(panels):]:
+            ax.set_visible(False)
+        for ax, (_, title, count, draw) in zip(axes.flat, panels):
+            draw(ax)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
             if count:
-                a.legend(fontsize=7)
+                ax.legend(fontsize=7)
             else:
-                a.text(0.5, 0.5, "no data", ha="center", va="center", transform=a.transAxes)
+                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         fig.tight_layout()
-        p = out_dir / f"{name}.png"
-        fig.savefig(p, dpi=90)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        image = Image.frombuffer("RGBA", fig.canvas.get_width_height(), fig.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+        image = image.convert("RGB")
+        width, height = image.size
+        written = [out_dir / "summary.png"]
+        image.save(written[0], optimize=False)
+        for ax, (name, *_) in zip(axes.flat, panels):
+            box = ax.get_tightbbox(renderer)  # display pixels, origin at the bottom left
+            crop = (max(0, int(box.x0) - _PAD), max(0, int(height - box.y1) - _PAD),
+                    min(width, int(box.x1) + _PAD), min(height, int(height - box.y0) + _PAD))
+            p = out_dir / f"{name}.png"
+            image.crop(crop).save(p)
+            written.append(p)
+    finally:
         plt.close(fig)
-        written.append(p)
-    fig_all.tight_layout()
-    p = out_dir / "summary.png"
-    fig_all.savefig(p, dpi=80)
-    plt.close(fig_all)
-    written.insert(0, p)
     return written
+
+
+_DPI = 90  # the panels' resolution (a 5 x 4 inch panel is 450 x 360 pixels)
+_PAD = 6  # pixels kept around a panel's own PNG
 
 
 def main(argv: list[str] | None = None) -> int:
