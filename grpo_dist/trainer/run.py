@@ -356,7 +356,7 @@ def _run_locked(spec: RunSpec, lp, out_dir: Path, stop, *, model_path, tok_path,
             failure.say_now()
     if failure:
         if report is not None:
-            report.finish()
+            report.finish(say=False)  # the failure's message stays the last thing printed
         return failure.code
 
     _print_summary(summary, time.perf_counter() - t0)
@@ -382,9 +382,9 @@ class _ReportDrawing:
         except Exception as exc:
             self.error = exc
 
-    def finish(self) -> None:
+    def finish(self, say: bool = True) -> None:
         self._thread.join()
-        if self.error is not None:
+        if self.error is not None and say:
             print(f"grpo_dist: could not draw the report: {self.error}", file=sys.stderr)
 
 

@@ -220,3 +220,20 @@ def test_drawing_the_report_prints_no_matplotlib_log_lines(tmp_path):
     assert (tmp_path / "mplconfig").is_dir()  # the font cache was built in this run
     out = proc.stdout + proc.stderr
     assert "matplotlib" not in out and "fontManager" not in out, out
+
+
+def test_the_report_drawn_beside_the_shutdown_says_a_failure_in_one_line_or_not_at_all(tmp_path, capsys):
+    """The run draws its report on a thread while its workers shut down: the PNGs are there once it is waited
+    for; a report that cannot be drawn is one line after the summary, and nothing after a failed run's
+    message (which stays the last thing printed)."""
+    from grpo_dist.trainer.run import _ReportDrawing
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "critic/score/mean": 0.5, "timing_s/gen": 0.5}) + "\n")
+    _ReportDrawing(run_dir).finish()
+    assert (run_dir / "report" / "summary.png").stat().st_size > 1000 and capsys.readouterr().err == ""
+    _ReportDrawing(tmp_path / "no_run").finish()
+    assert capsys.readouterr().err.startswith("grpo_dist: could not draw the report: ")
+    _ReportDrawing(tmp_path / "no_run").finish(say=False)
+    assert capsys.readouterr().err == ""
