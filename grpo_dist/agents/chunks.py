@@ -14,6 +14,10 @@ new weights. :meth:`AgentChunks.collect` waits for a chunk and converts it
 This is the same contract as :class:`~grpo_dist.rollout.partial.PartialRollouts` (the driver calls both the
 same way); the difference is who issues the requests: agent loops, several per trajectory, instead of one per
 response.
+
+On a tensor-parallel engine (``agreement`` given) every process of the engine runs the same chunks' loops on its
+own server, in lock step, and the processes agree on every iteration (the server's agreed mode): a pause stops
+all of them at the same iteration.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
+import torch
+
 from grpo_dist.agents.collect import to_rollout_output
 from grpo_dist.agents.runner import run_trajectories
 from grpo_dist.agents.settings import AgentSettings
-from grpo_dist.rollout.async_server import AsyncRolloutServer
+from grpo_dist.rollout.async_server import AsyncRolloutServer, request_group
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
+from grpo_dist.rollout.partial import Agreement
 
 __all__ = ["AgentChunks"]
 
@@ -53,20 +60,36 @@ class AgentChunks:
         max_model_len: the context length (prompt + response) a request may use.
         tokenizer: the policy's tokenizer, handed to the loops.
         version: the policy version of the engine's weights.
+        agreement: a tensor-parallel engine's (:class:`~grpo_dist.rollout.partial.TensorParallelAgreement`): the
+            loops run in lock step and every iteration is agreed with the engine's other processes.
     """
 
-    def __init__(self, engine: Any, *, max_model_len: int, tokenizer: Any, version: int = 0) -> None:
-        self.server = AsyncRolloutServer(engine, max_model_len=max_model_len, interruptible=True, version=version)
+    def __init__(self, engine: Any, *, max_model_len: int, tokenizer: Any, version: int = 0,
+                 agreement: Agreement | None = None) -> None:
+        self.server = AsyncRolloutServer(engine, max_model_len=max_model_len, interruptible=True, version=version,
+                                         lockstep=agreement is not None, agreement=agreement)
         self._tokenizer = tokenizer
         self._chunks: dict[str, _AgentChunk] = {}
+        self._started = 0  # chunks started so far
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="agent-chunks", daemon=True)
+        threads = torch.get_num_threads()
+
+        def run() -> None:
+            # the engine steps on this thread: this process's intra-op threads here too (a new thread starts with
+            # OpenMP's default, and vLLM's CPU attention refuses a step whose thread count differs from its plan's;
+            # the C function, as vLLM's CPU worker makes torch.set_num_threads a no-op)
+            torch._C.set_num_threads(threads)
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="agent-chunks", daemon=True)
         self._thread.start()
 
     def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the loop's thread, between two of its steps (so never during an engine iteration)."""
+        """``fn(*args)`` on the loop's thread, between two of its steps (so never during an engine iteration); a
+        coroutine function is awaited there."""
         async def call() -> T:
-            return fn(*args)
+            out = fn(*args)
+            return await out if asyncio.iscoroutine(out) else out
 
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
 
@@ -76,8 +99,11 @@ class AgentChunks:
         if chunk_id in self._chunks:
             raise ValueError(f"chunk {chunk_id!r} was started already")
         versions: list[list[int]] = []
+        group = self._started  # (a tensor-parallel engine's processes add a chunk's requests by its number)
+        self._started += 1
 
         async def chunk() -> tuple[list[Any], float]:
+            request_group.set(group)  # for every task of this chunk's loops
             busy_at_start = self.server.busy_s
             outs = await run_trajectories(rows, sampling, server=self.server, tokenizer=self._tokenizer,
                                           settings=settings, versions_out=versions)
@@ -87,8 +113,9 @@ class AgentChunks:
         self._chunks[chunk_id] = _AgentChunk(future, versions, sampling, settings, self.server.version)
 
     def pause(self) -> int:
-        """Interrupt the engine's requests after its current iteration; how many were interrupted."""
-        return self._on_loop(self.server.pause)
+        """Interrupt the engine's requests after its current iteration (a tensor-parallel engine: the iteration its
+        processes agree on); how many were interrupted."""
+        return self._on_loop(self.server.pause if self.server.agreement is None else self.server.pause_agreed)
 
     def resume(self, version: int | None = None) -> None:
         """Continue every interrupted or held request with the engine's weights, policy ``version`` from now on
@@ -135,7 +162,7 @@ class AgentChunks:
         if not self._loop.is_running():
             return
         try:
-            self._on_loop(self.server.pause)
+            self._on_loop(self.server.pause if self.server.agreement is None else self.server.close_agreed)
         except Exception:  # a failed engine: nothing left to abort
             pass
         for c in self._chunks.values():

@@ -83,14 +83,10 @@ def fully_async_settings(cfg: GRPOConfig) -> FullyAsyncSettings | None:
 
 
 def _partial_off(cfg: GRPOConfig) -> str | None:
-    """Why partial rollouts cannot run with this rollout (None: they can): they need the vLLM engine, and
-    through agent loops (``rollout.mode=async``) one process per engine."""
+    """Why partial rollouts cannot run with this rollout (None: they can): they need the vLLM engine."""
     r = cfg.actor_rollout_ref.rollout
     if r.name != "vllm":
         return f"with rollout.name={r.name} (the vLLM engine interrupts requests)"
-    if r.tensor_model_parallel_size > 1 and r.mode == "async":
-        return ("with rollout.mode=async and rollout.tensor_model_parallel_size > 1 (agent loops on a tensor-parallel "
-                "engine run in lock-step, which an interruption would break: not built yet)")
     return None
 
 

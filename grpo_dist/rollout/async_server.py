@@ -37,18 +37,29 @@ that arrived, sorted by (seed, prompt) rather than by arrival, and runs one iter
 their engines identically as long as the tools answer identically (deterministic tools: a tool whose answer
 depends on time, like a timeout, can make them differ; the step's deadline then names the stuck rollout ranks).
 Tools overlap less: an iteration waits for every running tool call.
+
+Lock-step and interruptible (partial rollouts on a tensor-parallel engine, ``agreement`` given): the driver's
+pause reaches the engine's processes at different moments, yet all must stop at the same iteration. So before
+each iteration the first process (the leader) says what happens and every process does it
+(:class:`~grpo_dist.rollout.partial.Agreement`, a broadcast): step, after adding how many requests (the leader
+adds every request its loops have sent once all of them wait, as lock-step does; another process waits until its
+own loops sent as many: the same ones), pause (every process aborts the same requests, and each one's ``pause``
+returns that count), or close. A pause does not wait for running tool calls. On resume the interrupted requests
+are added again at the next step, with the new ones, in the same deterministic order on every process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.rollout.base import SamplingSettings, TokenOutput
-from grpo_dist.rollout.partial import Unfinished
+from grpo_dist.rollout.partial import CLOSE, PAUSE, STEP, Agreement, Unfinished
 
 __all__ = ["AsyncRolloutServer", "sampling_from_params"]
 
@@ -89,12 +100,25 @@ def sampling_from_params(params: dict[str, Any], *, max_tokens: int) -> Sampling
                             seed=params.get("seed"), logprobs=bool(params.get("logprobs", True)))
 
 
+#: The chunk a request belongs to, for a server with an agreement: set by the caller that starts a chunk's loops
+#: (:class:`~grpo_dist.agents.chunks.AgentChunks`), inherited by every task of those loops. Chunks are numbered
+#: in the order they start, the same on every process of the engine.
+request_group: ContextVar[int] = ContextVar("request_group", default=0)
+
+
+def _order(prompt_ids: list[int], sampling: SamplingSettings) -> tuple:
+    """Where a request goes among those added at one iteration: by seed, then prompt (not by arrival, which differs
+    between the processes of a tensor-parallel engine)."""
+    return (-1 if sampling.seed is None else sampling.seed, len(prompt_ids), tuple(prompt_ids))
+
+
 @dataclass
 class _Unanswered(Unfinished):
     """An interruptible server's request: what it asked for and what it got so far, and where it is in the engine."""
 
     engine_id: str | None = None  # its id in the engine; None while held back (paused, or interrupted)
     submits: int = 0
+    order: tuple = ()  # (agreement) (its chunk, seed, prompt): its place among the requests added at one iteration
 
 
 class AsyncRolloutServer:
@@ -109,21 +133,26 @@ class AsyncRolloutServer:
         interruptible: :meth:`pause` / :meth:`resume` may interrupt requests (partial rollouts); needs the
             engine's ``step_deltas``.
         version: the policy version of the engine's weights (interruptible: every token is tagged with it).
+        agreement: (lock-step and interruptible: a tensor-parallel engine's partial rollouts) how the engine's
+            processes agree on every iteration; pause with :meth:`pause_agreed`, end with :meth:`close_agreed`.
 
     Attributes:
         busy_s: seconds spent in engine iterations so far.
     """
 
     def __init__(self, engine: Any, *, max_model_len: int, lockstep: bool = False, interruptible: bool = False,
-                 version: int = 0) -> None:
+                 version: int = 0, agreement: Agreement | None = None) -> None:
         self.engine = engine
         self.max_model_len = max_model_len
         self.stepping = all(hasattr(engine, a) for a in ("add_request", "step", "has_unfinished_requests"))
         if lockstep and not self.stepping:
             raise ValueError("a lock-step server needs an engine with the request-level API (vLLM)")
-        if interruptible and (lockstep or not (self.stepping and hasattr(engine, "step_deltas"))):
-            raise ValueError("an interruptible server needs an engine with the request-level API and step_deltas "
-                             "(vLLM), without lock-step")
+        if interruptible and not (self.stepping and hasattr(engine, "step_deltas")):
+            raise ValueError("an interruptible server needs an engine with the request-level API and step_deltas (vLLM)")
+        if (agreement is not None) != (lockstep and interruptible):
+            raise ValueError("a server both lock-step and interruptible needs the engine processes' agreement, and "
+                             "only such a server takes one")
+        self.agreement = agreement
         self.lockstep = lockstep
         self.interruptible = interruptible
         self.version = version
@@ -138,6 +167,11 @@ class AsyncRolloutServer:
         self._lock: asyncio.Lock | None = None  # the one-request-at-a-time fallback
         self.requests = 0  # requests answered (for metrics)
         self.peak_concurrency = 0  # the most requests in flight at once
+        # (agreement) the leader's pending words, the last pause's count until this process's pause returns it
+        self._pause_wanted = self._close_wanted = self._closed = False
+        self._interrupted, self._unclaimed = 0, False
+        self._changed: asyncio.Event | None = None  # set when paused, resumed or closed (made on the loop)
+        self._error: BaseException | None = None
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
                        **_ignored: Any) -> TokenOutput:
@@ -151,12 +185,15 @@ class AsyncRolloutServer:
             return await self._generate_alone(prompt_ids, sampling)
         if request_id in self._waiting:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        self._raise_error()  # (agreement) the iterations stopped: no request would be answered
         future = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         self.peak_concurrency = max(self.peak_concurrency, len(self._waiting))
-        if self.lockstep:
-            key = (-1 if sampling.seed is None else sampling.seed, len(prompt_ids), tuple(prompt_ids))
-            self._arrived.append((key, request_id, list(prompt_ids), sampling))
+        if self.agreement is not None:  # added at an iteration the engine's processes agree on
+            self._unanswered[request_id] = _Unanswered(list(prompt_ids), sampling,
+                                                       order=(request_group.get(), *_order(prompt_ids, sampling)))
+        elif self.lockstep:
+            self._arrived.append((_order(prompt_ids, sampling), request_id, list(prompt_ids), sampling))
         elif self.interruptible:
             self._unanswered[request_id] = _Unanswered(list(prompt_ids), sampling)
             if not self.paused:
@@ -183,7 +220,12 @@ class AsyncRolloutServer:
         return out
 
     def _start_pump(self) -> None:
-        if not self.paused and (self._pump is None or self._pump.done()):
+        if self._pump is not None and not self._pump.done():
+            return
+        if self.agreement is not None:
+            if not self._closed:
+                self._pump = asyncio.ensure_future(self._run_agreed())
+        elif not self.paused:
             self._pump = asyncio.ensure_future(self._run_engine())
 
     def _abort(self, request_id: str) -> None:
@@ -203,7 +245,12 @@ class AsyncRolloutServer:
         hold back new ones until :meth:`resume`; each keeps its tokens so far. Returns how many were interrupted."""
         if not self.interruptible:
             raise RuntimeError("pause() needs a server made with interruptible=True")
+        if self.agreement is not None:
+            raise RuntimeError("a server with an agreement pauses with pause_agreed(), where its processes agree")
         self.paused = True
+        return self._interrupt()
+
+    def _interrupt(self) -> int:
         interrupted = list(self._engine_ids)
         if interrupted:
             self.engine.abort(interrupted)
@@ -219,6 +266,11 @@ class AsyncRolloutServer:
         if version is not None:
             self.version = version
         self.paused = False
+        if self.agreement is not None:  # the interrupted requests are added again at the next agreed iteration
+            self._unclaimed = False
+            self._notify()
+            self._start_pump()
+            return
         for request_id, r in list(self._unanswered.items()):
             if r.engine_id is None:
                 self._submit(request_id)
@@ -280,12 +332,153 @@ class AsyncRolloutServer:
                     lost = ", ".join(sorted(self._waiting))
                     raise RuntimeError(f"the engine holds no request but these wait for an answer: {lost}")
         except BaseException as exc:
-            waiting, self._waiting = self._waiting, {}
-            self._unanswered.clear()
-            self._engine_ids.clear()
-            for future in waiting.values():
-                if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            self._fail_waiting(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _fail_waiting(self, exc: BaseException) -> None:
+        """The engine's iterations stopped on ``exc``: every waiting request fails with it."""
+        waiting, self._waiting = self._waiting, {}
+        self._unanswered.clear()
+        self._engine_ids.clear()
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+
+    # ------------------------------------------------------------------ agreed (tensor-parallel partial rollouts)
+
+    async def pause_agreed(self) -> int:
+        """:meth:`pause` on every process of a tensor-parallel engine at one iteration: the leader's call says so at
+        the next iteration; another process's call returns once it paused there (its call may come before or after).
+        Returns how many requests that pause interrupted (0 if paused already), the same on every process."""
+        self._raise_error()
+        if self.agreement.leader and not self.paused:
+            self._pause_wanted = True
+        self._start_pump()
+        while not self.paused:
+            await self._event().wait()
+            self._event().clear()
+            self._raise_error()
+        if not self._unclaimed:
+            return 0
+        self._unclaimed = False
+        return self._interrupted
+
+    async def close_agreed(self, timeout_s: float = 30.0) -> None:
+        """End the agreed iterations: the leader says so, the other processes stop on its word (waiting at most
+        ``timeout_s`` for it)."""
+        if self._closed:
+            return
+        if self.agreement.leader:
+            self._close_wanted = True
+        self._start_pump()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._pump), timeout_s)
+        except (asyncio.TimeoutError, Exception):
+            pass
+
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the rollout server stopped: {self._error!r}") from self._error
+
+    async def _share(self, decision: tuple[int, int, int] | None) -> tuple[int, int, int]:
+        """The leader's word for this iteration (the agreement's broadcast, on a thread of its own: a process
+        waits for the word as long as the leader has nothing to say, and the event loop goes on meanwhile)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def settle(result, exc) -> None:
+            if not future.done():
+                future.set_exception(exc) if exc is not None else future.set_result(result)
+
+        def run() -> None:
+            try:
+                result, exc = self.agreement.share(decision), None
+            except BaseException as e:  # noqa: B036 (handed to the loop)
+                result, exc = None, e
+            try:
+                loop.call_soon_threadsafe(settle, result, exc)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+        threading.Thread(target=run, name="rollout-agreement", daemon=True).start()
+        return await future
+
+    def _unsubmitted(self, up_to_group: int | None = None) -> list[str]:
+        """The requests not in the engine (new, held back, or interrupted) of chunks up to ``up_to_group`` (None:
+        all), in the order every process adds them."""
+        ids = [rid for rid, r in self._unanswered.items()
+               if r.engine_id is None and (up_to_group is None or r.order[0] <= up_to_group)]
+        return sorted(ids, key=lambda rid: self._unanswered[rid].order)
+
+    async def _leaders_word(self) -> tuple[tuple[int, int, int], list[str]]:
+        """(leader) What the next iteration does, once it can be said, and the requests it adds: close or pause when
+        wanted; else, once every live trajectory waits for an answer (a pause wanted meanwhile does not wait for
+        that), a step after adding the requests not in the engine: how many, and up to which chunk (a chunk started
+        while the word travels waits for the next iteration, on every process)."""
+        while True:
+            if self._close_wanted:
+                return (CLOSE, 0, 0), []
+            if self._pause_wanted:
+                return (PAUSE, 0, 0), []
+            if len(self._waiting) >= self._live:
+                ready = self._unsubmitted()
+                group = max((self._unanswered[rid].order[0] for rid in ready), default=0)
+                return (STEP, len(ready), group), ready
+            await asyncio.sleep(0.002)  # a tool call or a chat-template rendering is still running
+
+    async def _run_agreed(self) -> None:
+        """Engine iterations on the leader's word (see the module doc). The leader's pump ends when it has nothing
+        to say (the others wait for its next word); another process's runs until the leader says close."""
+        leader = self.agreement.leader
+        try:
+            while True:
+                decided: list[str] = []
+                if leader:
+                    if not (self._close_wanted or self._pause_wanted or (self._waiting and not self.paused)):
+                        return
+                    decision, decided = await self._leaders_word()
+                else:
+                    decision = None
+                what, count, group = await self._share(decision)
+                if what == CLOSE:
+                    self._closed = True
+                    self._interrupt()
+                    return
+                if what == PAUSE:
+                    self._interrupted = self._interrupt()
+                    self.paused, self._unclaimed, self._pause_wanted = True, True, False
+                    self._notify()
+                    continue
+                while self.paused:  # (another process: the leader resumed first; this one's own resume comes)
+                    await self._event().wait()
+                    self._event().clear()
+                ready = decided if leader else self._unsubmitted(group)
+                while len(ready) < count:  # (another process: its loops have not sent them all yet)
+                    await asyncio.sleep(0.002)
+                    ready = self._unsubmitted(group)
+                if len(ready) > count:
+                    raise RuntimeError(f"this process has {len(ready)} requests to add where the first process of the "
+                                       f"engine added {count}: the agent loops of the engine's processes differ")
+                for request_id in ready:
+                    if request_id in self._unanswered:  # (not dropped meanwhile by a caller that gave up)
+                        self._submit(request_id)
+                t0 = time.perf_counter()
+                self._step_interruptible()
+                self.busy_s += time.perf_counter() - t0
+        except BaseException as exc:
+            self._error = exc
+            self._fail_waiting(exc)
+            self._notify()
             if not isinstance(exc, Exception):
                 raise
 

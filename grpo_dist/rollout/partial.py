@@ -98,12 +98,13 @@ class Unfinished:
 
 class Agreement:
     """What the processes of one tensor-parallel engine agree on before each engine iteration: the first
-    process (``leader``) says ``(what, chunks admitted)``; every other process receives the same. Subclasses
+    process (``leader``) says ``(what, a, b)``, three integers (here: what, the chunks admitted, 0; the agent-loop
+    server's: what, the requests added, up to which chunk); every other process receives the same. Subclasses
     carry it (a broadcast over the engine's processes: :class:`TensorParallelAgreement`)."""
 
     leader: bool
 
-    def share(self, decision: tuple[int, int] | None) -> tuple[int, int]:
+    def share(self, decision: tuple[int, int, int] | None) -> tuple[int, int, int]:
         """The leader's ``decision``, on every process (the others pass None and wait for it)."""
         raise NotImplementedError
 
@@ -124,11 +125,11 @@ class TensorParallelAgreement(Agreement):
         self._group = dist.new_group(backend="gloo", timeout=timedelta(days=30))
         self._src = dist.get_global_rank(self._group, 0)
 
-    def share(self, decision: tuple[int, int] | None) -> tuple[int, int]:
-        t = torch.tensor(decision if self.leader else (0, 0), dtype=torch.int64)
+    def share(self, decision: tuple[int, int, int] | None) -> tuple[int, int, int]:
+        t = torch.tensor(decision if self.leader else (0, 0, 0), dtype=torch.int64)
         self._dist.broadcast(t, src=self._src, group=self._group)
-        what, admitted = t.tolist()
-        return what, admitted
+        what, a, b = t.tolist()
+        return what, a, b
 
 
 @dataclass
@@ -395,8 +396,8 @@ class PartialRollouts:
                                    or (not self._paused and (self._running or self._waiting or self._pending))):
                             self._lock.wait()
                         what = CLOSE if self._closed else PAUSE if self._pause_wanted else STEP
-                        decision = (what, self._admitted + len(self._pending))
-                what, admitted = agreement.share(decision)  # (outside the lock: the driver's calls go on)
+                        decision = (what, self._admitted + len(self._pending), 0)
+                what, admitted, _ = agreement.share(decision)  # (outside the lock: the driver's calls go on)
                 with self._lock:
                     if what == CLOSE:
                         return

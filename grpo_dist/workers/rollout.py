@@ -100,9 +100,13 @@ class RolloutWorker:
         resume; returns at once."""
         if self._partial is None:
             from grpo_dist.agents.chunks import AgentChunks
+            from grpo_dist.rollout.partial import TensorParallelAgreement
 
+            # a tensor-parallel engine's processes run the same loops in lock step and agree on every iteration
+            agreement = TensorParallelAgreement(self._tp_rank) if self._tp > 1 else None
             self._partial = AgentChunks(self.engine, max_model_len=settings.prompt_length + settings.response_length,
-                                        tokenizer=self._load_tokenizer(tokenizer_path), version=version)
+                                        tokenizer=self._load_tokenizer(tokenizer_path), version=version,
+                                        agreement=agreement)
         self._partial.start(chunk_id, rows, sampling, settings)
 
     def pause_generation(self) -> int:

@@ -31,6 +31,16 @@ LONG_PROMPT = [2] + [4 + (7 * i) % 100 for i in range(150)]
 PROMPTS = [[2, 34, 32, 18, 31, 100], [2, 5, 6, 7, 8], [2, 50, 60, 70, 80, 90, 11, 12], LONG_PROMPT]
 
 
+def _register_test_agent() -> None:
+    """``tp_partial_test_agent``: a model turn of up to 40 tokens, a tool's 2 tokens (mask 0), a turn of up to 8."""
+    from grpo_dist.agents.base import register
+    from tests.unit.test_agent_chunks import LongTurnLoop
+
+    @register("tp_partial_test_agent")
+    class ToolTurnLoop(LongTurnLoop):
+        budgets, tool_tokens, tool_s = (40, 8), [5, 6], 0.01
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("rollout") / "model", seed=0)
@@ -647,36 +657,62 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
 
 
 def _tp_partial_run(model_dir, tp_rank, port, queue):
-    """One process of a two-process engine generating a chunk in the background (partial rollouts), paused
-    mid-way by the leader's timing, given new weights and resumed; then a plain call on the same engine."""
+    """One process of a two-process engine: partial rollouts through the engine's calls (a chunk generated in the
+    background), then through agent loops (trajectories of a model turn, a tool's tokens and another turn, in lock
+    step); each paused mid-way by the leader's timing, given new weights and resumed. Then a plain call on the
+    same engine."""
     import time
 
     torch.set_num_threads(1)
     from safetensors.torch import load_file
 
+    from grpo_dist.agents.chunks import AgentChunks
+    from grpo_dist.agents.settings import AgentSettings
     from grpo_dist.rollout.partial import PartialRollouts, TensorParallelAgreement
 
+    _register_test_agent()
     engine = make_engine("vllm", model_path=model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=16,
                          seed=0, kv_cache_gib=0.125, tensor_parallel_size=2, tp_rank=tp_rank,
                          tp_master=("127.0.0.1", port))
-    gen = PartialRollouts(engine, version=0, agreement=TensorParallelAgreement(tp_rank))
-    prompts = PROMPTS[:3]
-    gen.start("cut", prompts, SamplingSettings(n=2, temperature=1.0, max_tokens=120, seed=5))
-    if tp_rank == 0:  # the leader's pause lands mid-way; the other's lands on the same iteration
-        chunk = gen._chunks["cut"]
+    original = load_file(str(model_dir / "model.safetensors"))
+
+    def new_weights(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        engine.update_weights({k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in original.items()}.items())
+
+    def leader_waits_for(tokens_so_far) -> None:  # the leader's pause lands mid-way; the other's on the same iteration
         deadline = time.monotonic() + 120
-        while not any(len(r.tokens) >= 3 for r in chunk.responses) and time.monotonic() < deadline:
+        while tp_rank == 0 and tokens_so_far() < 6 and time.monotonic() < deadline:
             time.sleep(0.001)
+
+    prompts = PROMPTS[:3]
+    gen = PartialRollouts(engine, version=0, agreement=TensorParallelAgreement(tp_rank))
+    gen.start("cut", prompts, SamplingSettings(n=2, temperature=1.0, max_tokens=120, seed=5))
+    leader_waits_for(lambda: sum(len(r.tokens) for r in gen._chunks["cut"].responses))
     interrupted = gen.pause()
-    g = torch.Generator().manual_seed(1)
-    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in load_file(str(model_dir / "model.safetensors")).items()}
-    engine.update_weights(state.items())
+    new_weights(1)
     gen.resume(1)
     cut, _ = gen.collect("cut", timeout_s=300)
     gen.close()
+
+    engine.update_weights(original.items())
+    chunks = AgentChunks(engine, max_model_len=MAX_MODEL_LEN, tokenizer=None, version=0,
+                         agreement=TensorParallelAgreement(tp_rank))
+    rows = [{"prompt_ids": p, "index": i} for i, p in enumerate(prompts)]
+    settings = AgentSettings(default_agent_loop="tp_partial_test_agent", prompt_length=64, response_length=128)
+    chunks.start("loops", rows, SamplingSettings(n=2, temperature=1.0, max_tokens=128, seed=5, logprobs=True),
+                 settings)
+    leader_waits_for(lambda: sum(len(r.tokens) for r in list(chunks.server._unanswered.values())))
+    interrupted_loops = chunks.pause()
+    new_weights(2)
+    chunks.resume(1)
+    loops, _ = chunks.collect("loops", timeout_s=300)
+    chunks.close()
+
     after = engine.generate(prompts, SamplingSettings(n=1, temperature=1.0, max_tokens=12, seed=9))
     engine.close()
-    queue.put((tp_rank, {"interrupted": interrupted, "cut": cut, "after": after}))
+    queue.put((tp_rank, {"interrupted": interrupted, "cut": cut, "interrupted_loops": interrupted_loops,
+                         "loops": loops, "after": after}))
 
 
 def test_partial_rollouts_on_a_tensor_parallel_engine_pause_both_processes_at_one_iteration(tmp_path):
@@ -684,7 +720,9 @@ def test_partial_rollouts_on_a_tensor_parallel_engine_pause_both_processes_at_on
     and their background generators agree on every iteration (the first process's word, a broadcast), so a pause
     the first process's timing chose lands on the same iteration in both: both interrupt the same responses,
     finish them with the new weights with the same tokens, versions and log-probs, and the engine goes on
-    serving plain calls (a process that stepped once more than the other would hang in the model's collectives)."""
+    serving plain calls (a process that stepped once more than the other would hang in the model's collectives).
+    The same through agent loops (``rollout.mode=async``), which both processes run in lock step: the same
+    trajectories (tokens, the tool's masked tokens, versions, log-probs) on both."""
     import multiprocessing as mp
 
     from grpo_dist.distributed.process_group import free_port
@@ -708,4 +746,11 @@ def test_partial_rollouts_on_a_tensor_parallel_engine_pause_both_processes_at_on
     for key in ("response_ids", "token_versions", "logprobs", "finished_by_eos"):
         assert getattr(first["cut"], key) == getattr(second["cut"], key), key
     assert any(v and v[0] == 0 and v[-1] == 1 for v in first["cut"].token_versions)
+    # through agent loops
+    assert first["interrupted_loops"] == second["interrupted_loops"] > 0
+    for key in ("response_ids", "response_masks", "token_versions", "logprobs", "prompt_ids"):
+        assert getattr(first["loops"], key) == getattr(second["loops"], key), key
+    assert any(v and v[0] == 0 and v[-1] == 1 for v in first["loops"].token_versions)
+    assert all(0 in m for m in first["loops"].response_masks)  # every trajectory holds the tool's tokens
     assert first["after"].response_ids == second["after"].response_ids
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -153,3 +154,125 @@ def test_an_uninterrupted_agent_chunk_has_one_version_and_a_failing_loop_is_name
         assert not chunks.active  # a failed chunk is handed over too: nothing is left generating
     finally:
         chunks.close()
+
+
+class LongTurnLoop(AgentLoopBase):
+    """A model turn of ``budgets[0]`` tokens, a tool (``tool_tokens``, mask 0) taking ``tool_s``, a model turn of
+    ``budgets[1]`` tokens. (Also run on the real engine: tests/e2e/test_rollout_vllm.py.)"""
+
+    budgets = (10, 4)
+    tool_tokens = [0, 0]
+    tool_s = 0.001
+
+    async def run(self, sampling_params, **kwargs):
+        prompt = [int(t) for t in kwargs["prompt_ids"]]
+        ids, mask, lps = [], [], []
+        for turn, budget in enumerate(self.budgets):
+            out = await self.server_manager.generate(f"{kwargs['index']}-{sampling_params['seed']}-{turn}",
+                                                     prompt_ids=prompt + ids,
+                                                     sampling_params={**sampling_params, "max_tokens": budget})
+            ids += out.token_ids
+            mask += [1] * len(out.token_ids)
+            lps += out.log_probs
+            if turn == 0:
+                await asyncio.sleep(self.tool_s)
+                ids += self.tool_tokens
+                mask += [0] * len(self.tool_tokens)
+                lps += [0.0] * len(self.tool_tokens)
+        return AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=mask, response_logprobs=lps,
+                               num_turns=4)
+
+
+@register("long_turn_slow_tool_test_agent")
+class SlowToolLoop(LongTurnLoop):
+    tool_s = 0.03  # the same answers, at other moments: the other process's loops send their requests later
+
+
+register("long_turn_test_agent")(LongTurnLoop)
+
+
+def _tp_pair(seed: int):
+    """Two processes of a tensor-parallel engine (stand-ins): each its own engine and background loops, agreeing
+    through an in-memory word queue (tests/unit/test_partial_rollouts.QueueAgreement)."""
+    import queue
+
+    from tests.unit.test_partial_rollouts import QueueAgreement
+
+    words = queue.Queue()
+    engines = [ServedEngine(gate=threading.Semaphore(0)), ServedEngine(gate=threading.Semaphore(0))]
+    pair = [AgentChunks(e, max_model_len=32, tokenizer=None, version=0, agreement=QueueAgreement(i == 0, words))
+            for i, e in enumerate(engines)]
+    sampling = SamplingSettings(n=2, temperature=1.0, max_tokens=16, seed=seed)
+    settings = [AgentSettings(default_agent_loop=name, prompt_length=8, response_length=16)
+                for name in ("long_turn_test_agent", "long_turn_slow_tool_test_agent")]
+    return engines, pair, sampling, settings
+
+
+def test_a_tensor_parallel_engines_agent_loops_pause_at_one_iteration_and_finish_alike():
+    """With rollout tensor parallelism every process of the engine runs the same loops (lock step) and must add,
+    step, abort and resume the same requests at the same iterations, whenever the driver's calls and its own
+    loops' requests reach it. Here the other process gets the chunk first (it adds nothing before the leader's
+    word), its tools answer later (it waits until its loops sent what the leader added), its pause is called
+    first (it returns once the leader paused, with the same count) and its resume too; and it starts the next chunk
+    while the first still runs there, before the leader does (its requests wait for the leader's word for them)."""
+    engines, (leader, other), sampling, (fast, slow) = _tp_pair(seed=10)
+    try:
+        other.start("c0", ROWS, sampling, slow)
+        time.sleep(0.05)
+        assert engines[1].added == []  # not before the leader's word
+        leader.start("c0", ROWS, sampling, fast)
+        for e in engines:  # the first turns sample 3 of their 10 tokens, then the weights change
+            e.gate.release(3)
+        wait_until(lambda: engines[0].steps == engines[1].steps == 3)
+        paused_other = []
+        waiter = threading.Thread(target=lambda: paused_other.append(other.pause()))
+        waiter.start()
+        time.sleep(0.02)
+        assert not paused_other  # the other pauses where the leader does, not on its own
+        interrupted = leader.pause()
+        waiter.join(timeout=10)
+        assert paused_other == [interrupted] and interrupted == 4
+        assert not engines[0].requests and not engines[1].requests  # both engines free for the weight sync
+        for e in engines:
+            e.weights = 1
+            e.gate.release(1000)
+        other.resume(1)
+        other.start("c1", ROWS[1:], sampling, slow)
+        time.sleep(0.02)
+        leader.resume(1)
+        time.sleep(0.02)
+        leader.start("c1", ROWS[1:], sampling, fast)
+        outs = [g.collect("c0", timeout_s=20)[0] for g in (leader, other)]
+        nexts = [g.collect("c1", timeout_s=20)[0] for g in (leader, other)]
+    finally:
+        for g in (leader, other):
+            g.close()
+    assert engines[0].added == engines[1].added and engines[0].steps == engines[1].steps
+    mine, theirs = outs
+    for key in ("response_ids", "response_masks", "token_versions", "logprobs", "prompt_ids"):
+        assert getattr(mine, key) == getattr(theirs, key), key
+    assert mine.token_versions == [[0] * 3 + [1] * 13] * 4  # each trajectory interrupted after 3 tokens
+    assert nexts[0].response_ids == nexts[1].response_ids and nexts[0].token_versions == [[1] * 16] * 2
+
+
+def test_the_leaders_pause_reaching_the_other_process_first_returns_the_same_count_there():
+    engines, (leader, other), sampling, (fast, slow) = _tp_pair(seed=20)
+    try:
+        for g, s in ((leader, fast), (other, slow)):
+            g.start("c0", ROWS, sampling, s)
+        for e in engines:
+            e.gate.release(2)
+        wait_until(lambda: engines[0].steps == engines[1].steps == 2)
+        interrupted = leader.pause()
+        wait_until(lambda: other.paused)  # the other's loop paused on the word, before its own call
+        assert interrupted == 4 and other.pause() == interrupted
+        assert (leader.pause(), other.pause()) == (0, 0)  # paused already
+        for e in engines:
+            e.gate.release(1000)
+        for g in (leader, other):
+            g.resume(1)
+        outs = [g.collect("c0", timeout_s=20)[0] for g in (leader, other)]
+    finally:
+        for g in (leader, other):
+            g.close()
+    assert outs[0].response_ids == outs[1].response_ids and engines[0].added == engines[1].added

@@ -262,8 +262,7 @@ def test_the_start_up_plan_says_what_the_mode_does():
     (("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2"), True,
      "partial rollouts: a sync interrupts"),  # the engine's processes agree on every iteration
     (("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2",
-      "actor_rollout_ref.rollout.mode=async"), False,
-     "partial_rollout has no effect with rollout.mode=async and rollout.tensor_model_parallel_size > 1"),
+      "actor_rollout_ref.rollout.mode=async"), True, "partial rollouts: a sync interrupts"),  # loops in lock step too
 ])
 def test_partial_rollouts_are_on_where_the_engine_can_interrupt_requests(overrides, on, said):
     fa = fully_async_settings(config(*fully_async(0.5, 2, partial=None), *overrides))

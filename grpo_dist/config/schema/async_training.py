@@ -51,8 +51,8 @@ class AsyncTrainingConfig:
         None, "interrupt the responses being generated at a weight sync and finish them with the new weights, each "
               "token keeping the version and log-prob it was sampled with; results then depend on timing (where a "
               "sync lands); in agent loops (rollout.mode=async) the trajectories' requests are interrupted and their "
-              "tool calls go on; needs the vLLM engine with one process per engine, else a sync waits for the "
-              "chunks being generated, as with false (verl: true)")
+              "tool calls go on; needs the vLLM engine (rollout tensor parallelism included), else a sync waits "
+              "for the chunks being generated, as with false (verl: true)")
     use_rollout_log_probs: Optional[bool] = F(
         None, "train with the engines' sampling log-probs as the old log-probs (requested from the engines by "
               "itself); false: the actor recomputes them (verl: true)")
