@@ -23,20 +23,17 @@ all of them at the same iteration.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
-
-import torch
 
 from grpo_dist.agents.collect import to_rollout_output
 from grpo_dist.agents.runner import run_trajectories
 from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.rollout.async_server import AsyncRolloutServer, request_group
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
-from grpo_dist.rollout.partial import Agreement
+from grpo_dist.rollout.partial import Agreement, start_stepping_thread
 
 __all__ = ["AgentChunks"]
 
@@ -72,17 +69,7 @@ class AgentChunks:
         self._chunks: dict[str, _AgentChunk] = {}
         self._started = 0  # chunks started so far
         self._loop = asyncio.new_event_loop()
-        threads = torch.get_num_threads()
-
-        def run() -> None:
-            # the engine steps on this thread: this process's intra-op threads here too (a new thread starts with
-            # OpenMP's default, and vLLM's CPU attention refuses a step whose thread count differs from its plan's;
-            # the C function, as vLLM's CPU worker makes torch.set_num_threads a no-op)
-            torch._C.set_num_threads(threads)
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="agent-chunks", daemon=True)
-        self._thread.start()
+        self._thread = start_stepping_thread(self._loop.run_forever, "agent-chunks")  # the engine steps on it
 
     def _on_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the loop's thread, between two of its steps (so never during an engine iteration); a

@@ -51,10 +51,26 @@ import torch
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 
 __all__ = ["Agreement", "PartialRollouts", "TensorParallelAgreement", "Unfinished", "continuation_seed",
-           "partial_metrics"]
+           "partial_metrics", "start_stepping_thread"]
 
 #: What an agreed engine iteration does (:class:`Agreement`).
 STEP, PAUSE, CLOSE = 0, 1, 2
+
+
+def start_stepping_thread(target: Any, name: str) -> threading.Thread:
+    """Start the daemon thread that runs ``target`` and steps an engine from it, with this process's intra-op
+    thread count (a new thread starts with OpenMP's default, and vLLM's CPU attention refuses a step whose thread
+    count differs from its plan's; set through the C function, as vLLM's CPU worker makes
+    ``torch.set_num_threads`` a no-op once it bound its threads)."""
+    threads = torch.get_num_threads()
+
+    def run() -> None:
+        torch._C.set_num_threads(threads)
+        target()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def continuation_seed(seed: int | None, tokens_done: int) -> int | None:
@@ -331,17 +347,7 @@ class PartialRollouts:
     def _ensure_thread(self) -> None:
         if self._thread is None:
             loop = self._loop if self._agreement is None else self._agreed_loop
-            threads = torch.get_num_threads()
-
-            def run() -> None:
-                # this process's intra-op threads in the stepping thread too (a new thread starts with OpenMP's
-                # default; vLLM's CPU attention refuses a step whose thread count differs from its plan's). The
-                # C function: vLLM's CPU worker replaces torch.set_num_threads with a no-op once it bound its threads
-                torch._C.set_num_threads(threads)
-                loop()
-
-            self._thread = threading.Thread(target=run, name="partial-rollouts", daemon=True)
-            self._thread.start()
+            self._thread = start_stepping_thread(loop, "partial-rollouts")
 
     def _raise_error(self) -> None:
         if self._error is not None:

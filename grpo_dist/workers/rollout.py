@@ -85,12 +85,9 @@ class RolloutWorker:
         """Partial rollouts: queue chunk ``chunk_id`` (``sampling.n`` responses per prompt) on the background
         generator, its tokens tagged with policy ``version`` until the next resume; returns at once."""
         if self._partial is None:
-            from grpo_dist.rollout.partial import PartialRollouts, TensorParallelAgreement
+            from grpo_dist.rollout.partial import PartialRollouts
 
-            # a tensor-parallel engine's processes agree on every iteration (made by all of them at once: every
-            # process of the engine gets the same chunks)
-            agreement = TensorParallelAgreement(self._tp_rank) if self._tp > 1 else None
-            self._partial = PartialRollouts(self.engine, version=version, agreement=agreement)
+            self._partial = PartialRollouts(self.engine, version=version, agreement=self._agreement())
         self._partial.start(chunk_id, prompt_ids, sampling)
 
     def start_agent_chunk(self, chunk_id: str, rows: list[dict], sampling: Any, settings: Any, tokenizer_path: str,
@@ -100,14 +97,20 @@ class RolloutWorker:
         resume; returns at once."""
         if self._partial is None:
             from grpo_dist.agents.chunks import AgentChunks
-            from grpo_dist.rollout.partial import TensorParallelAgreement
 
-            # a tensor-parallel engine's processes run the same loops in lock step and agree on every iteration
-            agreement = TensorParallelAgreement(self._tp_rank) if self._tp > 1 else None
             self._partial = AgentChunks(self.engine, max_model_len=settings.prompt_length + settings.response_length,
                                         tokenizer=self._load_tokenizer(tokenizer_path), version=version,
-                                        agreement=agreement)
+                                        agreement=self._agreement())
         self._partial.start(chunk_id, rows, sampling, settings)
+
+    def _agreement(self):
+        """A tensor-parallel engine's agreement on every iteration of the background generation (None for a
+        one-process engine): made by all of the engine's processes at once, as each gets the same first chunk."""
+        if self._tp == 1:
+            return None
+        from grpo_dist.rollout.partial import TensorParallelAgreement
+
+        return TensorParallelAgreement(self._tp_rank)
 
     def pause_generation(self) -> int:
         """Partial rollouts: interrupt the background generation (before a weight sync); how many responses
