@@ -14,7 +14,7 @@ from grpo_dist.config.preflight import cpu_half_precision_warning
 from grpo_dist.config.role_settings import forward_batching, reference_kwargs
 from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import overlong_buffer, single_response_grpo
+from grpo_dist.config.validate import overlong_buffer, separate_rollout, single_response_grpo
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.rollout.base import SamplingSettings
@@ -187,8 +187,8 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         rollout_seed=spec.rollout_seed,
         rollout_tp=spec.rollout_tp,
         agents=spec.agent_settings,
-        free_cache_engine=rollout.free_cache_engine and arr.hybrid_engine,
-        one_step_off=not arr.hybrid_engine and fa is None,
+        free_cache_engine=rollout.free_cache_engine and not separate_rollout(cfg),
+        one_step_off=separate_rollout(cfg) and fa is None,
         fully_async=fa,
         estimator=alg.adv_estimator,
         gamma=alg.gamma,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grpo_dist.config.facts import compute_dtype, prompts_per_draw
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import data_parallel_size
+from grpo_dist.config.validate import data_parallel_size, separate_rollout
 
 
 def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float | None = None) -> dict:
@@ -32,7 +32,7 @@ def engine_kwargs(cfg: GRPOConfig, model_path: str, device: str, kv_gib: float |
         enable_chunked_prefill=r.enable_chunked_prefill,
         extra_kwargs={k: v for k, v in r.engine_kwargs.vllm.items() if v is not None},
         enforce_eager=r.enforce_eager,
-        enable_sleep_mode=bool(r.free_cache_engine and device == "cuda" and cfg.actor_rollout_ref.hybrid_engine),
+        enable_sleep_mode=bool(r.free_cache_engine and device == "cuda" and not separate_rollout(cfg)),
         kv_cache_gib=(kv_gib if kv_gib is not None else None if r.kv_cache_gib == "auto" else float(r.kv_cache_gib))
         if device == "cpu" else None,
     )

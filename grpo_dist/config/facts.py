@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from grpo_dist.config.fully_async import fully_async_settings
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
-from grpo_dist.config.validate import data_parallel_size, rollout_correction_params
+from grpo_dist.config.validate import data_parallel_size, rollout_correction_params, separate_rollout
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.training.dtypes import dtype_name
 
@@ -102,7 +102,7 @@ def on_policy(cfg: GRPOConfig) -> bool:
     the current one (ratio 1) and the actor needs no old log-probs."""
     return (step_shape(cfg).num_mini_batches == 1 and cfg.actor_rollout_ref.actor.ppo_epochs == 1
             and not cfg.algorithm.use_kl_in_reward and not rollout_correction(cfg).bypass
-            and cfg.actor_rollout_ref.hybrid_engine)
+            and not separate_rollout(cfg))
 
 
 def old_log_prob_forward(cfg: GRPOConfig) -> bool:

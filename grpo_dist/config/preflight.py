@@ -22,6 +22,7 @@ from grpo_dist.config.validate import (
     data_parallel_size,
     lora_settings,
     lora_spellings,
+    rollout_pool_keys,
 )
 
 
@@ -277,11 +278,11 @@ def check_cpu_ranks(cfg: GRPOConfig, cores: int | None) -> None:
     if not local_cpu_run(cfg) or not cores:
         return
     ranks = data_parallel_size(cfg)
-    own = rollout_pool_ranks(cfg)
+    own, keys = rollout_pool_ranks(cfg), rollout_pool_keys(cfg)
     if own and ranks + own > cores:
         raise ValueError(
-            f"trainer.nnodes x trainer.n_gpus_per_node = {ranks} training rank(s) and rollout.nnodes x "
-            f"rollout.n_gpus_per_node = {own} rollout rank(s) (actor_rollout_ref.hybrid_engine=false) need "
+            f"trainer.nnodes x trainer.n_gpus_per_node = {ranks} training rank(s) and {keys}.nnodes x "
+            f"{keys}.n_gpus_per_node = {own} rollout rank(s) (the rollout's own devices) need "
             f"{ranks + own} cores, but this machine has {cores} this process may use (its CPU affinity); lower one of them")
     if ranks > cores:
         gpu_hint = ("; for a GPU cluster, set trainer.device=cuda: `--check` then validates for its GPUs on any machine"

@@ -26,9 +26,10 @@ per data-parallel rank (on CPU, a rank is a process with a bundle of one CPU). A
 a pool of its own: a reward model with ``enable_resource_pool=true`` (verl's ``reward_model.*`` keys,
 or its entry of ``reward.sources``) gets ``nnodes x n_gpus_per_node`` bundles, its own ranks and its
 own torch.distributed group, instead of a share of every training rank's device; the pool is named
-after its role. With ``actor_rollout_ref.hybrid_engine=false`` the rollout engines have a pool of their own,
-``rollout`` (``rollout.nnodes x rollout.n_gpus_per_node``), and the training ranks' devices hold the model
-roles alone.
+after its role. With ``actor_rollout_ref.hybrid_engine=false`` (or verl's v1 ``separate_async`` mode) the rollout
+engines have a pool of their own, ``rollout`` (``rollout.nnodes x rollout.n_gpus_per_node``; v1:
+``actor_rollout_ref.rollout.nnodes x n_gpus_per_node``), and the training ranks' devices hold the model roles
+alone.
 
 Device shares. In each pool, each rank's Ray worker processes split the rank's device: a process
 whose roles name a ``device_share`` takes the sum of those; the processes whose roles name none split
@@ -44,13 +45,13 @@ from typing import Callable
 
 from grpo_dist.config.reward_sources import IMPLICIT_MODEL, model_sources
 from grpo_dist.config.schema import GRPOConfig
-from grpo_dist.config.validate import critic_enabled, needs_reference
+from grpo_dist.config.validate import (critic_enabled, needs_reference, rollout_pool_keys, rollout_pool_size,
+                                       separate_rollout)
 
 GLOBAL = "global"
 """The training ranks' pool (``trainer.nnodes x trainer.n_gpus_per_node``)."""
 ROLLOUT_POOL = "rollout"
-"""The rollout engines' own pool with ``actor_rollout_ref.hybrid_engine=false`` (``rollout.nnodes x
-rollout.n_gpus_per_node``)."""
+"""The rollout engines' own pool (:func:`separate_rollout`; sized by :func:`rollout_pool_size`)."""
 MODELS = "models"
 """The ``process`` of the roles that hold an FSDP2 model: one process per rank holds them all."""
 
@@ -71,16 +72,12 @@ def reward_model_trained(cfg: GRPOConfig) -> bool:
     return any(s.trained for s in model_sources(cfg))
 
 
-def separate_rollout(cfg: GRPOConfig) -> bool:
-    """Whether the rollout engines run on devices of their own (``actor_rollout_ref.hybrid_engine=false``):
-    then they generate the next batch while the current one trains (one-step-off-policy)."""
-    return not cfg.actor_rollout_ref.hybrid_engine
-
-
 def rollout_pool_ranks(cfg: GRPOConfig) -> int:
-    """The rollout's own ranks (``actor_rollout_ref.hybrid_engine=false``: ``rollout.nnodes x
-    rollout.n_gpus_per_node``); 0 when the rollout shares the training ranks."""
-    return cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if separate_rollout(cfg) else 0
+    """The rollout's own ranks (:func:`rollout_pool_size`); 0 when the rollout shares the training ranks."""
+    if not separate_rollout(cfg):
+        return 0
+    nnodes, per_node = rollout_pool_size(cfg)
+    return nnodes * per_node
 
 
 def _rollout_pool(cfg: GRPOConfig) -> str:
@@ -115,7 +112,7 @@ def pool(cfg: GRPOConfig, name: str) -> Pool:
     if name == GLOBAL:
         return Pool(GLOBAL, t.nnodes, t.n_gpus_per_node, "trainer")
     if name == ROLLOUT_POOL and separate_rollout(cfg):
-        return Pool(ROLLOUT_POOL, cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, "rollout")
+        return Pool(ROLLOUT_POOL, *rollout_pool_size(cfg), rollout_pool_keys(cfg))
     for s in model_sources(cfg):
         if s.own_pool and s.role == name:
             return Pool(name, s.nnodes, s.n_gpus_per_node, s.pool_keys)

@@ -24,6 +24,7 @@ from grpo_dist.config.checks import check_exists as _check_exists
 from grpo_dist.config.checks import choice as _choice
 from grpo_dist.config.checks import one_of_two as _one_of_two
 from grpo_dist.config.checks import positive as _positive
+from grpo_dist.config.fully_async import async_training_given, chunk_prompts, fully_async_on, v1_separate_async
 from grpo_dist.config.reward_sources import validate_reward_sources
 from grpo_dist.config.states import check_states, default_of, get, raw_get, setting
 from grpo_dist.core.policy_loss import PolicyLossParams
@@ -111,8 +112,8 @@ def _check_rollout_tp(cfg: GRPOConfig) -> None:
         return
     if r.name != "vllm":
         raise _bad(key, tp, f"tensor parallelism needs rollout.name=vllm (the {r.name} engine runs on one rank); use 1")
-    per_node, pool_key = ((cfg.trainer.n_gpus_per_node, "trainer.n_gpus_per_node") if cfg.actor_rollout_ref.hybrid_engine
-                          else (cfg.rollout.n_gpus_per_node, "rollout.n_gpus_per_node"))
+    per_node, pool_key = ((rollout_pool_size(cfg)[1], rollout_pool_keys(cfg) + ".n_gpus_per_node") if separate_rollout(cfg)
+                          else (cfg.trainer.n_gpus_per_node, "trainer.n_gpus_per_node"))
     if per_node % tp:
         fits = [k for k in _divisors(per_node)]
         raise _bad(key, tp, f"an engine spans {tp} consecutive ranks of one node, so {pool_key} "
@@ -127,16 +128,20 @@ def single_response_grpo(cfg: GRPOConfig) -> bool:
 
 
 def _check_separate_rollout(cfg: GRPOConfig) -> None:
-    """``actor_rollout_ref.hybrid_engine=false`` (one-step-off-policy on the rollout's own devices): the pool's
-    size, and what the overlapped step cannot do (generation batches decided while the step trains)."""
-    if cfg.actor_rollout_ref.hybrid_engine:
+    """The rollout on devices of its own (``actor_rollout_ref.hybrid_engine=false``, or verl's v1
+    ``separate_async`` mode): the pool's size, and what the overlapped step cannot do (generation batches decided
+    while the step trains)."""
+    if not separate_rollout(cfg):
         return
     from grpo_dist.core.advantages import get_adv_estimator
 
-    _positive("rollout.nnodes", cfg.rollout.nnodes)
-    _positive("rollout.n_gpus_per_node", cfg.rollout.n_gpus_per_node)
-    why = ("with actor_rollout_ref.hybrid_engine=false the next batch is generated while this one trains (one-step-off-"
-           "policy), so {}; use actor_rollout_ref.hybrid_engine=true with it")
+    keys = rollout_pool_keys(cfg)
+    for key, value in zip(("nnodes", "n_gpus_per_node"), rollout_pool_size(cfg)):
+        _positive(f"{keys}.{key}", value)
+    mode, off = (("trainer.v1.trainer_mode=separate_async", "trainer.v1.trainer_mode=sync") if v1_separate_async(cfg)
+                 else ("actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.hybrid_engine=true"))
+    why = (f"with {mode} the next batch is generated while this one trains (the rollout has devices of its own), "
+           f"so {{}}; use {off} with it")
     if cfg.algorithm.filter_groups.enable:
         raise _bad("algorithm.filter_groups.enable", True, why.format(
             "how many generation batches a step needs is not known when the next one starts (dynamic sampling)"))
@@ -145,11 +150,57 @@ def _check_separate_rollout(cfg: GRPOConfig) -> None:
             "the greedy baseline responses would come from another policy than the sampled ones"))
 
 
+def _check_v1_trainer(cfg: GRPOConfig) -> None:
+    """verl's v1 trainer modes (``trainer.v1.*``, read with ``trainer.use_v1``, verl's default): ``sync`` (this
+    trainer's loop) or ``separate_async`` (fully asynchronous training on the standalone rollout devices
+    ``actor_rollout_ref.rollout.nnodes x n_gpus_per_node``: :mod:`grpo_dist.config.fully_async`); its batch
+    invariant and staleness bound. ``colocate_async`` is refused by its state."""
+    t, r, a = cfg.trainer, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    mode, key = t.v1.trainer_mode, "trainer.v1.trainer_mode"
+    if t.use_v1 and mode not in ("sync", "separate_async", "colocate_async"):
+        raise _bad(key, mode, "expected sync (this trainer's loop) or separate_async (the rollout on devices of its own, "
+                   "generating ahead)")
+    if not v1_separate_async(cfg):
+        if r.nnodes != 0:
+            raise _bad("actor_rollout_ref.rollout.nnodes", r.nnodes, "standalone rollout devices are read by verl's v1 "
+                       "separate_async mode: set trainer.v1.trainer_mode=separate_async with them (or, in the spelling "
+                       "of verl's one-step-off recipe, actor_rollout_ref.hybrid_engine=false with the top-level "
+                       "rollout.nnodes / rollout.n_gpus_per_node), or leave it at 0")
+        return
+    both = "both select asynchronous training (verl's v1 trainer mode and its fully_async_policy recipe); "
+    if async_training_given(cfg):
+        raise _bad(key, mode, "the async_training.* keys given " + both + "use one of the two")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        raise _bad("actor_rollout_ref.hybrid_engine", False, f"with {key}=separate_async the rollout's own devices are "
+                   "actor_rollout_ref.rollout.nnodes x n_gpus_per_node (verl's v1 layout), and the training ranks keep "
+                   "the model roles; leave actor_rollout_ref.hybrid_engine=true")
+    for top, val in (("rollout.total_rollout_steps", cfg.rollout.total_rollout_steps), ("rollout.test_freq", cfg.rollout.test_freq)):
+        if val is not None:
+            raise _bad(top, val, f"it is read by verl's fully_async_policy recipe; with {key}=separate_async the run's "
+                       "length and validation are trainer.total_training_steps / total_epochs and trainer.test_freq")
+    sa, sampler = t.v1.separate_async, t.v1.sampler
+    _positive("trainer.v1.separate_async.parameter_sync_step", sa.parameter_sync_step)
+    if sa.num_warmup_batches < 0:
+        raise _bad("trainer.v1.separate_async.num_warmup_batches", sa.num_warmup_batches, "expected a count >= 0 of "
+                   "batches generated ahead of the one being trained")
+    want = sa.parameter_sync_step * a.ppo_mini_batch_size
+    if cfg.data.train_batch_size != want:
+        raise _bad("data.train_batch_size", cfg.data.train_batch_size, f"with {key}=separate_async a step trains "
+                   "parameter_sync_step mini-batches and then syncs the weights, so it must equal "
+                   "trainer.v1.separate_async.parameter_sync_step x actor_rollout_ref.actor.ppo_mini_batch_size = "
+                   f"{sa.parameter_sync_step} x {a.ppo_mini_batch_size} = {want} (verl's invariant)")
+    _positive("trainer.v1.sampler.max_off_policy_threshold", sampler.max_off_policy_threshold)
+    if sa.num_warmup_batches > sampler.max_off_policy_threshold:
+        raise _bad("trainer.v1.separate_async.num_warmup_batches", sa.num_warmup_batches, "a batch would then be trained "
+                   f"up to {sa.num_warmup_batches} versions after the one that started it, beyond "
+                   f"trainer.v1.sampler.max_off_policy_threshold={sampler.max_off_policy_threshold}; here the bound is "
+                   "kept by what the rollout may start, so no group is ever dropped for its age: use at most "
+                   f"{sampler.max_off_policy_threshold} batches, or raise the threshold")
+
+
 def _check_fully_async(cfg: GRPOConfig) -> None:
     """Fully asynchronous training (any ``async_training.*`` key given): on the rollout's own devices, its
     numbers' ranges; ``rollout.total_rollout_steps`` / ``rollout.test_freq`` only with it."""
-    from grpo_dist.config.fully_async import chunk_prompts, fully_async_on
-
     r, a = cfg.rollout, cfg.async_training
     if not fully_async_on(cfg):
         for key, val in (("rollout.total_rollout_steps", r.total_rollout_steps), ("rollout.test_freq", r.test_freq)):
@@ -158,6 +209,8 @@ def _check_fully_async(cfg: GRPOConfig) -> None:
                            "with actor_rollout_ref.hybrid_engine=false); use trainer.total_training_steps / "
                            "trainer.test_freq, or leave it null")
         return
+    if v1_separate_async(cfg):
+        return  # its keys: _check_v1_trainer
     if cfg.actor_rollout_ref.hybrid_engine:
         raise _bad("actor_rollout_ref.hybrid_engine", True, "async_training.* keys select fully asynchronous training, "
                    "which generates on the rollout's own devices: set actor_rollout_ref.hybrid_engine=false (with "
@@ -194,6 +247,25 @@ VLLM_KWARGS_OWNED = {
     "logprobs_mode": "grpo_dist needs the processed log-probs of the sampled tokens (docs/algorithms.md)",
     "kv_cache_memory_bytes": "use actor_rollout_ref.rollout.kv_cache_gib (CPU) or gpu_memory_utilization (GPU)",
 }
+
+
+def separate_rollout(cfg: GRPOConfig) -> bool:
+    """Whether the rollout engines run on devices of their own (``actor_rollout_ref.hybrid_engine=false``, or
+    verl's v1 ``trainer.v1.trainer_mode=separate_async``): then they generate ahead while the trainer trains."""
+    return not cfg.actor_rollout_ref.hybrid_engine or v1_separate_async(cfg)
+
+
+def rollout_pool_keys(cfg: GRPOConfig) -> str:
+    """The section whose ``nnodes`` / ``n_gpus_per_node`` size the rollout's own devices: verl's one-step-off and
+    fully_async_policy recipes spell them top-level (``rollout``), its v1 ``separate_async`` mode as the standalone
+    rollout servers' (``actor_rollout_ref.rollout``)."""
+    return "actor_rollout_ref.rollout" if v1_separate_async(cfg) else "rollout"
+
+
+def rollout_pool_size(cfg: GRPOConfig) -> tuple[int, int]:
+    """``(nnodes, n_gpus_per_node)`` of the rollout's own devices, from :func:`rollout_pool_keys`' section."""
+    section = cfg.actor_rollout_ref.rollout if v1_separate_async(cfg) else cfg.rollout
+    return section.nnodes, section.n_gpus_per_node
 
 
 def critic_enabled(cfg: GRPOConfig) -> bool:
@@ -663,6 +735,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
             f"a mini-batch of ppo_mini_batch_size x rollout.n = {mini_responses} responses must split evenly over {what}",
         )
     _check_rollout_tp(cfg)
+    _check_v1_trainer(cfg)
     _check_separate_rollout(cfg)
 
     if critic_enabled(cfg):

@@ -264,6 +264,11 @@ class GRPOTrainer:
             batch, busy_s = chunk.result()
         timer.add("gen/worker", busy_s)
         age = self.policy_version - chunk.version
+        limit = self.plan.fully_async.age_limit
+        if limit is not None and age > limit:
+            raise RuntimeError(f"the chunk of step {step} was sampled {age} updates ago, beyond "
+                               f"trainer.v1.sampler.max_off_policy_threshold={limit}; no group is dropped here: raise "
+                               "the threshold, or resume with the settings that wrote the checkpoint")
         if age > 0:
             self.stale_samples += len(batch) // self.shape.n
         m.update({"training/sample_age": float(age), "fully_async/queue_size": float(len(self.queue)),

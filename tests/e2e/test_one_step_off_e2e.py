@@ -95,21 +95,23 @@ def test_fully_async_learns_within_its_staleness_bound(embedded_model, tmp_path)
     resumed_from_step_5_equals(FULLY_ASYNC, out, m, tmp_path, ["training/sample_age", "fully_async/queue_size"])
 
 
-@pytest.mark.parametrize("mode", ["sync", "async-tp2"])
+@pytest.mark.parametrize("mode", ["v1-sync", "async-tp2"])
 def test_partial_rollouts_interrupt_generation_at_every_sync(mode, tiny_model_dir, reverse_data, tmp_path):
     """verl's default, partial rollouts, where generation takes longer than a step: a random model (it rarely
-    says EOS) writing up to 192 tokens (64 on the tensor-parallel engine), on chunks of 4 prompts x 4, with the engine's own calls (``sync``) and
-    through agent loops (``async``, as verl's fully asynchronous scripts run) on a tensor-parallel engine of two
-    processes (``tp2``: the loops run in lock step on both and every iteration is agreed). The rollout pool
-    generates in the background; a sync after every step interrupts the responses in flight, and the new weights
-    finish them; a validation every 2 steps runs between the engine's iterations (the chunks pause around it).
-    Every trained chunk reports verl's ``fully_async/partial/*``: responses holding tokens of two versions, never
-    more than the staleness bound lets a chunk lag (staleness 1, trigger 1: 1 version). (Agent loops on a
+    says EOS) writing up to 192 tokens (64 on the tensor-parallel engine), on chunks of 4 prompts x 4, with the engine's own calls
+    (``v1-sync``, in the spelling of verl's v1 trainer: ``trainer.v1.trainer_mode=separate_async`` with one batch
+    generated ahead and its standalone rollout devices ``actor_rollout_ref.rollout.*``) and through agent loops
+    (``async``, as verl's fully asynchronous scripts run, in their ``async_training.*`` spelling) on a
+    tensor-parallel engine of two processes (``tp2``: the loops run in lock step on both and every iteration is
+    agreed). The rollout pool generates in the background; a sync after every step interrupts the responses in
+    flight, and the new weights finish them; a validation every 2 steps runs between the engine's iterations
+    (the chunks pause around it). Every trained chunk reports verl's ``fully_async/partial/*``: responses holding
+    tokens of two versions, never more than the staleness bound lets a chunk lag (1 version). (Agent loops on a
     one-process engine: the same worker calls without the agreement; their server is tested on the real engine
     in tests/e2e/test_rollout_vllm.py.)"""
     out = tmp_path / "run"
     steps = 4
-    model, env, extra = tiny_model_dir, None, [f"actor_rollout_ref.rollout.mode={mode.split('-')[0]}"]
+    model, env, extra = tiny_model_dir, None, [f"actor_rollout_ref.rollout.mode={'async' if 'async' in mode else 'sync'}"]
     if mode == "async-tp2":  # one training rank and two rollout ranks: three processes
         from grpo_dist.tasks.reverse import VOCAB
         from grpo_dist.utils.tiny_model import build_tiny_model
@@ -123,19 +125,21 @@ def test_partial_rollouts_interrupt_generation_at_every_sync(mode, tiny_model_di
             extra.append(f"ray_kwargs.ray_init.address={env['RAY_ADDRESS']}")
         elif len(os.sched_getaffinity(0)) < 3:
             pytest.skip("three ranks need three cores, or the session's Ray cluster")
-        extra += ["rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+        extra += ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=2",
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "async_training.staleness_threshold=1",
+                  "async_training.trigger_parameter_sync_step=1", "async_training.require_batches=2"]
         length = 64  # three processes on two cores: the engine is slow enough for the syncs to find it busy
-    else:
-        extra.append("rollout.n_gpus_per_node=1")
+    else:  # a step: parameter_sync_step 2 mini-batches of 2 prompts (base_args' batch of 4), then a sync
+        extra += ["trainer.v1.trainer_mode=separate_async", "trainer.v1.separate_async.num_warmup_batches=1",
+                  "trainer.v1.separate_async.parameter_sync_step=2", "actor_rollout_ref.rollout.nnodes=1",
+                  "actor_rollout_ref.rollout.n_gpus_per_node=1"]
         length = 192
     args = base_args(model, reverse_data, out, steps) + [
-        "actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
-        f"data.max_response_length={length}", "trainer.test_freq=2",
-        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-        "async_training.require_batches=2", *extra]
+        "trainer.n_gpus_per_node=1", f"data.max_response_length={length}", "trainer.test_freq=2", *extra]
     proc = run_main(args, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "partial rollouts: a sync interrupts the responses being generated" in proc.stdout
+    assert ("separate_async (verl's v1 trainer mode)" in proc.stdout) is (mode == "v1-sync")
     m = read_metrics(out)
     assert [s for s in m if any(k.startswith("val-core/") for k in m[s])] == [0, 2, 4]
     trained = range(1, steps + 1)

@@ -291,3 +291,83 @@ def test_what_the_mode_cannot_take_is_refused_with_one_message(overrides, needle
     assert "\n" not in msg
     for needle in needles:
         assert needle in msg, (needle, msg)
+
+
+# ---- verl's v1 spelling: trainer.v1.trainer_mode=separate_async -----------------------------------------------
+V1 = ("trainer.v1.trainer_mode=separate_async", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
+      "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=1",
+      "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+
+
+def v1(warmup: int, *more: str) -> tuple[str, ...]:
+    return (*V1, f"trainer.v1.separate_async.num_warmup_batches={warmup}", *more)
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_v1_separate_async_runs_the_fully_async_schedule_it_names(tmp_path, warmup):
+    """verl's v1 separate_async (batch = parameter_sync_step mini-batches, a sync after every step, num_warmup_batches
+    batches generated beyond the one trained, partial rollouts always on) is the fully_async_policy schedule with
+    require_batches = parameter_sync_step, trigger 1 and staleness num_warmup_batches: the same plan, and the same
+    starts, waits, pauses and syncs step by step."""
+    from dataclasses import replace
+
+    same = (*fully_async(warmup, 1, partial=True), "async_training.require_batches=1",
+            "async_training.use_rollout_log_probs=false")  # v1: the actor recomputes them unless bypass_mode
+    spelled_v1, spelled_async = config(*v1(warmup)), config(*same)
+    plan_v1, plan_async = (resolve(c).driver_plan("cpu", 16) for c in (spelled_v1, spelled_async))
+    assert plan_v1.fully_async.spelling == "trainer.v1.separate_async" and plan_v1.fully_async.age_limit == 8
+    assert replace(plan_v1, fully_async=replace(plan_v1.fully_async, spelling="async_training", age_limit=None)) == plan_async
+    assert plan_v1.fully_async.max_ahead == warmup + 1 and plan_v1.fully_async.partial_rollout
+    trainers = [make(tmp_path / name, *keys, steps=5) for name, keys in
+                (("v1", v1(warmup)), ("async", same))]
+    ages = [[m["training/sample_age"] for m in run_steps(t, 5)] for t, _ in trainers]
+    assert trainers[0][1].events == trainers[1][1].events and ages[0] == ages[1]
+    assert max(ages[0]) == warmup
+
+
+def test_v1_separate_async_places_the_rollout_on_its_standalone_devices():
+    from grpo_dist.config.plan import build_plan
+    from grpo_dist.config.roles import ROLLOUT_POOL, pool, rollout_pool_ranks
+    from grpo_dist.config.validate import separate_rollout
+
+    cfg = config(*v1(1), "actor_rollout_ref.rollout.n_gpus_per_node=2", "trainer.device=cuda")
+    assert separate_rollout(cfg) and rollout_pool_ranks(cfg) == 2
+    assert pool(cfg, ROLLOUT_POOL).keys == "actor_rollout_ref.rollout" and cfg.actor_rollout_ref.hybrid_engine
+    lines = "\n".join(build_plan(cfg, count_rows=False).lines())
+    assert "separate_async (verl's v1 trainer mode)" in lines and "actor_rollout_ref.rollout.nnodes 1" in lines
+    assert "as with verl's v1 client" in lines  # partial rollouts: no key turns them off in v1
+    # verl's legacy loop (use_v1=false) does not read trainer.v1.*
+    assert not fully_async_on(config("trainer.use_v1=false", "trainer.v1.trainer_mode=separate_async"))
+    # bypass mode: the engines' log-probs are the old ones, as in verl's v1 trainer
+    assert fully_async_settings(config(*v1(1), "algorithm.rollout_correction.bypass_mode=true")).old_from_rollout
+
+
+def test_v1_separate_async_refuses_a_chunk_older_than_its_threshold(tmp_path):
+    """``max_off_policy_threshold`` is checked against every trained batch (a resumed queue written with other
+    settings could hold older ones); nothing is dropped silently."""
+    from dataclasses import replace
+
+    trainer, _ = make(tmp_path, *v1(2), steps=5)
+    trainer.plan = replace(trainer.plan, fully_async=replace(trainer.plan.fully_async, age_limit=1))
+    with pytest.raises(RuntimeError, match=r"max_off_policy_threshold=1"):
+        run_steps(trainer, 5)
+
+
+@pytest.mark.parametrize("overrides,needles", [
+    ((*V1, "data.train_batch_size=4"), ["data.train_batch_size", "parameter_sync_step", "1 x 2 = 2"]),
+    (v1(9), ["num_warmup_batches", "max_off_policy_threshold=8"]),
+    (v1(1, "async_training.staleness_threshold=1"), ["trainer.v1.trainer_mode", "async_training", "one of the two"]),
+    (v1(1, "actor_rollout_ref.hybrid_engine=false"), ["actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.nnodes"]),
+    (v1(1, "rollout.total_rollout_steps=8"), ["rollout.total_rollout_steps", "trainer.total_training_steps"]),
+    (("actor_rollout_ref.rollout.nnodes=1",), ["actor_rollout_ref.rollout.nnodes", "separate_async"]),
+    (v1(1, "actor_rollout_ref.rollout.nnodes=0"), ["actor_rollout_ref.rollout.nnodes"]),
+    (v1(1, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"),
+     ["algorithm.filter_groups.enable", "trainer.v1.trainer_mode=sync"]),
+    (v1(1, "trainer.v1.trainer_mode=fast"), ["trainer.v1.trainer_mode", "'fast'", "separate_async"]),
+    (v1(1, "trainer.v1.sampler.max_off_policy_strategy=keep"), ["max_off_policy_strategy", "drop or wait"]),
+])
+def test_what_v1_separate_async_cannot_take_is_refused_with_one_message(overrides, needles):
+    msg = refused(*overrides)
+    assert "\n" not in msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)

@@ -105,3 +105,26 @@ def test_the_fully_async_script_runs_its_schedule():
     plan = resolve(cfg).driver_plan("cuda", 17000)
     assert plan.total_steps == 400 and plan.test_freq == 40 and not plan.one_step_off
     assert cfg.data.train_batch_size == 128
+
+
+def test_the_v1_separate_async_script_runs_its_schedule():
+    """verl's v1 separate_async script, only the module name and paths changed: 4 standalone rollout GPUs (two
+    tensor-parallel engines) beside 4 training ones; a step trains its batch of parameter_sync_step 4 x 1 prompts
+    and syncs, with one batch generated beyond it (num_warmup_batches 1), partial rollouts, and the actor's old
+    log-probs (bypass_mode=False); the transfer queue and the nccl checkpoint engine are named as having no
+    effect."""
+    from grpo_dist.config.fully_async import fully_async_settings
+    from grpo_dist.config.roles import ROLLOUT_POOL, pool
+    from grpo_dist.config.spec import resolve
+
+    cfg = load(verl_scripts.script_args(verl_scripts.V1_SEPARATE_ASYNC, cpu=False, **PATHS))
+    fa = fully_async_settings(cfg)
+    assert (fa.chunk_prompts, fa.trigger, fa.max_ahead, fa.old_from_rollout, fa.age_limit) == (4, 1, 2, False, 8)
+    assert fa.partial_rollout and fa.spelling == "trainer.v1.separate_async"
+    rollout = pool(cfg, ROLLOUT_POOL)
+    assert (rollout.nnodes, rollout.per_node, rollout.keys) == (1, 4, "actor_rollout_ref.rollout")
+    plan = resolve(cfg).driver_plan("cuda", 7000)
+    assert plan.total_steps == 2 and not plan.one_step_off and plan.old_logp_forward
+    assert cfg.data.train_batch_size == 4 and plan.shape.num_mini_batches == 4
+    notes = " ".join(noop_notes(cfg))
+    assert "transfer_queue.enable" in notes and "checkpoint_engine.backend" in notes

@@ -176,12 +176,12 @@ class RolloutConfig:
         "pipeline parallelism in the engine", "leave it at 1"))
     expert_parallel_size: int = F(1, "expert-parallel ranks of the engine (MoE)", off_feature(
         "expert parallelism in the engine", "leave it at 1"))
-    nnodes: int = F(0, "nodes of verl's standalone rollout servers; 0 = none", off_feature(
-        "verl's standalone rollout servers", "leave it at 0; for the rollout on devices of its own set "
-        "actor_rollout_ref.hybrid_engine=false and the top-level rollout.nnodes / rollout.n_gpus_per_node"))
-    n_gpus_per_node: int = F(II("trainer.n_gpus_per_node"), "devices per node of verl's standalone rollout servers", NoOp(
-        "read only by verl's standalone rollout servers (actor_rollout_ref.rollout.nnodes > 0), which are not built; the "
-        "rollout's own devices are the top-level rollout.n_gpus_per_node (with actor_rollout_ref.hybrid_engine=false)"))
+    nnodes: int = F(0, "nodes of the standalone rollout devices of verl's v1 separate_async mode (> 0 there, 0 "
+                       "otherwise; the one-step-off spelling is actor_rollout_ref.hybrid_engine=false with the top-level "
+                       "rollout.nnodes)")
+    n_gpus_per_node: int = F(II("trainer.n_gpus_per_node"), "devices per node of the standalone rollout devices "
+                             "(trainer.v1.trainer_mode=separate_async; with trainer.device=cpu: rollout ranks per node, "
+                             "one core each)")
     over_sample_rate: float = F(0, "start more prompts than needed and keep the first finished", off_feature(
         "over-sampling the rollout", "leave it at 0"))
     ignore_eos: bool = F(False, "keep generating past the end-of-sequence token", off_feature(

@@ -108,9 +108,10 @@ class TrainerConfig:
         "grpo_dist has no worker registry: worker start-up and calls are bounded by trainer.worker_call_timeout_s"))
     use_legacy_worker_impl: str = F("auto", "verl's choice between its worker implementations (early 2026)", NoOp(
         "grpo_dist has one worker implementation per role"))
-    use_v1: bool = F(True, "run verl's v1 trainer loop", NoOp("grpo_dist has one trainer loop (synchronous)"))
-    v1: TrainerV1Config = S(TrainerV1Config, "verl's v1 trainer modes (asynchronous modes not built here)", NoOp(
-        "read only by verl's asynchronous v1 trainer modes (trainer.v1.trainer_mode is accepted only as sync)"))
+    use_v1: bool = F(True, "run verl's v1 trainer loop: its trainer.v1.* keys are read (false: verl's legacy loop, "
+                           "synchronous)")
+    v1: TrainerV1Config = S(TrainerV1Config, "verl's v1 trainer modes: sync, or separate_async (fully asynchronous "
+                            "training on the rollout's own devices)")
 
 
 DEFAULT_TRAIN_FILES = "builtin:reverse/train"

@@ -2,9 +2,11 @@
 sections of other features (Ray's runtime environment, custom data classes, the reward manager's
 current spelling).
 
-A feature's switch (``distillation.enabled``, ``transfer_queue.enable``, ``skip.*.enable``,
-``trainer.v1.trainer_mode``, ``sandbox_fusion.url``) is refused unless off; the keys under it are
-read only by the feature, so they have no effect at any value.
+A feature's switch (``distillation.enabled``, ``skip.*.enable``, ``sandbox_fusion.url``) is refused unless
+off; the keys under it are read only by the feature, so they have no effect at any value. verl's transfer queue
+(``transfer_queue.enable``) is accepted on as well, with no effect (batches move through the driver; its v1
+asynchronous scripts switch it on). Of verl's v1 trainer modes (``trainer.v1.trainer_mode``) ``sync`` and
+``separate_async`` run (:mod:`grpo_dist.config.fully_async`); ``colocate_async`` is refused.
 """
 
 from __future__ import annotations
@@ -91,8 +93,9 @@ class TransferQueueMetricsConfig:
 
 @dataclass
 class TransferQueueConfig:
-    enable: bool = F(False, "move batches between roles through verl's transfer queue", off_feature(
-        "verl's transfer queue", "leave it off (the driver hands batches to the workers)"))
+    enable: bool = F(False, "move batches between roles through verl's transfer queue", NoOp(
+        "the driver hands every batch to the workers (Ray's object store); the queue would change where batches "
+        "wait, not what is trained"))
     backend: TransferQueueBackendConfig = S(TransferQueueBackendConfig, "storage backend (verl's current layout)")
     metrics: TransferQueueMetricsConfig = S(TransferQueueMetricsConfig, "queue metrics (verl's current layout)")
 
@@ -104,18 +107,27 @@ class CustomClassConfig:
     name: Optional[str] = F(None, "class name")
 
 
+NO_EVICTION = ("no group is evicted here: the rollout starts no batch that would be trained beyond "
+               "max_off_policy_threshold versions, and dynamic sampling is refused with the rollout on its own devices")
+
+
 @dataclass
 class V1SamplerConfig:
-    custom_sampler: CustomClassConfig = S(CustomClassConfig, "a custom sampler class")
-    max_off_policy_strategy: str = F("drop", "what to do with too-stale samples")
-    max_off_policy_threshold: int = F(8, "most policy versions a sample may lag")
-    sampler_kwargs: Dict[str, Any] = F({}, "sampler arguments")
-    sync_refill_failed_groups: bool = F(False, "refill dropped groups synchronously")
+    custom_sampler: CustomClassConfig = S(CustomClassConfig, "a custom sampler class", off_feature(
+        "a custom v1 sampler", "leave it null (batches are taken in the data's order)"))
+    max_off_policy_strategy: str = F("drop", "what to do with too-stale samples: drop | wait", NoOp(
+        NO_EVICTION, values=("drop", "wait"), otherwise="use drop or wait"))
+    max_off_policy_threshold: int = F(8, "most policy versions a sample may lag (separate_async: the batches generated "
+                                         "ahead may not exceed it; checked again for every trained batch)")
+    sampler_kwargs: Dict[str, Any] = F({}, "sampler arguments", NoOp("read only by a custom sampler"))
+    sync_refill_failed_groups: bool = F(False, "refill dropped groups synchronously", NoOp(NO_EVICTION))
 
 
 @dataclass
 class HybridRolloutConfig:
-    enable_switch: bool = F(False, "switch rollout placement at run time")
+    enable_switch: bool = F(False, "lend the trainer's idle devices to generation between steps", off_feature(
+        "lending the trainer's devices to generation (separate_async's step switch)",
+        "leave it false (the rollout's own devices generate)"))
     adaptive_switch_threshold: bool = F(True, "adapt the switch threshold")
     switch_cost_window_size: int = F(3, "steps averaged for the switch cost")
     switch_threshold_ratio: float = F(0.4, "switch threshold")
@@ -126,9 +138,12 @@ class HybridRolloutConfig:
 
 @dataclass
 class SeparateAsyncConfig:
-    num_warmup_batches: int = F(1, "batches generated ahead")
-    parameter_sync_step: int = F(4, "steps between weight syncs")
-    hybrid_rollout: HybridRolloutConfig = S(HybridRolloutConfig, "hybrid rollout placement")
+    num_warmup_batches: int = F(1, "batches generated ahead of the one being trained (separate_async): a batch is "
+                                   "trained at most this many updates after the weights that started it")
+    parameter_sync_step: int = F(4, "mini-batches per step, one weight sync after each step (separate_async: "
+                                    "data.train_batch_size = this x actor.ppo_mini_batch_size)")
+    hybrid_rollout: HybridRolloutConfig = S(HybridRolloutConfig, "the step switch", NoOp(
+        UNUSED_WITHOUT.format("trainer.v1.separate_async.hybrid_rollout.enable_switch")))
 
 
 @dataclass
@@ -138,12 +153,16 @@ class ColocateAsyncConfig:
 
 @dataclass
 class TrainerV1Config:
-    trainer_mode: str = F("sync", "verl's v1 trainer loop: sync | colocate_async | separate_async", Refused(
-        "verl's v1 trainer loops are not built here; for generation on devices of its own overlapping the update "
-        "(one-step-off-policy) set actor_rollout_ref.hybrid_engine=false, as verl's one-step-off recipe does"))
-    sync: Dict[str, Any] = F({}, "settings of the synchronous mode")
-    colocate_async: ColocateAsyncConfig = S(ColocateAsyncConfig, "colocated asynchronous mode")
-    separate_async: SeparateAsyncConfig = S(SeparateAsyncConfig, "separated asynchronous mode")
+    trainer_mode: str = F("sync", "verl's v1 trainer loop: sync | separate_async (colocate_async is not built here)",
+                          Honoured(refuse=(("colocate_async", (
+                              "generating ahead on the training devices with partial rollouts is not built; for "
+                              "generation ahead on devices of its own use separate_async (with "
+                              "actor_rollout_ref.rollout.nnodes / n_gpus_per_node)")),)))
+    sync: Dict[str, Any] = F({}, "settings of the synchronous mode", NoOp("the synchronous mode has no settings"))
+    colocate_async: ColocateAsyncConfig = S(ColocateAsyncConfig, "colocated asynchronous mode", NoOp(
+        "read only by trainer_mode=colocate_async, which is refused here"))
+    separate_async: SeparateAsyncConfig = S(SeparateAsyncConfig, "separated asynchronous mode: the rollout on devices "
+                                            "of its own, generating ahead")
     sampler: V1SamplerConfig = S(V1SamplerConfig, "the v1 sample buffer")
 
 
