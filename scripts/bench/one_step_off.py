@@ -1,12 +1,15 @@
 """Synchronous colocated training against one-step-off-policy (``actor_rollout_ref.hybrid_engine=false``) and
 fully asynchronous training (``async_training.*``) on this machine, side by side.
 
-    python scripts/bench/one_step_off.py [--steps 10] [--repeats 1] [--modes ...] [--out DIR] [-- extra overrides ...]
+    python scripts/bench/one_step_off.py [--steps 10] [--repeats 1] [--seeds] [--test-freq N] [--modes ...] [--out DIR]
+                                         [-- extra overrides ...]
 
 Every mode runs ``python -m grpo_dist.main`` with the same task, model, data, seeds, batch and group (the
 default job's unless overrides say otherwise), on the same cores: colocated, one training rank whose
 processes (actor + reference, and the rollout engine) take turns on the machine's cores; one-step-off, one
-training rank and one rollout rank of their own (each with its share of the cores) working at once; fully
+training rank and one rollout rank of their own (each with its share of the cores) working at once, the actor
+recomputing the old log-probs (``one-step-off``) or taking the engines' (``one-step-off-bypass``, rollout
+correction's bypass mode, as verl's one-step-off config sets); fully
 asynchronous, the same two ranks, chunks of the step's 32 prompts generated up to 3 ahead of the trainer and
 weights synced every 2 steps, a sync waiting for the chunks in flight (``fully-async``) or interrupting them
 (``fully-async-partial``, partial rollouts). Each run logs its metrics; the table reads them.
@@ -28,6 +31,11 @@ measures time, not learning.
 - rollout idle share: 1 - the engines' busy time (``timing_s/gen/worker``) / step time;
 - held-out accuracy before and after (greedy, ``val-core/...``), after the same number of samples;
 - wall time of the run (start-up, validation and checkpoint included).
+
+``--seeds`` gives every repeat its own seeds (repeat r: ``data.seed=42+r``, the prompts' order, and
+``actor_rollout_ref.rollout.seed=r``, the sampling), so the repeats measure the spread between seeds, and a second
+table shows, per mode, the held-out accuracy at every validation (``--test-freq``) as the mean over the seeds
+and its range: what training on stale samples costs per sample, against the spread of the synchronous runs.
 """
 
 from __future__ import annotations
@@ -56,10 +64,14 @@ MODES = {
 }
 # the same, with partial rollouts (verl's default): a sync interrupts the responses in flight instead of waiting
 MODES["fully-async-partial"] = [*MODES["fully-async"][:-1], "async_training.partial_rollout=true"]
+# one-step-off with the engines' sampling log-probs as the old log-probs (what verl's one-step-off config sets):
+# PPO's ratio is then against the policy that sampled, not the one that trains
+MODES["one-step-off-bypass"] = [*MODES["one-step-off"], "algorithm.rollout_correction.bypass_mode=true"]
 
 
-def run(mode: str, steps: int, out: Path, extra: list[str]) -> tuple[dict[int, dict], float]:
-    args = MODES[mode] + [f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}", "trainer.save_freq=-1",
+def run(mode: str, steps: int, out: Path, extra: list[str], test_freq: int | None = None) -> tuple[dict[int, dict], float]:
+    args = MODES[mode] + [f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq or steps}",
+                          "trainer.save_freq=-1",
                           "trainer.progress_bar=false", "trainer.logger=[console,file]",
                           f"trainer.default_local_dir={out}", *extra]
     t0 = time.perf_counter()
@@ -89,7 +101,24 @@ def summarize(m: dict[int, dict], wall: float, responses: int) -> dict[str, floa
     last = max(m)
     return {"step_s": step_s, "samples_per_s": responses / step_s,
             "trainer_idle": wait / step_s, "rollout_idle": max(0.0, 1 - busy / step_s),
-            "acc_before": m[0][val], "acc_after": m[last].get(val, float("nan")), "wall_s": wall}
+            "acc_before": m[0][val], "acc_after": m[last].get(val, float("nan")), "wall_s": wall,
+            "acc": {s: m[s][val] for s in sorted(m) if val in m[s]}}
+
+
+def learning_table(rows: list[tuple[str, int, dict]]) -> list[str]:
+    """Per mode, the held-out accuracy at every validated step: mean over the runs [min, max]."""
+    modes = list(dict.fromkeys(mode for mode, _, _ in rows))
+    steps = sorted(rows[0][2]["acc"])
+    lines = ["| mode | runs | " + " | ".join(f"acc @ step {s}" for s in steps) + " |",
+             "| --- | ---: | " + " | ".join("---:" for _ in steps) + " |"]
+    for mode in modes:
+        runs = [r["acc"] for m, _, r in rows if m == mode]
+        cells = []
+        for s in steps:
+            vals = [acc[s] for acc in runs if s in acc]
+            cells.append(f"{statistics.mean(vals):.3f} [{min(vals):.3f}, {max(vals):.3f}]")
+        lines.append(f"| {mode} | {len(runs)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def long_tail_overrides(model_dir: Path) -> list[str]:
@@ -125,6 +154,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--workload", choices=["default", "long-tail", "reverse-long-tail"], default="default",
                     help="the default job, or one with long-tailed response lengths (see above)")
+    ap.add_argument("--seeds", action="store_true", help="repeat r with data.seed=42+r and rollout.seed=r (see above)")
+    ap.add_argument("--test-freq", type=int, default=None, help="validate every N steps (default: at the end)")
     ap.add_argument("extra", nargs="*", help="more overrides for both modes")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="one_step_off_bench_"))
@@ -136,13 +167,17 @@ def main() -> None:
     rows = []
     for r in range(a.repeats):
         for mode in a.modes:  # alternating, so a change in the machine's load hits both
-            m, wall = run(mode, a.steps, out / f"{mode}-{r}", extra)
+            seeds = [f"data.seed={42 + r}", f"actor_rollout_ref.rollout.seed={r}"] if a.seeds else []
+            m, wall = run(mode, a.steps, out / f"{mode}-{r}", extra + seeds, a.test_freq)
             rows.append((mode, r, summarize(m, wall, responses_per_step(out / f"{mode}-{r}"))))
     print(f"| mode | run | step time (s) | samples/s | trainer idle | rollout idle | held-out acc before -> after | wall (s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mode, r, s in rows:
         print(f"| {mode} | {r} | {s['step_s']:.2f} | {s['samples_per_s']:.1f} | {s['trainer_idle']:.0%} | "
               f"{s['rollout_idle']:.0%} | {s['acc_before']:.3f} -> {s['acc_after']:.3f} | {s['wall_s']:.0f} |")
+    if a.seeds or a.test_freq:
+        print()
+        print("\n".join(learning_table(rows)))
 
 
 if __name__ == "__main__":

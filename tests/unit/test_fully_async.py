@@ -371,3 +371,22 @@ def test_what_v1_separate_async_cannot_take_is_refused_with_one_message(override
     assert "\n" not in msg
     for needle in needles:
         assert needle in msg, (needle, msg)
+
+
+@pytest.mark.parametrize("overrides,warned", [
+    (OFF, True),  # one-step-off, the actor's old log-probs: samples one update old, nothing corrects
+    ((*OFF, "algorithm.rollout_correction.bypass_mode=true"), False),  # the ratio against the sampling policy
+    ((*OFF, "algorithm.rollout_correction.rollout_is=token"), False),  # importance weights correct it
+    ((), False),  # colocated: on-policy
+    (fully_async(0.5, 2), False),  # use_rollout_log_probs (verl's default)
+    ((*fully_async(0.5, 2), "async_training.use_rollout_log_probs=false"), True),
+    ((*fully_async(0, 1), "async_training.use_rollout_log_probs=false"), False),  # at most 0 updates old
+    (v1(1), True),  # verl's v1 script: bypass_mode=False, no rollout_is
+    (v1(0), False),
+])
+def test_stale_samples_with_an_uncorrected_ratio_are_warned_about_at_start_up(overrides, warned):
+    from grpo_dist.config.driver_plan import stale_ratio_warning
+
+    warning = resolve(config(*overrides)).driver_plan("cpu", 16).startup_warning
+    assert (warning is not None and "bypass_mode=true" in warning) is warned
+    assert (stale_ratio_warning(config(*overrides)) is not None) is warned

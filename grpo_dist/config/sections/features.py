@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from grpo_dist.config.fields import F, Honoured, NoOp, Refused, S
+from grpo_dist.config.fields import F, Honoured, NoOp, S
 from grpo_dist.config.sections.engine import UNUSED_WITHOUT, off_feature
 
 
