@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import queue
 import threading
 import time
 from contextvars import ContextVar
@@ -171,6 +172,8 @@ class AsyncRolloutServer:
         self._pause_wanted = self._close_wanted = self._closed = False
         self._interrupted, self._unclaimed = 0, False
         self._changed: asyncio.Event | None = None  # set when paused, resumed or closed (made on the loop)
+        self._sharer: threading.Thread | None = None  # (agreement) the broadcasts' thread, started at the first
+        self._to_share: queue.SimpleQueue = queue.SimpleQueue()
         self._error: BaseException | None = None
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
@@ -391,8 +394,9 @@ class AsyncRolloutServer:
             raise RuntimeError(f"the rollout server stopped: {self._error!r}") from self._error
 
     async def _share(self, decision: tuple[int, int, int] | None) -> tuple[int, int, int]:
-        """The leader's word for this iteration (the agreement's broadcast, on a thread of its own: a process
-        waits for the word as long as the leader has nothing to say, and the event loop goes on meanwhile)."""
+        """The leader's word for this iteration (the agreement's broadcast, on the server's sharing thread: a
+        process waits for the word as long as the leader has nothing to say, and the event loop goes on
+        meanwhile). One broadcast at a time: the iterations are sequential."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
@@ -400,18 +404,30 @@ class AsyncRolloutServer:
             if not future.done():
                 future.set_exception(exc) if exc is not None else future.set_result(result)
 
-        def run() -> None:
+        if self._sharer is None:
+            self._sharer = threading.Thread(target=self._sharing, name="rollout-agreement", daemon=True)
+            self._sharer.start()
+        self._to_share.put((decision, loop, settle))
+        return await future
+
+    def _sharing(self) -> None:
+        """The sharing thread: each broadcast asked for, its result (or error) handed back to the asking loop; it
+        ends after the word close (or a failed broadcast: the iterations stop)."""
+        while True:
+            decision, loop, settle = self._to_share.get()
             try:
                 result, exc = self.agreement.share(decision), None
             except BaseException as e:  # noqa: B036 (handed to the loop)
                 result, exc = None, e
+            last = exc is not None or result[0] == CLOSE
+            if last:  # (before the loop hears of it: a later broadcast starts a new thread)
+                self._sharer = None
             try:
                 loop.call_soon_threadsafe(settle, result, exc)
             except RuntimeError:  # the loop is closed: nobody waits any more
                 pass
-
-        threading.Thread(target=run, name="rollout-agreement", daemon=True).start()
-        return await future
+            if last:
+                return
 
     def _unsubmitted(self, up_to_group: int | None = None) -> list[str]:
         """The requests not in the engine (new, held back, or interrupted) of chunks up to ``up_to_group`` (None:

@@ -248,6 +248,8 @@ def test_a_tensor_parallel_engines_agent_loops_pause_at_one_iteration_and_finish
         for g in (leader, other):
             g.close()
     assert engines[0].added == engines[1].added and engines[0].steps == engines[1].steps
+    # every broadcast of a server ran on its one sharing thread (not a thread per engine iteration)
+    assert [len(g.server.agreement.threads) for g in (leader, other)] == [1, 1], engines[0].steps
     mine, theirs = outs
     for key in ("response_ids", "response_masks", "token_versions", "logprobs", "prompt_ids"):
         assert getattr(mine, key) == getattr(theirs, key), key

@@ -176,8 +176,10 @@ class QueueAgreement:
 
     def __init__(self, leader: bool, words: "queue.Queue") -> None:
         self.leader, self.words = leader, words
+        self.threads: set[int] = set()  # the threads the broadcasts ran on
 
     def share(self, decision):
+        self.threads.add(threading.get_ident())
         if self.leader:
             self.words.put(decision)
             return decision
