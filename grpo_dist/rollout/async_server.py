@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.rollout.base import SamplingSettings, TokenOutput
-from grpo_dist.rollout.partial import CLOSE, PAUSE, STEP, Agreement, Unfinished
+from grpo_dist.rollout.partial import CLOSE, PAUSE, STEP, AgreedPause, Agreement, Unfinished
 
 __all__ = ["AsyncRolloutServer", "sampling_from_params"]
 
@@ -170,7 +170,7 @@ class AsyncRolloutServer:
         self.peak_concurrency = 0  # the most requests in flight at once
         # (agreement) the leader's pending words, the last pause's count until this process's pause returns it
         self._pause_wanted = self._close_wanted = self._closed = False
-        self._interrupted, self._unclaimed = 0, False
+        self._agreed_pause = AgreedPause()
         self._changed: asyncio.Event | None = None  # set when paused, resumed or closed (made on the loop)
         self._sharer: threading.Thread | None = None  # (agreement) the broadcasts' thread, started at the first
         self._to_share: queue.SimpleQueue = queue.SimpleQueue()
@@ -270,7 +270,7 @@ class AsyncRolloutServer:
             self.version = version
         self.paused = False
         if self.agreement is not None:  # the interrupted requests are added again at the next agreed iteration
-            self._unclaimed = False
+            self._agreed_pause.resumed()
             self._notify()
             self._start_pump()
             return
@@ -362,10 +362,7 @@ class AsyncRolloutServer:
             await self._event().wait()
             self._event().clear()
             self._raise_error()
-        if not self._unclaimed:
-            return 0
-        self._unclaimed = False
-        return self._interrupted
+        return self._agreed_pause.claim()
 
     async def close_agreed(self, timeout_s: float = 30.0) -> None:
         """End the agreed iterations: the leader says so, the other processes stop on its word (waiting at most
@@ -471,8 +468,8 @@ class AsyncRolloutServer:
                     self._interrupt()
                     return
                 if what == PAUSE:
-                    self._interrupted = self._interrupt()
-                    self.paused, self._unclaimed, self._pause_wanted = True, True, False
+                    self._agreed_pause.paused(self._interrupt())
+                    self.paused, self._pause_wanted = True, False
                     self._notify()
                     continue
                 while self.paused:  # (another process: the leader resumed first; this one's own resume comes)

@@ -50,7 +50,7 @@ import torch
 
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 
-__all__ = ["Agreement", "PartialRollouts", "TensorParallelAgreement", "Unfinished", "continuation_seed",
+__all__ = ["AgreedPause", "Agreement", "PartialRollouts", "TensorParallelAgreement", "Unfinished", "continuation_seed",
            "partial_metrics", "start_stepping_thread"]
 
 #: What an agreed engine iteration does (:class:`Agreement`).
@@ -110,6 +110,27 @@ class Unfinished:
         self.versions.extend([version] * len(ids))
         if logprobs is not None:
             self.logprobs.extend(logprobs)
+
+
+class AgreedPause:
+    """(agreement) A pause the leader's word made, until this process's ``pause()`` call hands its count over: the
+    call may come before or after the word, and returns the same count on every process (0 when the engine was
+    paused already by an earlier call)."""
+
+    def __init__(self) -> None:
+        self._count, self._unclaimed = 0, False
+
+    def paused(self, interrupted: int) -> None:
+        """The engine paused at the leader's word, interrupting ``interrupted`` responses."""
+        self._count, self._unclaimed = interrupted, True
+
+    def claim(self) -> int:
+        """The pause's count for the first call that asks, 0 for any later one."""
+        count, self._unclaimed = (self._count if self._unclaimed else 0), False
+        return count
+
+    def resumed(self) -> None:
+        self._unclaimed = False
 
 
 class Agreement:
@@ -180,8 +201,7 @@ class PartialRollouts:
         self._pending: deque[str] = deque()  # (agreement) chunks started here, not yet admitted by the leader
         self._admitted = 0  # (agreement) chunks admitted so far
         self._pause_wanted = False  # (agreement, leader) a pause() waits for the loop to pause every process
-        self._interrupted = 0  # (agreement) responses the last pause interrupted
-        self._unclaimed = False  # (agreement) the loop paused on the leader's word; this process's pause() not yet returned
+        self._agreed_pause = AgreedPause()  # (agreement) the last pause's count, until pause() returns it
         self._lock = threading.Condition()
         self._chunks: dict[str, _Chunk] = {}
         self._running: dict[str, tuple[_Chunk, Unfinished]] = {}  # engine request id -> its response
@@ -251,10 +271,7 @@ class PartialRollouts:
             while not self._paused:  # (another process: when the leader's word comes, if it has not yet)
                 self._lock.wait(timeout=1.0)
                 self._raise_error()
-            if not self._unclaimed:  # paused already by an earlier call
-                return 0
-            self._unclaimed = False
-            return self._interrupted
+            return self._agreed_pause.claim()
 
     def resume(self, version: int | None = None) -> None:
         """Continue every interrupted response (prompt + its tokens so far) with the engine's weights,
@@ -264,7 +281,7 @@ class PartialRollouts:
             if version is not None:
                 self._version = version
             self._paused = False
-            self._unclaimed = False
+            self._agreed_pause.resumed()
             self._fill()
             self._lock.notify_all()
 
@@ -416,8 +433,7 @@ class PartialRollouts:
                         self._waiting.extend((chunk, r) for r in chunk.responses)
                         self._admitted += 1
                     if what == PAUSE:
-                        self._interrupted = self._interrupt()
-                        self._unclaimed = True
+                        self._agreed_pause.paused(self._interrupt())
                         self._pause_wanted = False
                         self._lock.notify_all()
                         continue

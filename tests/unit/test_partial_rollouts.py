@@ -275,3 +275,15 @@ def test_a_pause_that_reaches_the_other_process_after_the_leaders_word_returns_t
     for g in (leader, other):
         g.close()
     assert outs[0].response_ids == outs[1].response_ids
+
+
+def test_an_agreed_pause_hands_its_count_to_the_first_call_only():
+    from grpo_dist.rollout.partial import AgreedPause
+
+    p = AgreedPause()
+    assert p.claim() == 0  # no pause yet
+    p.paused(4)
+    assert (p.claim(), p.claim()) == (4, 0)
+    p.paused(2)
+    p.resumed()  # resumed before this process's call came: that call finds the engine running, not paused
+    assert p.claim() == 0
