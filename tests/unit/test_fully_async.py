@@ -43,6 +43,16 @@ def fully_async(staleness: float, trigger: int, partial: bool | None = False) ->
     return keys if partial is None else (*keys, f"async_training.partial_rollout={str(partial).lower()}")
 
 
+# ---- verl's v1 spelling: trainer.v1.trainer_mode=separate_async -----------------------------------------------
+V1 = ("trainer.v1.trainer_mode=separate_async", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
+      "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=1",
+      "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+
+
+def v1(warmup: int, *more: str) -> tuple[str, ...]:
+    return (*V1, f"trainer.v1.separate_async.num_warmup_batches={warmup}", *more)
+
+
 class Engines:
     """The rollout engines as the driver sees them: chunks started (step, the engines' version, the prompts), waited
     for, weight syncs (the version sent); ``gen_s`` / the trainer's ``train_s`` slow either side down. At every start
@@ -284,23 +294,24 @@ def test_partial_rollouts_are_on_where_the_engine_can_interrupt_requests(overrid
     ((*OFF, "async_training.require_batches=1", "filter.filter_function_name=filter_dapo"),
      ["filter.filter_function_name", "dummy filter"]),
     ((*OFF, "async_training.trigger_parameter_sync_step=2", "algorithm.filter_groups.enable=true",
-      "algorithm.filter_groups.metric=acc"), ["algorithm.filter_groups.enable"]),
+      "algorithm.filter_groups.metric=acc"), ["algorithm.filter_groups.enable"]),    # verl's v1 spelling
+    ((*V1, "data.train_batch_size=4"), ["data.train_batch_size", "parameter_sync_step", "1 x 2 = 2"]),
+    (v1(9), ["num_warmup_batches", "max_off_policy_threshold=8"]),
+    (v1(1, "async_training.staleness_threshold=1"), ["trainer.v1.trainer_mode", "async_training", "one of the two"]),
+    (v1(1, "actor_rollout_ref.hybrid_engine=false"), ["actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.nnodes"]),
+    (v1(1, "rollout.total_rollout_steps=8"), ["rollout.total_rollout_steps", "trainer.total_training_steps"]),
+    (("actor_rollout_ref.rollout.nnodes=1",), ["actor_rollout_ref.rollout.nnodes", "separate_async"]),
+    (v1(1, "actor_rollout_ref.rollout.nnodes=0"), ["actor_rollout_ref.rollout.nnodes"]),
+    (v1(1, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"),
+     ["algorithm.filter_groups.enable", "trainer.v1.trainer_mode=sync"]),
+    (v1(1, "trainer.v1.trainer_mode=fast"), ["trainer.v1.trainer_mode", "'fast'", "separate_async"]),
+    (v1(1, "trainer.v1.sampler.max_off_policy_strategy=keep"), ["max_off_policy_strategy", "drop or wait"]),
 ])
 def test_what_the_mode_cannot_take_is_refused_with_one_message(overrides, needles):
     msg = refused(*overrides)
     assert "\n" not in msg
     for needle in needles:
         assert needle in msg, (needle, msg)
-
-
-# ---- verl's v1 spelling: trainer.v1.trainer_mode=separate_async -----------------------------------------------
-V1 = ("trainer.v1.trainer_mode=separate_async", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.nnodes=1",
-      "actor_rollout_ref.rollout.n_gpus_per_node=1", "trainer.v1.separate_async.parameter_sync_step=1",
-      "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
-
-
-def v1(warmup: int, *more: str) -> tuple[str, ...]:
-    return (*V1, f"trainer.v1.separate_async.num_warmup_batches={warmup}", *more)
 
 
 @pytest.mark.parametrize("warmup", [0, 1, 2])
@@ -351,26 +362,6 @@ def test_v1_separate_async_refuses_a_chunk_older_than_its_threshold(tmp_path):
     trainer.plan = replace(trainer.plan, fully_async=replace(trainer.plan.fully_async, age_limit=1))
     with pytest.raises(RuntimeError, match=r"max_off_policy_threshold=1"):
         run_steps(trainer, 5)
-
-
-@pytest.mark.parametrize("overrides,needles", [
-    ((*V1, "data.train_batch_size=4"), ["data.train_batch_size", "parameter_sync_step", "1 x 2 = 2"]),
-    (v1(9), ["num_warmup_batches", "max_off_policy_threshold=8"]),
-    (v1(1, "async_training.staleness_threshold=1"), ["trainer.v1.trainer_mode", "async_training", "one of the two"]),
-    (v1(1, "actor_rollout_ref.hybrid_engine=false"), ["actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.nnodes"]),
-    (v1(1, "rollout.total_rollout_steps=8"), ["rollout.total_rollout_steps", "trainer.total_training_steps"]),
-    (("actor_rollout_ref.rollout.nnodes=1",), ["actor_rollout_ref.rollout.nnodes", "separate_async"]),
-    (v1(1, "actor_rollout_ref.rollout.nnodes=0"), ["actor_rollout_ref.rollout.nnodes"]),
-    (v1(1, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"),
-     ["algorithm.filter_groups.enable", "trainer.v1.trainer_mode=sync"]),
-    (v1(1, "trainer.v1.trainer_mode=fast"), ["trainer.v1.trainer_mode", "'fast'", "separate_async"]),
-    (v1(1, "trainer.v1.sampler.max_off_policy_strategy=keep"), ["max_off_policy_strategy", "drop or wait"]),
-])
-def test_what_v1_separate_async_cannot_take_is_refused_with_one_message(overrides, needles):
-    msg = refused(*overrides)
-    assert "\n" not in msg
-    for needle in needles:
-        assert needle in msg, (needle, msg)
 
 
 @pytest.mark.parametrize("overrides,warned", [
