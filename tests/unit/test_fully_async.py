@@ -294,7 +294,8 @@ def test_partial_rollouts_are_on_where_the_engine_can_interrupt_requests(overrid
     ((*OFF, "async_training.require_batches=1", "filter.filter_function_name=filter_dapo"),
      ["filter.filter_function_name", "dummy filter"]),
     ((*OFF, "async_training.trigger_parameter_sync_step=2", "algorithm.filter_groups.enable=true",
-      "algorithm.filter_groups.metric=acc"), ["algorithm.filter_groups.enable"]),    # verl's v1 spelling
+      "algorithm.filter_groups.metric=acc"), ["algorithm.filter_groups.enable"]),
+    # verl's v1 spelling
     ((*V1, "data.train_batch_size=4"), ["data.train_batch_size", "parameter_sync_step", "1 x 2 = 2"]),
     (v1(9), ["num_warmup_batches", "max_off_policy_threshold=8"]),
     (v1(1, "async_training.staleness_threshold=1"), ["trainer.v1.trainer_mode", "async_training", "one of the two"]),
