@@ -18,9 +18,13 @@ from tests.e2e.test_resume_e2e import COMPARE
 
 pytestmark = pytest.mark.slow
 VAL = "val-core/grpo_dist/reverse/acc/mean@1"
+# the engines' sampling log-probs as the old log-probs (rollout correction's bypass mode), as verl's one-step-off
+# config sets: with the actor's recomputed ones and no correction the run learns about half as much per sample, and
+# how much depends on the machine's base model (docs/async.md, "What staleness costs in learning")
 ONE_STEP_OFF = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
                 "rollout.n_gpus_per_node=1", "trainer.total_training_steps=10", "trainer.test_freq=10",
-                "trainer.save_freq=5", "trainer.progress_bar=false", "trainer.logger=[console,file]"]
+                "trainer.save_freq=5", "trainer.progress_bar=false", "trainer.logger=[console,file]",
+                "algorithm.rollout_correction.bypass_mode=true"]
 
 
 def test_one_step_off_learns_and_resumes_exactly(embedded_model, tmp_path):
@@ -29,7 +33,7 @@ def test_one_step_off_learns_and_resumes_exactly(embedded_model, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     m = read_metrics(out)
     # the default job's task and model, the step overlapped with generation: held-out accuracy rises as in
-    # the synchronous run (measured there: 0.12 -> 0.41 in 10 steps)
+    # the synchronous run (measured on 3 seeds: 0.10 -> 0.38 in 10 steps with bypass mode, 0.44 colocated)
     assert m[10][VAL] > m[0][VAL] + 0.1, (m[0][VAL], m[10][VAL])
     # every step after the first trains on samples of the policy one update behind, never older
     assert [m[s]["training/sample_age"] for s in range(1, 11)] == [0.0] + [1.0] * 9
