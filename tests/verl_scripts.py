@@ -735,7 +735,9 @@ SCRIPTS = {
 }
 """The scripts kept here; ``RUN_ON_CPU`` are the ones the end-to-end test trains for two steps."""
 
-RUN_ON_CPU = ("early_gspo", "early_reinforce_pp", "current_grpo", "fully_async_dapo")
+RUN_ON_CPU = ("early_gspo", "early_reinforce_pp", "current_grpo", "fully_async_dapo", "v1_separate_async")
+GENERATED_AHEAD = ("fully_async_dapo", "v1_separate_async")
+"""The scripts whose rollout runs on devices of its own, generating ahead of the trainer."""
 
 
 def script_args(script: dict, *, cpu: bool, **paths: str) -> list[str]:

@@ -11,7 +11,9 @@ One run per script, started once and shared by the tests below:
 - ``current_grpo``: the current GRPO script (two data files each, balance_batch, the uv launcher key),
   with its rollout tensor parallelism of 2: both CPU ranks hold one vLLM engine (vLLM's external
   launcher over gloo; a GPU runs the same code over NCCL). This run also asks for the engine's
-  log-probs and a table of validation generations, to check the sharded engine."""
+  log-probs and a table of validation generations, to check the sharded engine;
+- ``fully_async_dapo``: verl's fully asynchronous DAPO script (``async_training.*``);
+- ``v1_separate_async``: verl's v1 trainer in its separate_async mode (its test script)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import time
 import pytest
 
 from tests.e2e.helpers import read_metrics, run_main
-from tests.verl_scripts import RUN_ON_CPU, SCRIPTS, script_args
+from tests.verl_scripts import GENERATED_AHEAD, RUN_ON_CPU, SCRIPTS, script_args
 
 pytestmark = pytest.mark.slow
 ACTOR = ["actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/lr", "critic/score/mean", "response_length/mean",
@@ -63,7 +65,7 @@ def test_the_script_trains_two_steps(runs, name):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     m = read_metrics(folder)
     assert [s for s in sorted(m) if s > 0] == [1, 2]
-    keys = [AHEAD.get(k, k) for k in ACTOR] if name.startswith("fully_async") else ACTOR
+    keys = [AHEAD.get(k, k) for k in ACTOR] if name in GENERATED_AHEAD else ACTOR
     for step in (1, 2):
         missing = [k for k in keys if k not in m[step]]
         assert not missing, f"step {step} lacks {missing}"
@@ -107,6 +109,21 @@ def test_the_fully_async_script_generates_ahead_through_agent_loops_with_partial
     for s in (1, 2):
         assert "agent/model_token_ratio" in m[s] and "fully_async/partial/partial_ratio" in m[s]
         assert m[s]["fully_async/count/current_param_version"] == s - 1
+
+
+def test_the_v1_separate_async_script_generates_ahead_on_its_standalone_rollout_devices(runs):
+    """verl's v1 separate_async script (trainer.v1.trainer_mode=separate_async, one batch generated beyond the one
+    trained, agent loops, bypass_mode=False): the rollout runs on its own rank (actor_rollout_ref.rollout.*), step 2
+    trains a batch sampled one update earlier, partial rollouts are on, and the run warns that nothing corrects the
+    stale samples' ratio (a run on the training rank's engine would sample every batch with the current weights)."""
+    folder, proc, _ = runs["v1_separate_async"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "separate_async (verl's v1 trainer mode)" in proc.stdout
+    assert "warning: samples are trained up to 1 update(s) after the weights that sampled them" in proc.stdout
+    m = read_metrics(folder)
+    assert [m[s]["training/sample_age"] for s in (1, 2)] == [0, 1]
+    for s in (1, 2):
+        assert "agent/model_token_ratio" in m[s] and "fully_async/partial/partial_ratio" in m[s]
 
 
 def test_the_tensor_parallel_engine_holds_the_trainers_policy(runs):
