@@ -37,7 +37,7 @@ from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.agents.collect import agent_row
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
-from grpo_dist.rollout.partial import partial_metrics
+from grpo_dist.rollout.partial import off_policy_metrics, partial_metrics
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import checkpoint, validation
 from grpo_dist.trainer.dynamic_sampling import step_sampler
@@ -274,8 +274,12 @@ class GRPOTrainer:
         m.update({"training/sample_age": float(age), "fully_async/queue_size": float(len(self.queue)),
                   "fully_async/count/stale_samples_processed": float(self.stale_samples),
                   "fully_async/count/current_param_version": float(self.policy_version)})
-        if "rollout_versions" in batch:  # partial rollouts: responses whose tokens more than one version sampled
-            m.update(partial_metrics(batch["rollout_versions"]))
+        versions = batch["rollout_versions"] if "rollout_versions" in batch else None
+        if versions is not None:  # partial rollouts: responses whose tokens more than one version sampled
+            m.update(partial_metrics(versions))
+        else:  # every token sampled by the chunk's version
+            versions = torch.full((len(batch), 1), chunk.version, dtype=torch.long)
+        m.update(off_policy_metrics(versions.long(), current=self.policy_version, started=chunk.version))
         with timer("reward"):
             batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats

@@ -154,3 +154,6 @@ def test_partial_rollouts_interrupt_generation_at_every_sync(mode, tiny_model_di
     assert sum(m[s]["fully_async/partial/interrupted"] for s in range(1, steps)) > 0
     assert sum(m[s]["fully_async/partial/total_partial_num"] for s in trained) > 0
     assert max(m[s]["fully_async/partial/max_partial_span"] for s in trained) == 1
+    # verl's v1 names for the same: a response sampled across two versions, none lagging more than the bound
+    assert max(m[s]["training/off_policy/trajectory_spans/max"] for s in trained) == 2
+    assert all(m[s]["training/off_policy/trajectory_staleness_worst/max"] <= 1 for s in trained)

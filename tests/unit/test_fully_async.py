@@ -332,9 +332,14 @@ def test_v1_separate_async_runs_the_fully_async_schedule_it_names(tmp_path, warm
     assert plan_v1.fully_async.max_ahead == warmup + 1 and plan_v1.fully_async.partial_rollout
     trainers = [make(tmp_path / name, *keys, steps=5) for name, keys in
                 (("v1", v1(warmup)), ("async", same))]
-    ages = [[m["training/sample_age"] for m in run_steps(t, 5)] for t, _ in trainers]
+    metrics = [run_steps(t, 5) for t, _ in trainers]
+    ages = [[m["training/sample_age"] for m in ms] for ms in metrics]
     assert trainers[0][1].events == trainers[1][1].events and ages[0] == ages[1]
     assert max(ages[0]) == warmup
+    # verl's v1 off-policy metrics: every token of a chunk sampled by its version (these stand-ins are not partial)
+    for m in metrics[0]:
+        assert m["training/off_policy/trajectory_staleness/max"] == m["training/sample_age"]
+        assert m["training/off_policy/trajectory_spans/max"] == 1.0
 
 
 def test_v1_separate_async_places_the_rollout_on_its_standalone_devices():

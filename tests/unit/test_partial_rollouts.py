@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grpo_dist.rollout.base import SamplingSettings
-from grpo_dist.rollout.partial import PartialRollouts, continuation_seed, partial_metrics
+from grpo_dist.rollout.partial import PartialRollouts, continuation_seed, off_policy_metrics, partial_metrics
 
 
 class SteppedEngine:
@@ -169,6 +169,18 @@ def test_partial_metrics_by_hand():
     m = partial_metrics(versions)
     assert m == {"fully_async/partial/total_partial_num": 2.0, "fully_async/partial/partial_ratio": 0.5,
                  "fully_async/partial/max_partial_span": 3.0}
+
+
+def test_verls_v1_off_policy_metrics_by_hand():
+    """Trained by version 4: newest versions 1, 2, 3 and (empty, its chunk started at 1) 1; oldest 0, 2, 0, 1."""
+    versions = torch.tensor([[0, 0, 1, -1], [2, 2, 2, 2], [0, 1, 1, 3], [-1, -1, -1, -1]])
+    m = off_policy_metrics(versions, current=4, started=1)
+    spans, stale, worst = [2, 1, 4, 1], [3, 2, 1, 3], [4, 2, 4, 3]
+    for name, values in (("trajectory_spans", spans), ("trajectory_staleness", stale),
+                         ("trajectory_staleness_worst", worst)):
+        assert m[f"training/off_policy/{name}/mean"] == sum(values) / 4
+        assert (m[f"training/off_policy/{name}/max"], m[f"training/off_policy/{name}/min"]) == (max(values), min(values))
+    assert len(m) == 9
 
 
 class QueueAgreement:
