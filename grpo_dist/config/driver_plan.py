@@ -149,6 +149,10 @@ class DriverPlan:
     # weight sync
     sync_dtype: str
     sync_bucket_bytes: int
+    sync_backend: str
+    """verl's ``checkpoint_engine.backend``: ``naive`` or ``nccl`` (:func:`grpo_dist.trainer.weight_sync.choose_transport`)."""
+    sync_timeout_s: float
+    """How long the ``nccl`` backend's broadcasts may wait (``actor_rollout_ref.nccl_timeout``)."""
     # the loop, checkpoints, logging
     max_consecutive_nonfinite_steps: int
     checkpoint_root: str
@@ -244,6 +248,8 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         critic_warmup=t.critic_warmup,
         sync_dtype=compute_dtype(rollout.dtype, device),
         sync_bucket_bytes=int(rollout.checkpoint_engine.update_weights_bucket_megabytes) * 2**20,
+        sync_backend=rollout.checkpoint_engine.backend,
+        sync_timeout_s=float(arr.nccl_timeout),
         max_consecutive_nonfinite_steps=t.max_consecutive_nonfinite_steps,
         checkpoint_root=t.default_local_dir,
         export_hf_every_checkpoint="hf_model" in save,

@@ -32,7 +32,7 @@ from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.data import TRUNCATION_MODES, as_path_list
-from grpo_dist.rollout import ENGINE_NAMES
+from grpo_dist.rollout import ENGINE_NAMES, WEIGHT_SYNC_BACKENDS
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS, LoraSettings
 
@@ -79,6 +79,14 @@ def _check_rollout_extras(cfg: GRPOConfig) -> None:
     r = cfg.actor_rollout_ref.rollout
     pre = "actor_rollout_ref.rollout."
     check_agents(cfg)
+    backend = r.checkpoint_engine.backend
+    if backend not in WEIGHT_SYNC_BACKENDS:
+        where = {"hccl": "Ascend NPUs' HCCL", "nixl": "the NIXL transfer library", "mooncake": "Mooncake's transfer engine",
+                 "kimi_ckpt_engine": "Mooncake's transfer engine", "delta_sharded": "SGLang's rollout"}.get(backend)
+        raise _bad(pre + "checkpoint_engine.backend", backend,
+                   (f"verl's {backend} backend needs {where}, which grpo_dist does not run; " if where else "") +
+                   "valid: naive (CUDA IPC into an engine on the actor's GPU, else Ray's object store) or nccl (actor "
+                   "rank 0 broadcasts to the rollout ranks: NCCL on GPUs, gloo on the CPU)")
     vllm_kwargs = {k: v for k, v in r.engine_kwargs.vllm.items() if v is not None}
     if vllm_kwargs and r.name != "vllm":
         raise _bad(pre + "engine_kwargs.vllm", vllm_kwargs, f"they are vLLM's arguments, but rollout.name={r.name}; "

@@ -26,6 +26,7 @@ __all__ = [
     "BACKENDS",
     "resolve_backend",
     "init_process_group",
+    "open_side_group",
     "make_device_mesh",
     "destroy",
     "free_port",
@@ -81,28 +82,59 @@ def init_process_group(
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
     timeout = datetime.timedelta(seconds=timeout_s)
-    ip = _ip_literal(master_addr)
-    if ip is None:  # a host name: torch's own rendezvous
+    if _ip_literal(master_addr) is None:  # a host name: torch's own rendezvous
         dist.init_process_group(backend=resolved, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                 world_size=world_size, timeout=timeout)
         return resolved
-    if ip.is_loopback and resolved == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME"):
-        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
-    if rank == 0:
-        listener = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((master_addr, master_port))
-        listener.listen(max(128, world_size))
-        _LISTENERS.append(listener)  # the store serves on this socket for the life of the process
-        store = dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout,
-                              wait_for_workers=False, master_listen_fd=listener.fileno())
-    else:
-        store = dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    store = _store(resolved, rank, world_size, master_addr, master_port, timeout)
     dist.init_process_group(backend=resolved, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return resolved
 
 
+def _store(backend: str, rank: int, size: int, master_addr: str, master_port: int,
+           timeout: datetime.timedelta) -> dist.TCPStore:
+    """The rendezvous store of a group whose rank 0 listens at ``master_addr:master_port`` (an IP literal): rank 0
+    binds that address alone; gloo on a loopback address connects over the loopback interface."""
+    ip = _ip_literal(master_addr)
+    if ip is None:
+        raise ValueError(f"expected an IP address for the rendezvous, got {master_addr!r}")
+    if ip.is_loopback and backend == "gloo" and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, size, is_master=False, timeout=timeout)
+    listener = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((master_addr, master_port))
+    listener.listen(max(128, size))
+    _LISTENERS.append(listener)  # the store serves on this socket for the life of the process
+    return dist.TCPStore(master_addr, master_port, size, is_master=True, timeout=timeout,
+                         wait_for_workers=False, master_listen_fd=listener.fileno())
+
+
 _LISTENERS: list[socket.socket] = []
+
+
+def open_side_group(*, backend: str, rank: int, size: int, master_addr: str, master_port: int,
+                    timeout_s: float = 600) -> dist.ProcessGroup:
+    """Collective: a process group of ``size`` processes apart from their default groups, for processes of
+    different worlds (the weight sync's: the actor's rank 0 and every rollout rank, each of which already
+    belongs to its own role's default group). Rank 0 hosts the rendezvous at ``master_addr:master_port``
+    (an IP literal); every rank must call this within ``timeout_s``. ``backend``: ``"gloo"`` (CPU tensors)
+    or ``"nccl"`` (CUDA tensors on each process's current device; no two ranks on one GPU).
+
+    Use the returned group's own methods (``group.broadcast(tensor, root).wait()``); it is not registered
+    with ``torch.distributed``'s functional API."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"a side group's backend is gloo or nccl, got {backend!r}")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank must be in [0, {size}), got {rank}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = _store(backend, rank, size, master_addr, master_port, timeout)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, size, options)
 
 
 def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -56,6 +56,12 @@ ENGINES: dict[str, EngineSpec] = {
 }
 ENGINE_NAMES: tuple[str, ...] = tuple(ENGINES)
 
+#: verl's ``actor_rollout_ref.rollout.checkpoint_engine.backend`` values the weight sync runs
+#: (:func:`grpo_dist.trainer.weight_sync.choose_transport`): ``naive`` (a CUDA IPC handle into an engine on
+#: the actor's GPU, else Ray's object store) and ``nccl`` (a broadcast over a process group of the actor's
+#: rank 0 and the rollout ranks: NCCL on GPUs, gloo on the CPU).
+WEIGHT_SYNC_BACKENDS: tuple[str, ...] = ("naive", "nccl")
+
 
 def make_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """Build the rollout engine ``name`` with the engine's keyword arguments (see

@@ -7,7 +7,7 @@ name. One buffer per bucket instead of one object per tensor keeps the per-tenso
 CUDA IPC handle opening, Ray object bookkeeping) out of the sync, and the bucket size bounds the
 extra device memory the gathered copy takes.
 
-Two transports carry a buffer:
+Three transports carry a buffer:
 
 - ``"object_store"``: the buffer (a CPU tensor) goes through Ray's object store. Works everywhere,
   across nodes too; costs a device-to-host copy, the store write and the reader's copy.
@@ -15,6 +15,9 @@ Two transports carry a buffer:
   bytes); the rollout worker maps the same memory and copies from it on the device. Needs the actor
   rank and the rollout rank on the same physical GPU (colocated), which the driver checks by GPU
   UUID before it picks this transport.
+- ``"broadcast"`` (verl's ``checkpoint_engine.backend=nccl``): the actor's rank 0 broadcasts the buffer over a
+  process group spanning it and every rollout rank (:func:`open_sync_group`: NCCL on GPUs, device to device;
+  gloo on the CPU), each receiver into a buffer of its own. For a rollout on devices of its own, across nodes.
 
 Shapes: a bucket's ``numel`` is the sum of its entries' numels; entry ``i`` is
 ``flat[offset_i : offset_i + numel_i].view(shape_i)``.
@@ -122,6 +125,43 @@ def bucket_buffer(bucket: Bucket, raw) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(raw).view(_DTYPES[bucket.dtype])
+
+
+#: What the driver sends a rollout rank for a ``"broadcast"`` bucket (the transport's name): the bytes come over
+#: the sync group.
+BROADCAST = "broadcast"
+
+
+def open_sync_group(rank: int, size: int, master_addr: str, master_port: int, backend: str, timeout_s: float):
+    """Collective over the actor's rank 0 (``rank`` 0, hosting the rendezvous) and the ``size - 1`` rollout ranks:
+    the ``"broadcast"`` transport's process group (``backend`` nccl on GPUs, gloo on the CPU)."""
+    from grpo_dist.distributed.process_group import open_side_group
+
+    return open_side_group(backend=backend, rank=rank, size=size, master_addr=master_addr, master_port=master_port,
+                           timeout_s=timeout_s)
+
+
+def broadcast_device(group) -> torch.device:
+    """Where a broadcast buffer lives for ``group``: this process's GPU under nccl, the CPU under gloo."""
+    if group.name().lower() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def receive(bucket: Bucket, group) -> torch.Tensor:
+    """Collective (a rollout rank's side of a ``"broadcast"`` bucket): a new flat buffer of ``bucket`` holding
+    what rank 0 of ``group`` broadcast."""
+    flat = torch.empty(bucket.numel, dtype=_DTYPES[bucket.dtype], device=broadcast_device(group))
+    group.broadcast(flat, 0).wait()
+    return flat
+
+
+def send(flat: torch.Tensor, group) -> None:
+    """Collective (the actor's rank 0's side of a ``"broadcast"`` bucket): broadcast ``flat`` to ``group``."""
+    flat = flat.to(broadcast_device(group))
+    group.broadcast(flat, 0).wait()
+    if flat.is_cuda:
+        torch.cuda.synchronize()  # the buffer may be freed or reused once this returns
 
 
 def share_cuda(flat: torch.Tensor) -> tuple:

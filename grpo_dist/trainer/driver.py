@@ -133,12 +133,14 @@ class GRPOTrainer:
         self.summary.rewards = self.rewards.counts
         self.iterative = IterativeRL.from_plan(p, w.get(p.iterative.role) if p.iterative else None, actor=self.actor,
                                                reference=self.ref, device=dev, reference_dtype=p.reference_dtype)
-        self.sync = WeightSync(self.actor, self.rollout, transport=choose_transport(self.actor, self.rollout, dev),
-                               dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes)
+        self.sync = WeightSync(self.actor, self.rollout,
+                               transport=choose_transport(self.actor, self.rollout, dev, p.sync_backend),
+                               dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes, device=dev,
+                               timeout_s=p.sync_timeout_s)
         if self.sync.prepare():  # LoRA, adapters only: the engines serve the policy's adapter from the first step
             self.sync()
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
-        sync_label = self.sync.transport + (" (LoRA adapters only)" if self.sync.adapter_only else "")
+        sync_label = self.sync.label + (" (LoRA adapters only)" if self.sync.adapter_only else "")
         for line in startup_lines(p.compute_dtype, p.startup_warning, dev, world, placement, sync_label,
                                         w.model_notes):
             print(f"grpo_dist: {line}", flush=True)

@@ -10,6 +10,9 @@ The pieces it drives live with the workers: bucket planning, packing and unpacki
    every rollout rank loads it:
    - ``cuda_ipc`` (actor rank r and rollout rank r share a GPU): rank r's buffer by CUDA IPC handle;
    - ``object_store``: actor rank 0 puts its buffer in Ray's object store, every rollout rank maps it;
+   - ``broadcast`` (verl's ``checkpoint_engine.backend=nccl``): actor rank 0 broadcasts its buffer over a
+     process group spanning it and every rollout rank (NCCL on GPUs, gloo on the CPU), opened once by
+     :meth:`WeightSync.prepare`; the rollout ranks' loads are running as it does;
 3. engines that load all weights at once do so (``finish_load``); the actor ranks drop their buffers.
 
 With LoRA and ``lora.merge=false`` the buckets hold the adapter factors alone and ``finish_load`` loads them as
@@ -21,31 +24,84 @@ is tested with stand-in groups (tests/unit/test_weight_sync_protocol.py).
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
+from grpo_dist.distributed.worker_group import BROKEN_LINK_NOTE, PEER_GRACE_S
+from grpo_dist.rollout import WEIGHT_SYNC_BACKENDS
 from grpo_dist.workers.common import unwrap_timed
 
-TRANSPORTS = ("cuda_ipc", "object_store")
+TRANSPORTS = ("cuda_ipc", "object_store", "broadcast")
+
 
 
 class Group(Protocol):
     def call(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None) -> list: ...
 
+    def call_later(self, method: str, *args: Any, per_rank: Sequence[tuple] | None = None) -> Callable[[], list]: ...
+
     def __len__(self) -> int: ...
 
 
-def choose_transport(actor: Group, rollout: Group, device: str) -> str:
+def choose_transport(actor: Group, rollout: Group, device: str, backend: str = "naive") -> str:
     """``cuda_ipc`` when every actor rank shares its GPU with the rollout rank of the same index
-    (checked by device UUID) in another process, else ``object_store``. Two roles of one process
+    (checked by device UUID) in another process; otherwise ``broadcast`` when ``backend`` (verl's
+    ``checkpoint_engine.backend``) is ``nccl``, else ``object_store``. Two roles of one process
     (the reference reset: actor and reference live in the rank's model worker) use the object store,
-    since CUDA cannot open an IPC handle in the process that made it."""
+    since CUDA cannot open an IPC handle in the process that made it, nor can a process broadcast to itself."""
+    if backend not in WEIGHT_SYNC_BACKENDS:
+        raise ValueError(f"weight sync backend {backend!r} unknown; valid: {', '.join(WEIGHT_SYNC_BACKENDS)}")
     same_process = getattr(actor, "shares_processes_with", None)
-    if device != "cuda" or (same_process is not None and same_process(rollout)):
+    if same_process is not None and same_process(rollout):
         return "object_store"
-    actor_gpus, rollout_gpus = actor.call("gpu_uuid"), rollout.call("gpu_uuid")
-    same = len(actor_gpus) == len(rollout_gpus) and all(a is not None and a == b for a, b in zip(actor_gpus, rollout_gpus))
-    return "cuda_ipc" if same else "object_store"
+    if device == "cuda":
+        actor_gpus, rollout_gpus = actor.call("gpu_uuid"), rollout.call("gpu_uuid")
+        if len(actor_gpus) == len(rollout_gpus) and all(a is not None and a == b for a, b in zip(actor_gpus, rollout_gpus)):
+            return "cuda_ipc"  # NCCL cannot join two ranks on one GPU; the IPC handle copies nothing
+    return "broadcast" if backend == "nccl" else "object_store"
+
+
+def _together(*waits: Callable[[], list]) -> list[list]:
+    """The results of calls started together that wait on each other (one collective spans their groups), in
+    order. The first to fail is raised at once (the others would wait for the failed side until their deadline),
+    unless its collective was broken by its peer's end: then a failure of the other side that follows within a
+    few seconds (the peer's own, which says more) is raised instead."""
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(k: int, wait: Callable[[], list]) -> None:
+        try:
+            done.put((k, wait(), None))
+        except BaseException as exc:  # noqa: BLE001 (handed to the caller's thread)
+            done.put((k, None, exc))
+
+    for k, wait in enumerate(waits):
+        threading.Thread(target=run, args=(k, wait), name=f"weight-sync-wait-{k}", daemon=True).start()
+
+    def next_done(until: float | None) -> tuple | None:
+        while until is None or time.monotonic() < until:
+            try:  # a timeout keeps the main thread's signal handlers running
+                return done.get(timeout=1.0 if until is None else max(0.01, min(1.0, until - time.monotonic())))
+            except queue.Empty:
+                continue
+        return None
+
+    results: list = [None] * len(waits)
+    for n in range(len(waits)):
+        k, value, exc = next_done(None)
+        if exc is not None:
+            if BROKEN_LINK_NOTE in str(exc):
+                until = time.monotonic() + PEER_GRACE_S
+                for _ in range(len(waits) - n - 1):
+                    other = next_done(until)
+                    if other is None:
+                        break
+                    if other[2] is not None and BROKEN_LINK_NOTE not in str(other[2]):
+                        raise other[2]
+            raise exc
+        results[k] = value
+    return results
 
 
 class WeightSync:
@@ -56,23 +112,42 @@ class WeightSync:
         transport: one of :data:`TRANSPORTS` (see :func:`choose_transport`).
         dtype: the engine's weight dtype name (floating tensors are cast on the actor side).
         bucket_bytes: the most bytes gathered and sent at once.
+        device: ``"cuda"`` or ``"cpu"``: the ``broadcast`` group's backend is nccl on GPUs, gloo on the CPU.
+        timeout_s: how long the ``broadcast`` group's collectives may wait (the actor's collective timeout).
     """
 
-    def __init__(self, actor: Group, rollout: Group, *, transport: str, dtype: str, bucket_bytes: int) -> None:
+    def __init__(self, actor: Group, rollout: Group, *, transport: str, dtype: str, bucket_bytes: int,
+                 device: str = "cpu", timeout_s: float = 600.0) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"weight sync transport {transport!r} unknown; valid: {', '.join(TRANSPORTS)}")
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.actor, self.rollout = actor, rollout
         self.transport, self.dtype, self.bucket_bytes = transport, dtype, bucket_bytes
+        self.group_backend = "nccl" if device == "cuda" else "gloo"
+        self.timeout_s = timeout_s
+        self._group_open = False
         self.adapter_only = False
         self.last_bytes = 0
         """Bytes the last sync sent each engine (the buckets' sizes: the weights, or the adapters alone)."""
 
+    @property
+    def label(self) -> str:
+        """The transport as the start-up lines name it (``broadcast`` with its group's backend)."""
+        return f"broadcast over {self.group_backend}" if self.transport == "broadcast" else self.transport
+
     def prepare(self) -> bool:
-        """Once, before the first sync: when the actor sends LoRA adapters only (``lora.merge=false``), tell
+        """Once, before the first sync: open the ``broadcast`` transport's process group (the actor's rank 0 and
+        every rollout rank, in that order); when the actor sends LoRA adapters only (``lora.merge=false``), tell
         every rollout rank their configuration, so that each sync loads them as the engine's adapter. Returns
         whether the sync is adapter-only (the engines then serve the adapter only after a first sync)."""
+        if self.transport == "broadcast" and not self._group_open:
+            addr, port = self.actor.call("address")[0]
+            size, how = 1 + len(self.rollout), (self.group_backend, self.timeout_s)
+            _together(self.actor.call_later("open_sync_group", addr, port, size, *how),
+                      self.rollout.call_later("open_sync_group",
+                                              per_rank=[(addr, port, 1 + i, size, *how) for i in range(len(self.rollout))]))
+            self._group_open = True
         config = self.actor.call("adapter_config")[0]
         if config is not None:
             self.rollout.call("set_adapter_config", config)
@@ -83,8 +158,8 @@ class WeightSync:
         """Run one sync. Returns where the time went, in seconds, keyed by name under ``timing_s/``:
 
         - ``update_weights/gather``: actor ranks gathering and packing (slowest rank, summed over buckets);
-        - ``update_weights/transfer``: moving the buffers (``ray.put`` or the IPC handles) and the Ray
-          calls' time outside the workers' bodies;
+        - ``update_weights/transfer``: moving the buffers (``ray.put``, the IPC handles or the broadcast) and
+          the Ray calls' time outside the workers' bodies;
         - ``update_weights/load``: the engines loading (slowest rank);
         - ``update_weights/worker``: busy time inside the workers (gather, put, wake-up and load).
         """
@@ -94,10 +169,19 @@ class WeightSync:
         _, wake_s = unwrap_timed(self.rollout.call("wake_up"))
         put_s = load_s = 0.0
         for i, bucket in enumerate(plans[0]):
-            outs, busy_s = unwrap_timed(self.actor.call("sync_bucket", i, self.transport))
+            if self.transport == "broadcast":  # rank 0 sends while the rollout ranks receive
+                gathered, loads = _together(
+                    self.actor.call_later("sync_bucket", i, self.transport),
+                    self.rollout.call_later("load_bucket", per_rank=[(bucket, "broadcast")] * len(self.rollout)))
+                load_s += max(r.busy_s - r.value for r in loads)  # less the wait for the bytes (the transfer)
+                outs, actor_busy_s = unwrap_timed(gathered)
+            else:
+                outs, actor_busy_s = unwrap_timed(self.actor.call("sync_bucket", i, self.transport))
             bucket_put_s = max(p for _, p in outs)
-            gather_s += busy_s - bucket_put_s
+            gather_s += actor_busy_s - bucket_put_s
             put_s += bucket_put_s
+            if self.transport == "broadcast":
+                continue
             if self.transport == "cuda_ipc":
                 per_rank = [(bucket, handle) for handle, _ in outs]
             else:

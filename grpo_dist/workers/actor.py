@@ -25,6 +25,7 @@ class ActorWorker(ModelShell):
         super().__init__(rank=rank, world_size=world_size, device=device, num_threads=num_threads)
         self._sync_buckets: list | None = None  # the weight sync in progress (sync_begin .. sync_end)
         self._sync_buffer: torch.Tensor | None = None
+        self._sync_group: Any = None  # rank 0's process group with the rollout ranks (the "broadcast" transport)
 
     @timed
     def compute_log_prob(self, data: dict[str, torch.Tensor], micro_batch_size: int | None,
@@ -52,9 +53,10 @@ class ActorWorker(ModelShell):
         bucket or :meth:`sync_end`. ``object_store``: rank 0 puts a CPU copy (its bytes, as a numpy
         array) in Ray's object store and
         returns ``[ObjectRef]`` (in a list, so the driver passes the reference on without fetching
-        the data); the other ranks return None.
+        the data); the other ranks return None. ``broadcast``: rank 0 broadcasts the buffer over the sync
+        group (:meth:`open_sync_group`) while the rollout ranks receive it, and returns None.
         """
-        from grpo_dist.rollout.weight_sync import share_cuda
+        from grpo_dist.rollout.weight_sync import send, share_cuda
 
         self._sync_buffer = None  # the previous bucket is loaded by now
         flat = self.model.pack_weight_bucket(self._sync_buckets[index])
@@ -64,10 +66,24 @@ class ActorWorker(ModelShell):
         if self.rank != 0:
             return None, 0.0
         t0 = time.perf_counter()
+        if transport == "broadcast":
+            if self._sync_group is None:
+                raise RuntimeError("the broadcast weight sync needs open_sync_group first")
+            send(flat, self._sync_group)
+            return None, time.perf_counter() - t0
         # as raw bytes in a numpy array: readers map it from the object store without a copy (a
         # pickled torch tensor would be copied again on every reader)
         ref = ray.put(flat.cpu().view(torch.uint8).numpy())
         return [ref], time.perf_counter() - t0
+
+    def open_sync_group(self, master_addr: str, master_port: int, size: int, backend: str, timeout_s: float) -> None:
+        """Collective with the rollout ranks: rank 0 joins the ``"broadcast"`` weight sync's process group as its
+        rank 0, hosting it at ``master_addr:master_port`` (this rank's :meth:`address`); the other ranks have no
+        part in it."""
+        from grpo_dist.rollout.weight_sync import open_sync_group
+
+        if self.rank == 0:
+            self._sync_group = open_sync_group(0, size, master_addr, master_port, backend, timeout_s)
 
     def adapter_config(self) -> dict | None:
         """The adapter's peft configuration when the weight sync sends LoRA adapters only, else None."""

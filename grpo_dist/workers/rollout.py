@@ -41,6 +41,7 @@ class RolloutWorker:
         startup.mark("engine built")
         self._pending: list = []  # weight-sync tensors held for an engine that loads them all at once
         self._adapter_config: dict | None = None  # set when the weight sync sends LoRA adapters only
+        self._sync_group = None  # the "broadcast" weight sync's process group with the actor's rank 0
         self._server = None  # the asynchronous server of rollout.mode=async, made on first use
         self._tokenizer = None
         self._partial = None  # the background generation of partial rollouts, made on first use
@@ -166,22 +167,39 @@ class RolloutWorker:
         ``adapter_config.json``): :meth:`finish_load` hands them to the engine's ``load_adapter``."""
         self._adapter_config = dict(config)
 
+    def open_sync_group(self, master_addr: str, master_port: int, rank: int, size: int, backend: str,
+                        timeout_s: float) -> None:
+        """Collective with the actor's rank 0: join the ``"broadcast"`` weight sync's process group as ``rank``."""
+        from grpo_dist.rollout.weight_sync import open_sync_group
+
+        self._sync_group = open_sync_group(rank, size, master_addr, master_port, backend, timeout_s)
+
     @timed
-    def load_bucket(self, bucket: Any, payload: Any) -> None:
-        """Load one bucket of the weight sync (see :mod:`grpo_dist.rollout.weight_sync`).
+    def load_bucket(self, bucket: Any, payload: Any) -> float:
+        """Load one bucket of the weight sync (see :mod:`grpo_dist.rollout.weight_sync`); returns the seconds it
+        waited for the bucket's bytes (the broadcast, which starts as the actor's rank 0 is still gathering).
 
         ``payload``: the flat CPU buffer's bytes (object store: Ray resolved the reference to a
-        read-only numpy array mapped from the store, no copy) or a CUDA IPC
-        handle of the actor's buffer on this GPU. Engines that cannot take part of the weights get
-        them all in :meth:`finish_load`.
+        read-only numpy array mapped from the store, no copy), a CUDA IPC handle of the actor's buffer
+        on this GPU, or ``BROADCAST`` (the bytes come over the sync group). Engines that cannot take part
+        of the weights get them all in :meth:`finish_load`.
         """
+        import time
+
         import torch
 
-        from grpo_dist.rollout.weight_sync import bucket_buffer, open_cuda, unpack
+        from grpo_dist.rollout.weight_sync import BROADCAST, bucket_buffer, open_cuda, receive, unpack
 
         if self._partial is not None and self._partial.active and not self._partial.paused:
             raise RuntimeError("weights sent while partial rollouts generate: pause_generation must come first")
-        flat = bucket_buffer(bucket, payload) if isinstance(payload, np.ndarray) else open_cuda(payload)
+        t0 = time.perf_counter()
+        if isinstance(payload, str) and payload == BROADCAST:
+            if self._sync_group is None:
+                raise RuntimeError("the broadcast weight sync needs open_sync_group first")
+            flat = receive(bucket, self._sync_group)
+        else:
+            flat = bucket_buffer(bucket, payload) if isinstance(payload, np.ndarray) else open_cuda(payload)
+        waited_s = time.perf_counter() - t0
         named = list(unpack(bucket, flat))
         if self._adapter_config is not None:
             self._pending.extend((name, t.clone()) for name, t in named)  # the actor may reuse its buffer
@@ -191,6 +209,7 @@ class RolloutWorker:
                 torch.cuda.synchronize()  # the actor may free or reuse its buffer once this returns
         else:
             self._pending.extend(named)
+        return waited_s
 
     @timed
     def finish_load(self) -> None:

@@ -32,7 +32,9 @@ ACTOR = ["actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/lr", "criti
 AHEAD = {"timing_s/gen": "timing_s/wait_prev_gen", "timing_s/update_weights": "fully_async/queue_size"}
 
 
-TP_CHECKS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=2"]
+# and the weights go by broadcast (verl's nccl checkpoint engine: gloo on the CPU) to both ranks of the engine
+TP_CHECKS = ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=2",
+             "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,8 @@ def test_the_v1_separate_async_script_generates_ahead_on_its_standalone_rollout_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "separate_async (verl's v1 trainer mode)" in proc.stdout
     assert "warning: samples are trained up to 1 update(s) after the weights that sampled them" in proc.stdout
+    # its nccl checkpoint engine: the actor's rank 0 broadcasts to the standalone rollout rank (gloo on the CPU)
+    assert json.loads((folder / "placement.json").read_text())["weight_sync"] == "broadcast"
     m = read_metrics(folder)
     assert [m[s]["training/sample_age"] for s in (1, 2)] == [0, 1]
     for s in (1, 2):
@@ -128,14 +132,18 @@ def test_the_v1_separate_async_script_generates_ahead_on_its_standalone_rollout_
 
 def test_the_tensor_parallel_engine_holds_the_trainers_policy(runs):
     """current_grpo's rollout runs one engine over both ranks: the engine's log-probs of its samples
-    equal the actor's, at step 2 after a weight sync into both shards (full tensors to each rank)."""
+    equal the actor's, at step 2 after a weight sync into both shards (full tensors to each rank), which the
+    actor's rank 0 broadcast to both engine ranks over a gloo group of the three (checkpoint_engine.backend=nccl)."""
     folder, proc, _ = runs["current_grpo"]
     assert proc.returncode == 0
     assert "tensor_model_parallel_size=2" in " ".join(proc.args)
     m = read_metrics(folder)
     for step in (1, 2):
         assert 0 <= m[step]["training/rollout_probs_diff_max"] < 1e-3, (step, m[step])
-    assert json.loads((folder / "placement.json").read_text())["rollout_rank_nodes"]
+        assert m[step]["perf/weight_sync_bytes"] > 0
+    placement = json.loads((folder / "placement.json").read_text())
+    assert placement["rollout_rank_nodes"] and placement["weight_sync"] == "broadcast"
+    assert "broadcast over gloo" in proc.stdout
     # validation samples come from the sharded engine too, before the first step and after the last
     rows = [json.loads(line) for line in (folder / "val_generations.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [0, 2] and all(len(r["input"]) > 0 for r in rows)

@@ -155,3 +155,20 @@ def test_val_only_rules():
         cfg_of("trainer.val_only=true", "data.val_files=null")
     with pytest.raises(ConfigError, match="trainer.log_val_generations"):
         cfg_of("trainer.log_val_generations=-1")
+
+
+# ------------------------------------------------------------------------------ checkpoint_engine.backend
+@pytest.mark.parametrize("backend, needle", [("hccl", "Ascend NPUs' HCCL"), ("nixl", "NIXL"),
+                                             ("mooncake", "Mooncake"), ("delta_sharded", "SGLang"), ("gloo", "valid: naive")])
+def test_weight_sync_backends_other_than_naive_and_nccl_are_refused_naming_the_valid_ones(backend, needle):
+    from tests.configs import refused
+
+    msg = refused(f"{R}checkpoint_engine.backend={backend}")
+    assert f"{R}checkpoint_engine.backend" in msg and needle in msg and "naive" in msg and "nccl" in msg
+
+
+@pytest.mark.parametrize("backend", ["naive", "nccl"])
+def test_the_weight_sync_backend_reaches_the_drivers_plan(backend):
+    cfg = cfg_of(f"{R}checkpoint_engine.backend={backend}", "actor_rollout_ref.nccl_timeout=77")
+    plan = resolve(cfg).driver_plan("cpu", 100)
+    assert (plan.sync_backend, plan.sync_timeout_s) == (backend, 77.0)

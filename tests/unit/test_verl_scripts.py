@@ -111,8 +111,8 @@ def test_the_v1_separate_async_script_runs_its_schedule():
     """verl's v1 separate_async script, only the module name and paths changed: 4 standalone rollout GPUs (two
     tensor-parallel engines) beside 4 training ones; a step trains its batch of parameter_sync_step 4 x 1 prompts
     and syncs, with one batch generated beyond it (num_warmup_batches 1), partial rollouts, and the actor's old
-    log-probs (bypass_mode=False); the transfer queue and the nccl checkpoint engine are named as having no
-    effect."""
+    log-probs (bypass_mode=False); the weights go by broadcast (its nccl checkpoint engine) and the transfer queue
+    is named as having no effect."""
     from grpo_dist.config.fully_async import fully_async_settings
     from grpo_dist.config.roles import ROLLOUT_POOL, pool
     from grpo_dist.config.spec import resolve
@@ -127,4 +127,5 @@ def test_the_v1_separate_async_script_runs_its_schedule():
     assert plan.total_steps == 2 and not plan.one_step_off and plan.old_logp_forward
     assert cfg.data.train_batch_size == 4 and plan.shape.num_mini_batches == 4
     notes = " ".join(noop_notes(cfg))
-    assert "transfer_queue.enable" in notes and "checkpoint_engine.backend" in notes
+    assert "transfer_queue.enable" in notes and "checkpoint_engine.backend" not in notes
+    assert plan.sync_backend == "nccl"

@@ -18,7 +18,8 @@ class ActorRolloutRefConfig:
                             "false: the rollout engines run on devices of their own (the top-level rollout.nnodes x "
                             "rollout.n_gpus_per_node) and generate the next batch while the current one trains "
                             "(one-step-off-policy, as verl's one-step-off recipe)")
-    nccl_timeout: int = F(600, "seconds a collective of the actor, reference or critic may wait before it fails")
+    nccl_timeout: int = F(600, "seconds a collective of the actor, reference or critic (and a broadcast of the nccl weight "
+                                "sync, rollout.checkpoint_engine.backend) may wait before it fails")
     model: ModelConfig = S(ModelConfig, "the policy model")
     actor: ActorConfig = S(ActorConfig, "the policy update")
     ref: RefConfig = S(RefConfig, "the frozen reference policy (created only when a KL term is used)")

@@ -20,8 +20,9 @@ VERL_ASYNC_DEFAULTS = {
 }
 """verl's defaults of the keys honoured or documented here, taken when the mode is on and a key is null."""
 
-_SYNC_CARRIES = ("the weights reach the rollout's own ranks through the existing bucketed weight sync (Ray's object "
-                 "store); verl's checkpoint engine is not needed for that")
+_SYNC_CARRIES = ("the weights reach the rollout's own ranks through the bucketed weight sync "
+                 "(actor_rollout_ref.rollout.checkpoint_engine.backend: Ray's object store, or a broadcast with nccl); "
+                 "verl's checkpoint engine is not needed for that")
 
 
 @dataclass

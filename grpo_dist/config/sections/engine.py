@@ -253,9 +253,10 @@ def router_replay_section() -> Any:
 # ---- rollout extras ------------------------------------------------------------------------------
 @dataclass
 class CheckpointEngineConfig:
-    backend: str = F("naive", "how weights reach the engine", NoOp(
-        "the weight sync is grpo_dist's own (trainer/weight_sync.py: buckets over CUDA IPC or the Ray object "
-        "store into the colocated engine); the weights the engine gets are the same"))
+    backend: str = F("naive", "how weights reach the engine: naive (a CUDA IPC handle into an engine on the "
+                     "actor's GPU, else Ray's object store) or nccl (actor rank 0 broadcasts each bucket over a "
+                     "process group spanning it and every rollout rank: NCCL on GPUs, gloo on the CPU; an engine "
+                     "on the actor's GPU still takes the IPC handle)")
     custom_backend_module: Optional[str] = F(None, "module of a custom weight-transfer backend", off_feature(
         "a custom weight-transfer backend", "leave it null"))
     engine_kwargs: Dict[str, Any] = F({}, "arguments of the weight-transfer backend", NoOp(
