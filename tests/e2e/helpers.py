@@ -11,18 +11,48 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_main(args: list[str], timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m grpo_dist.main args``, attached to the session's Ray cluster (tests/shared_ray.py) unless
-    ``env`` says where Ray is (``RAY_ADDRESS``; ``LOCAL_RAY``: a local instance of the run's own) or the
-    arguments do (``ray_kwargs.ray_init.address``)."""
+def _main_env(args: list[str], env: dict | None) -> dict:
     from tests import shared_ray
 
     env = env or {}
     own = "RAY_ADDRESS" in env or any(a.startswith("ray_kwargs.ray_init.address=") for a in args)
     cluster = {} if own else shared_ray.client_env()
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **cluster, **env)
-    return subprocess.run([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=env,
+    return dict(os.environ, PYTHONUNBUFFERED="1", **cluster, **env)
+
+
+def run_main(args: list[str], timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m grpo_dist.main args``, attached to the session's Ray cluster (tests/shared_ray.py) unless
+    ``env`` says where Ray is (``RAY_ADDRESS``; ``LOCAL_RAY``: a local instance of the run's own) or the
+    arguments do (``ray_kwargs.ray_init.address``)."""
+    return subprocess.run([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=_main_env(args, env),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def start_main(args: list[str], env: dict | None = None) -> subprocess.Popen:
+    """``python -m grpo_dist.main args`` started and left running (its output in pipes, as text), attached to Ray
+    as :func:`run_main`'s run is."""
+    return subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=_main_env(args, env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def worker_process(out: Path, title: str):
+    """A running run's worker process whose title (command line) holds ``title`` (``ray::RolloutWorker``,
+    ``ray::ModelWorker``: a rank's process of the model roles), as a ``psutil.Process``: one of the processes the
+    run's ``startup.json`` lists, so this run's, on a cluster shared with other runs too. The file is written once
+    the workers have started."""
+    import psutil
+
+    found = []
+    for name, p in json.loads((out / "startup.json").read_text())["processes"].items():
+        try:
+            process = psutil.Process(p["pid"])
+            if any(title in part for part in process.cmdline()):
+                found.append((name, process))
+        except psutil.Error:  # gone meanwhile
+            continue
+    if not found:
+        raise AssertionError(f"no {title} process among those of {out / 'startup.json'}")
+    return sorted(found, key=lambda f: f[0])[0][1]
 
 
 def base_args(model: Path, data: dict, out: Path, steps: int) -> list[str]:

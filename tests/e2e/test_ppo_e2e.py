@@ -15,21 +15,16 @@ Four runs, each started once and shared by the tests that assert on it:
 from __future__ import annotations
 
 import math
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.helpers import ROOT, read_metrics, run_main
-from tests.shared_ray import LOCAL_RAY
+from tests.e2e.helpers import read_metrics, run_main, start_main, worker_process
 from tests.verl_ppo_scripts import SCRIPTS, script_args
 
 pytestmark = pytest.mark.slow
@@ -39,13 +34,6 @@ CRITIC_METRICS = ["critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "
                   "critic/vf_explained_var", "critic/values/mean", "critic/values/max", "critic/values/min",
                   "critic/returns/mean", "critic/returns/max", "critic/returns/min", "timing_s/values",
                   "timing_s/update_critic", "timing_s/values/worker", "timing_s/update_critic/worker"]
-
-
-def _cmdline(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:  # exited meanwhile
-        return []
 
 
 def ppo_args(model: Path, data: dict, out: Path, steps: int = STEPS) -> list[str]:
@@ -155,18 +143,13 @@ def killed_and_resumed(ppo_run, embedded_model, reverse_data, tmp_path_factory):
     roles it held); then the same command to step 4."""
     out = tmp_path_factory.mktemp("ppo_killed") / "run"
     args = ppo_args(embedded_model, reverse_data, out)
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,  # its own Ray: the victim
-                            env=dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY),  # is among the driver's children
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_main(args)
     try:
         deadline = time.time() + 600
         while time.time() < deadline and not (out / "global_step_2").exists():
             time.sleep(0.2)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-        victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
-                   if any("ray::ModelWorker" in c for c in _cmdline(p))]
-        assert victims, "no model worker process found"
-        victims[0].send_signal(signal.SIGKILL)
+        worker_process(out, "ray::ModelWorker").send_signal(signal.SIGKILL)
         t_kill = time.time()
         _, err = proc.communicate(timeout=180)
         stop_s = time.time() - t_kill

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from grpo_dist.trainer import checkpoint
-from tests.e2e.helpers import ROOT, base_args, read_metrics, run_main
+from tests.e2e.helpers import ROOT, base_args, read_metrics, run_main, start_main, worker_process
 from tests.shared_ray import LOCAL_RAY
 from tests.unit.test_startup_checks import good_row
 
@@ -230,18 +230,13 @@ def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_p
         "trainer.save_freq=1", "trainer.val_before_train=false", "trainer.test_freq=-1"]
     if layout == "separate":
         args += SPLIT_POOLS
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY)  # the victim is found among the driver's children
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_main(args)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not (out / "global_step_2").exists():
             time.sleep(0.5)
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-        victims = [p for p in psutil.Process(proc.pid).children(recursive=True)  # this run's, not another's
-                   if any(victim in c for c in _cmdline(p))]
-        assert victims, f"no {victim} process found"
-        victims[0].send_signal(signal.SIGKILL)
+        worker_process(out, victim).send_signal(signal.SIGKILL)
         t_kill = time.time()
         _, err = proc.communicate(timeout=120)
     finally:
@@ -317,10 +312,8 @@ class Run:
     each arrived)."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1", **LOCAL_RAY, **env),
-                                     stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        self.out_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("trainer.default_local_dir=")))
+        self.proc = start_main(args, env)
         self.out: list[tuple[float, str]] = []
         self.err: list[tuple[float, str]] = []
         self.readers = [threading.Thread(target=self._read, args=(pipe, lines), daemon=True)
@@ -349,9 +342,7 @@ class Run:
 
     def freeze(self, title: str) -> psutil.Process:
         """SIGSTOP this run's (not another's) worker process whose title is ``title``."""
-        victims = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if any(title in c for c in _cmdline(p))]
-        assert victims, f"no {title} process found"
-        self.stopped = victims[0]
+        self.stopped = worker_process(self.out_dir, title)
         self.stopped.send_signal(signal.SIGSTOP)
         return self.stopped
 
