@@ -38,6 +38,14 @@ class FakeBucket(str):
     nbytes = 100
 
 
+#: One sync of two buckets as rank 0 of each group sees it: planning, wake-up, then per bucket the gather (all
+#: ranks) with the load (all ranks), the engines' finish and the actor's clean-up.
+TWO_BUCKETS = [("actor", "sync_begin"), ("rollout", "wake_up"),
+               ("actor", "sync_bucket"), ("rollout", "load_bucket"),
+               ("actor", "sync_bucket"), ("rollout", "load_bucket"),
+               ("rollout", "finish_load"), ("actor", "sync_end")]
+
+
 def make(ranks: int, buckets: list[str], transport: str, uuids=None):
     log: list = []
     buckets = [FakeBucket(b) for b in buckets]
@@ -78,10 +86,7 @@ def test_object_store_sends_rank0_reference_to_every_rollout_rank_bucket_by_buck
     # planning with the dtype and size, wake-up, then per bucket: gather (all ranks) before load (all ranks)
     assert log[0] == ("actor", "sync_begin", 0, ("bfloat16", 1024))
     order = [(g, m) for g, m, r, _ in log if r == 0]
-    assert order == [("actor", "sync_begin"), ("rollout", "wake_up"),
-                     ("actor", "sync_bucket"), ("rollout", "load_bucket"),
-                     ("actor", "sync_bucket"), ("rollout", "load_bucket"),
-                     ("rollout", "finish_load"), ("actor", "sync_end")]
+    assert order == TWO_BUCKETS
     loads = [(r, a) for g, m, r, a in log if m == "load_bucket"]
     assert loads == [(0, ("b0", "ref-b0")), (1, ("b0", "ref-b0")), (0, ("b1", "ref-b1")), (1, ("b1", "ref-b1"))]
     # gather: plan 1.0 + 2 buckets x (1.0 busy - 0.25 put); load: 2 buckets x 0.5 + finish 0.5
@@ -135,10 +140,7 @@ def test_broadcast_opens_one_group_of_actor_rank0_and_every_rollout_rank_and_loa
     # per bucket the actor's gather starts and the rollout ranks' loads run alongside (they receive the
     # broadcast): each rollout rank gets the bucket's layout and the transport's name, no payload
     order = [(g, m) for g, m, r, _ in log if r == 0]
-    assert order == [("actor", "sync_begin"), ("rollout", "wake_up"),
-                     ("actor", "sync_bucket"), ("rollout", "load_bucket"),
-                     ("actor", "sync_bucket"), ("rollout", "load_bucket"),
-                     ("rollout", "finish_load"), ("actor", "sync_end")]
+    assert order == TWO_BUCKETS
     loads = [(r, a) for g, m, r, a in log if m == "load_bucket"]
     assert loads == [(0, ("b0", "broadcast")), (1, ("b0", "broadcast")), (0, ("b1", "broadcast")),
                      (1, ("b1", "broadcast"))]
