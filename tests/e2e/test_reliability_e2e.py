@@ -211,8 +211,10 @@ def test_sigterm_at_any_moment_of_start_up_is_one_message_and_143(tiny_model_dir
         assert not (tmp_path / "o" / ".grpo_dist.lock").exists(), name  # the run let go of its folder
 
 
+# the weights cross the pools by broadcast (verl's nccl checkpoint engine; gloo here): a death on either side of it
+# is named as any other
 SPLIT_POOLS = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
-               "rollout.n_gpus_per_node=1"]
+               "rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]
 
 
 @pytest.mark.parametrize("layout, victim", [("colocated", "ray::ModelWorker"), ("separate", "ray::RolloutWorker"),
@@ -220,9 +222,9 @@ SPLIT_POOLS = ["actor_rollout_ref.hybrid_engine=false", "trainer.n_gpus_per_node
 def test_dead_worker_stops_the_run_naming_it(tiny_model_dir, reverse_data, tmp_path, layout, victim):
     """A killed worker stops the run within two minutes with one message naming it and saying the same
     command resumes: the actor's process in the colocated layout; under one-step-off-policy
-    (``hybrid_engine=false``) the rollout pool's engine, where the driver is waiting on a generation
-    started during the previous step when it dies, and the trainer pool's rank, while the rollout pool
-    generates ahead. That the resume is exact (from the newest checkpoint) is
+    (``hybrid_engine=false``, the weights broadcast across the pools) the rollout pool's engine, where the driver
+    is waiting on a generation started during the previous step when it dies, and the trainer pool's rank, while
+    the rollout pool generates ahead. That the resume is exact (from the newest checkpoint) is
     tested on the run whose model worker (actor, reference, critic) is killed, tests/e2e/test_ppo_e2e.py,
     and on a one-step-off checkpoint in tests/e2e/test_one_step_off_e2e.py."""
     out = tmp_path / "o"
