@@ -46,13 +46,15 @@ class WorkerError(RuntimeError):
         cause: the innermost exception raised in the worker (``"raised"`` only), else None.
         detail: Ray's whole report of the failed call (for an exception raised in the worker, its
             traceback there), for the run's log file; None when Ray reported nothing.
+        broken_link: the worker's collective or connection was broken by its peer's end (it is reported
+            lost, but the peer is the one that failed, when it can be found).
     """
 
     def __init__(self, message: str, *, kind: str = "raised", cause: BaseException | None = None,
-                 detail: str | None = None) -> None:
+                 detail: str | None = None, broken_link: bool = False) -> None:
         super().__init__(message)
         assert kind in ("lost", "frozen", "raised"), kind
-        self.kind, self.cause, self.detail = kind, cause, detail
+        self.kind, self.cause, self.detail, self.broken_link = kind, cause, detail, broken_link
 
     @property
     def rerun_helps(self) -> bool:
@@ -417,7 +419,7 @@ class WorkerGroup:
     def _failed(self, i: int, exc: BaseException, what: str, pending: dict, deadline: float | None) -> WorkerError:
         """The error for rank index ``i``'s failed call (see :class:`WorkerError` for the kinds)."""
         kind, cause = classify(exc)
-        note = ""
+        note, link = "", False
         if isinstance(exc, ray.exceptions.ActorUnavailableError):
             # Ray's keepalive gave up on the actor: it may be stopped or swapping, not dead
             status, seen = probe(self.workers[i])
@@ -435,11 +437,11 @@ class WorkerGroup:
             if peer is not None:
                 (i, exc), kind, cause = peer, "lost", None
             elif broken_link(cause):
-                kind, cause, note = "lost", None, BROKEN_LINK_NOTE
+                kind, cause, note, link = "lost", None, BROKEN_LINK_NOTE, True
         if kind == "lost":
             note += self._shared_note()
         return WorkerError(f"{self._who(i)} failed during {what}: {_describe(exc)}{note}", kind=kind, cause=cause,
-                           detail=f"{self._who(i)}, {what}: {exc}")
+                           detail=f"{self._who(i)}, {what}: {exc}", broken_link=link)
 
     def _not_answering(self, stuck: list[int], what: str, timeout_s: float | None) -> WorkerError:
         """The error for ranks (indices ``stuck``) that did not answer ``what`` within its deadline:
@@ -526,6 +528,54 @@ class WorkerGroup:
             except Exception:  # already dead
                 pass
         self.workers = []
+
+
+def collect_together(*waits: Callable[[], list]) -> list[list]:
+    """The results of calls of several groups started together (:meth:`WorkerGroup.call_later`) that wait on each
+    other (one collective spans their groups), in order. The first to fail is raised at once (the others would
+    wait for the failed side until their deadline), unless its collective was broken by its peer's end
+    (``WorkerError.broken_link``): then a failure of another group that follows within :data:`PEER_GRACE_S` (the
+    peer's own, which says more) is raised instead, as :meth:`WorkerGroup.collect` does within one group."""
+    import queue
+    import threading
+
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(k: int, wait: Callable[[], list]) -> None:
+        try:
+            done.put((k, wait(), None))
+        except BaseException as exc:  # noqa: BLE001 (handed to the caller's thread)
+            done.put((k, None, exc))
+
+    for k, wait in enumerate(waits):
+        threading.Thread(target=run, args=(k, wait), name=f"collect-together-{k}", daemon=True).start()
+
+    def next_done(until: float | None) -> tuple | None:
+        while until is None or time.monotonic() < until:
+            try:  # a timeout keeps the main thread's signal handlers running
+                return done.get(timeout=1.0 if until is None else max(0.01, min(1.0, until - time.monotonic())))
+            except queue.Empty:
+                continue
+        return None
+
+    def peer_broke(exc: BaseException) -> bool:
+        return getattr(exc, "broken_link", False)
+
+    results: list = [None] * len(waits)
+    for n in range(len(waits)):
+        k, value, exc = next_done(None)
+        if exc is not None:
+            if peer_broke(exc):
+                until = time.monotonic() + PEER_GRACE_S
+                for _ in range(len(waits) - n - 1):
+                    other = next_done(until)
+                    if other is None:
+                        break
+                    if other[2] is not None and not peer_broke(other[2]):
+                        raise other[2]
+            raise exc
+        results[k] = value
+    return results
 
 
 def cluster_cpus() -> float:

@@ -51,7 +51,7 @@ import torch
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
 
 __all__ = ["AgreedPause", "Agreement", "PartialRollouts", "TensorParallelAgreement", "Unfinished", "continuation_seed",
-           "off_policy_metrics", "partial_metrics", "start_stepping_thread"]
+           "start_stepping_thread"]
 
 #: What an agreed engine iteration does (:class:`Agreement`).
 STEP, PAUSE, CLOSE = 0, 1, 2
@@ -446,42 +446,3 @@ class PartialRollouts:
                         self._iterate()
         except BaseException as exc:  # handed to the driver's next call
             self._failed(exc)
-
-
-def off_policy_metrics(versions_BR: torch.Tensor, current: int, started: int) -> dict[str, float]:
-    """verl's v1 ``training/off_policy/*`` (mean, max, min over the batch's responses) from each token's policy
-    version ``versions_BR`` ``[B, R]`` (-1 on padding), trained by policy version ``current`` (the updates so far);
-    an empty response counts as sampled by ``started``, the version its chunk started with:
-
-    - ``trajectory_spans``: versions one response was sampled across (``newest - oldest + 1``; 1 without a sync in
-      between);
-    - ``trajectory_staleness``: ``current - newest``, the lag behind the policy that trains on it;
-    - ``trajectory_staleness_worst``: ``current - oldest``."""
-    present_BR = versions_BR >= 0
-    empty_B = ~present_BR.any(-1)
-    newest_B = torch.where(present_BR, versions_BR, -1).amax(-1).masked_fill(empty_B, started)
-    oldest_B = torch.where(present_BR, versions_BR, torch.iinfo(torch.long).max).amin(-1).masked_fill(empty_B, started)
-    out: dict[str, float] = {}
-    for name, values_B in (("trajectory_spans", newest_B - oldest_B + 1), ("trajectory_staleness", current - newest_B),
-                           ("trajectory_staleness_worst", current - oldest_B)):
-        v = values_B.double()
-        out.update({f"training/off_policy/{name}/mean": float(v.mean()), f"training/off_policy/{name}/max": float(v.max()),
-                    f"training/off_policy/{name}/min": float(v.min())})
-    return out
-
-
-def partial_metrics(versions_BR: torch.Tensor) -> dict[str, float]:
-    """verl's ``fully_async/partial/*`` of a trained batch from its ``rollout_versions`` ``[B, R]`` (each
-    token's policy version, -1 on padding): the responses whose first and last tokens were sampled by
-    different versions (``total_partial_num``), their share of the batch (``partial_ratio``) and the
-    largest span of versions within one response (``max_partial_span``). An empty response is not partial."""
-    present_BR = versions_BR >= 0
-    lengths_B = present_BR.sum(-1)
-    first_B = versions_BR[:, 0]
-    last_B = versions_BR.gather(1, (lengths_B - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-    spans_B = torch.where(lengths_B > 0, last_B - first_B, torch.zeros_like(lengths_B))
-    partial = int((spans_B != 0).sum())
-    rows = versions_BR.shape[0]
-    return {"fully_async/partial/total_partial_num": float(partial),
-            "fully_async/partial/partial_ratio": partial / rows if rows else 0.0,
-            "fully_async/partial/max_partial_span": float(spans_B.max()) if rows else 0.0}

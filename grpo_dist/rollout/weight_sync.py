@@ -16,7 +16,8 @@ Three transports carry a buffer:
   rank and the rollout rank on the same physical GPU (colocated), which the driver checks by GPU
   UUID before it picks this transport.
 - ``"broadcast"`` (verl's ``checkpoint_engine.backend=nccl``): the actor's rank 0 broadcasts the buffer over a
-  process group spanning it and every rollout rank (:func:`open_sync_group`: NCCL on GPUs, device to device;
+  process group spanning it and every rollout rank
+  (:func:`grpo_dist.distributed.process_group.open_side_group`: NCCL on GPUs, device to device;
   gloo on the CPU), each receiver into a buffer of its own. For a rollout on devices of its own, across nodes.
 
 Shapes: a bucket's ``numel`` is the sum of its entries' numels; entry ``i`` is
@@ -130,15 +131,6 @@ def bucket_buffer(bucket: Bucket, raw) -> torch.Tensor:
 #: What the driver sends a rollout rank for a ``"broadcast"`` bucket (the transport's name): the bytes come over
 #: the sync group.
 BROADCAST = "broadcast"
-
-
-def open_sync_group(rank: int, size: int, master_addr: str, master_port: int, backend: str, timeout_s: float):
-    """Collective over the actor's rank 0 (``rank`` 0, hosting the rendezvous) and the ``size - 1`` rollout ranks:
-    the ``"broadcast"`` transport's process group (``backend`` nccl on GPUs, gloo on the CPU)."""
-    from grpo_dist.distributed.process_group import open_side_group
-
-    return open_side_group(backend=backend, rank=rank, size=size, master_addr=master_addr, master_port=master_port,
-                           timeout_s=timeout_s)
 
 
 def broadcast_device(group) -> torch.device:

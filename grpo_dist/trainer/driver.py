@@ -31,13 +31,13 @@ from grpo_dist.config.fully_async import fully_async_note
 from grpo_dist.config.spec import RunSpec
 from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
+from grpo_dist.core.diagnostics import off_policy_metrics, partial_metrics
 from grpo_dist.core.kl import make_kl_controller
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.agents.collect import agent_row
 from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to_batch, shard_prompts
 from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
-from grpo_dist.rollout.partial import off_policy_metrics, partial_metrics
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import checkpoint, validation
 from grpo_dist.trainer.dynamic_sampling import step_sampler

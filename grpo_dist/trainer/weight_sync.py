@@ -24,12 +24,10 @@ is tested with stand-in groups (tests/unit/test_weight_sync_protocol.py).
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from typing import Any, Callable, Protocol, Sequence
 
-from grpo_dist.distributed.worker_group import BROKEN_LINK_NOTE, PEER_GRACE_S
+from grpo_dist.distributed.worker_group import collect_together
 from grpo_dist.rollout import WEIGHT_SYNC_BACKENDS
 from grpo_dist.workers.common import unwrap_timed
 
@@ -61,47 +59,6 @@ def choose_transport(actor: Group, rollout: Group, device: str, backend: str = "
         if len(actor_gpus) == len(rollout_gpus) and all(a is not None and a == b for a, b in zip(actor_gpus, rollout_gpus)):
             return "cuda_ipc"  # NCCL cannot join two ranks on one GPU; the IPC handle copies nothing
     return "broadcast" if backend == "nccl" else "object_store"
-
-
-def _together(*waits: Callable[[], list]) -> list[list]:
-    """The results of calls started together that wait on each other (one collective spans their groups), in
-    order. The first to fail is raised at once (the others would wait for the failed side until their deadline),
-    unless its collective was broken by its peer's end: then a failure of the other side that follows within a
-    few seconds (the peer's own, which says more) is raised instead."""
-    done: queue.SimpleQueue = queue.SimpleQueue()
-
-    def run(k: int, wait: Callable[[], list]) -> None:
-        try:
-            done.put((k, wait(), None))
-        except BaseException as exc:  # noqa: BLE001 (handed to the caller's thread)
-            done.put((k, None, exc))
-
-    for k, wait in enumerate(waits):
-        threading.Thread(target=run, args=(k, wait), name=f"weight-sync-wait-{k}", daemon=True).start()
-
-    def next_done(until: float | None) -> tuple | None:
-        while until is None or time.monotonic() < until:
-            try:  # a timeout keeps the main thread's signal handlers running
-                return done.get(timeout=1.0 if until is None else max(0.01, min(1.0, until - time.monotonic())))
-            except queue.Empty:
-                continue
-        return None
-
-    results: list = [None] * len(waits)
-    for n in range(len(waits)):
-        k, value, exc = next_done(None)
-        if exc is not None:
-            if BROKEN_LINK_NOTE in str(exc):
-                until = time.monotonic() + PEER_GRACE_S
-                for _ in range(len(waits) - n - 1):
-                    other = next_done(until)
-                    if other is None:
-                        break
-                    if other[2] is not None and BROKEN_LINK_NOTE not in str(other[2]):
-                        raise other[2]
-            raise exc
-        results[k] = value
-    return results
 
 
 class WeightSync:
@@ -144,7 +101,7 @@ class WeightSync:
         if self.transport == "broadcast" and not self._group_open:
             addr, port = self.actor.call("address")[0]
             size, how = 1 + len(self.rollout), (self.group_backend, self.timeout_s)
-            _together(self.actor.call_later("open_sync_group", addr, port, size, *how),
+            collect_together(self.actor.call_later("open_sync_group", addr, port, size, *how),
                       self.rollout.call_later("open_sync_group",
                                               per_rank=[(addr, port, 1 + i, size, *how) for i in range(len(self.rollout))]))
             self._group_open = True
@@ -153,6 +110,26 @@ class WeightSync:
             self.rollout.call("set_adapter_config", config)
         self.adapter_only = config is not None
         return self.adapter_only
+
+    def _send_bucket(self, index: int, bucket: Any) -> tuple[float, float, float]:
+        """Bucket ``index`` from the actor ranks to every rollout rank; its (gather, put, load) seconds: the actor
+        ranks' busy time less the transfer, rank 0's ``ray.put`` or broadcast, and the rollout ranks' busy time
+        (less their wait for the bytes under ``broadcast``)."""
+        if self.transport == "broadcast":  # rank 0 sends while the rollout ranks receive
+            gathered, loads = collect_together(
+                self.actor.call_later("sync_bucket", index, self.transport),
+                self.rollout.call_later("load_bucket", per_rank=[(bucket, "broadcast")] * len(self.rollout)))
+            outs, actor_busy_s = unwrap_timed(gathered)
+            load_s = max(r.busy_s - r.value for r in loads)
+        else:
+            outs, actor_busy_s = unwrap_timed(self.actor.call("sync_bucket", index, self.transport))
+            if self.transport == "cuda_ipc":
+                per_rank = [(bucket, handle) for handle, _ in outs]
+            else:
+                per_rank = [(bucket, outs[0][0][0])] * len(self.rollout)
+            _, load_s = unwrap_timed(self.rollout.call("load_bucket", per_rank=per_rank))
+        put_s = max(p for _, p in outs)
+        return actor_busy_s - put_s, put_s, load_s
 
     def __call__(self) -> dict[str, float]:
         """Run one sync. Returns where the time went, in seconds, keyed by name under ``timing_s/``:
@@ -169,25 +146,8 @@ class WeightSync:
         _, wake_s = unwrap_timed(self.rollout.call("wake_up"))
         put_s = load_s = 0.0
         for i, bucket in enumerate(plans[0]):
-            if self.transport == "broadcast":  # rank 0 sends while the rollout ranks receive
-                gathered, loads = _together(
-                    self.actor.call_later("sync_bucket", i, self.transport),
-                    self.rollout.call_later("load_bucket", per_rank=[(bucket, "broadcast")] * len(self.rollout)))
-                load_s += max(r.busy_s - r.value for r in loads)  # less the wait for the bytes (the transfer)
-                outs, actor_busy_s = unwrap_timed(gathered)
-            else:
-                outs, actor_busy_s = unwrap_timed(self.actor.call("sync_bucket", i, self.transport))
-            bucket_put_s = max(p for _, p in outs)
-            gather_s += actor_busy_s - bucket_put_s
-            put_s += bucket_put_s
-            if self.transport == "broadcast":
-                continue
-            if self.transport == "cuda_ipc":
-                per_rank = [(bucket, handle) for handle, _ in outs]
-            else:
-                per_rank = [(bucket, outs[0][0][0])] * len(self.rollout)
-            _, busy_s = unwrap_timed(self.rollout.call("load_bucket", per_rank=per_rank))
-            load_s += busy_s
+            bucket_gather_s, bucket_put_s, bucket_load_s = self._send_bucket(i, bucket)
+            gather_s, put_s, load_s = gather_s + bucket_gather_s, put_s + bucket_put_s, load_s + bucket_load_s
         _, busy_s = unwrap_timed(self.rollout.call("finish_load"))
         load_s += busy_s
         self.actor.call("sync_end")

@@ -80,10 +80,11 @@ class ActorWorker(ModelShell):
         """Collective with the rollout ranks: rank 0 joins the ``"broadcast"`` weight sync's process group as its
         rank 0, hosting it at ``master_addr:master_port`` (this rank's :meth:`address`); the other ranks have no
         part in it."""
-        from grpo_dist.rollout.weight_sync import open_sync_group
+        from grpo_dist.distributed.process_group import open_side_group
 
         if self.rank == 0:
-            self._sync_group = open_sync_group(0, size, master_addr, master_port, backend, timeout_s)
+            self._sync_group = open_side_group(backend=backend, rank=0, size=size, master_addr=master_addr,
+                                               master_port=master_port, timeout_s=timeout_s)
 
     def adapter_config(self) -> dict | None:
         """The adapter's peft configuration when the weight sync sends LoRA adapters only, else None."""

@@ -170,9 +170,10 @@ class RolloutWorker:
     def open_sync_group(self, master_addr: str, master_port: int, rank: int, size: int, backend: str,
                         timeout_s: float) -> None:
         """Collective with the actor's rank 0: join the ``"broadcast"`` weight sync's process group as ``rank``."""
-        from grpo_dist.rollout.weight_sync import open_sync_group
+        from grpo_dist.distributed.process_group import open_side_group
 
-        self._sync_group = open_sync_group(rank, size, master_addr, master_port, backend, timeout_s)
+        self._sync_group = open_side_group(backend=backend, rank=rank, size=size, master_addr=master_addr,
+                                           master_port=master_port, timeout_s=timeout_s)
 
     @timed
     def load_bucket(self, bucket: Any, payload: Any) -> float:

@@ -37,12 +37,13 @@ def _weights(seed: int) -> dict[str, torch.Tensor]:
 def _broadcast_buckets(rank: int, world_size: int) -> dict[str, torch.Tensor]:
     """Rank 0 plays the actor's rank 0, the others rollout ranks: a side group of their own (its own store, apart
     from the default group these processes also belong to) carries every bucket."""
-    from grpo_dist.distributed.process_group import free_port
-    from grpo_dist.rollout.weight_sync import open_sync_group, pack, plan_buckets, receive, send, unpack
+    from grpo_dist.distributed.process_group import free_port, open_side_group
+    from grpo_dist.rollout.weight_sync import pack, plan_buckets, receive, send, unpack
 
     where = [("127.0.0.1", free_port("127.0.0.1")) if rank == 0 else None]
     dist.broadcast_object_list(where, src=0)
-    group = open_sync_group(rank, world_size, *where[0], "gloo", 60.0)
+    group = open_side_group(backend="gloo", rank=rank, size=world_size, master_addr=where[0][0],
+                            master_port=where[0][1], timeout_s=60.0)
     assert group.size() == world_size and group.rank() == rank
     weights = _weights(seed=3)
     buckets = plan_buckets(((n, tuple(t.shape), t.dtype) for n, t in weights.items()), bucket_bytes=64)

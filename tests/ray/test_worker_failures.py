@@ -99,7 +99,7 @@ def test_an_error_of_the_ranks_own_stays_an_error_to_fix(group):
 # ------------------------------------------------------------------------------ the broadcast weight sync
 def sync_workers():
     """Stand-ins for the actor's rank 0 and the rollout ranks around the real broadcast pieces
-    (grpo_dist.rollout.weight_sync: the gloo group, pack/send/receive/unpack), defined here so Ray ships them by
+    (the gloo side group; grpo_dist.rollout.weight_sync's pack/send/receive/unpack), defined here so Ray ships them by
     value; ``die`` names the method in which the worker's process exits (as a killed one does)."""
     from grpo_dist.workers.common import timed
 
@@ -119,9 +119,10 @@ def sync_workers():
             return "127.0.0.1", free_port("127.0.0.1")
 
         def open_sync_group(self, addr, port, size, backend, timeout_s):
-            from grpo_dist.rollout.weight_sync import open_sync_group
+            from grpo_dist.distributed.process_group import open_side_group
 
-            self.group = open_sync_group(0, size, addr, port, backend, timeout_s)
+            self.group = open_side_group(backend=backend, rank=0, size=size, master_addr=addr, master_port=port,
+                                         timeout_s=timeout_s)
 
         @timed
         def sync_begin(self, dtype, bucket_bytes):
@@ -152,9 +153,10 @@ def sync_workers():
             self.rank, self.die, self.group, self.got = rank, die, None, {}
 
         def open_sync_group(self, addr, port, rank, size, backend, timeout_s):
-            from grpo_dist.rollout.weight_sync import open_sync_group
+            from grpo_dist.distributed.process_group import open_side_group
 
-            self.group = open_sync_group(rank, size, addr, port, backend, timeout_s)
+            self.group = open_side_group(backend=backend, rank=rank, size=size, master_addr=addr, master_port=port,
+                                         timeout_s=timeout_s)
 
         @timed
         def wake_up(self):

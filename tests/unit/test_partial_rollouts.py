@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from grpo_dist.rollout.base import SamplingSettings
-from grpo_dist.rollout.partial import PartialRollouts, continuation_seed, off_policy_metrics, partial_metrics
+from grpo_dist.core.diagnostics import off_policy_metrics, partial_metrics
+from grpo_dist.rollout.partial import PartialRollouts, continuation_seed
 
 
 class SteppedEngine:

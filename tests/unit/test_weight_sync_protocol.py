@@ -173,8 +173,7 @@ def test_a_failed_side_of_the_broadcast_is_raised_without_waiting_for_the_other(
     import threading
     import time as _time
 
-    from grpo_dist.distributed.worker_group import BROKEN_LINK_NOTE
-    from grpo_dist.trainer.weight_sync import _together
+    from grpo_dist.distributed.worker_group import WorkerError, collect_together
 
     stuck = threading.Event()
 
@@ -187,17 +186,18 @@ def test_a_failed_side_of_the_broadcast_is_raised_without_waiting_for_the_other(
 
     t0 = _time.monotonic()
     with pytest.raises(RuntimeError, match="out of memory"):
-        _together(fails, never)
+        collect_together(fails, never)
     assert _time.monotonic() - t0 < 5
 
     def broken():
-        raise RuntimeError("rollout worker rank 0 failed during load_bucket: Connection closed" + BROKEN_LINK_NOTE)
+        raise WorkerError("rollout worker rank 0 failed during load_bucket: Connection closed", kind="lost",
+                          broken_link=True)
 
     def dies_after():
         _time.sleep(0.3)
         raise RuntimeError("actor worker rank 0 failed during sync_bucket: its process died")
 
     with pytest.raises(RuntimeError, match="its process died"):
-        _together(dies_after, broken)
+        collect_together(dies_after, broken)
     stuck.set()
-    assert _together(lambda: [1], lambda: [2]) == [[1], [2]]
+    assert collect_together(lambda: [1], lambda: [2]) == [[1], [2]]
