@@ -792,7 +792,28 @@ def _no_dashboard_process(include_dashboard: bool):
 
 
 def shutdown_ray() -> None:
+    """``ray.shutdown()``, without its wait on the autoscaler's monitor.
+
+    Ray ends a local instance's processes one by one, each with SIGTERM and up to a second to exit before
+    SIGKILL. The monitor process (the autoscaler's) takes that whole second every time (measured here: 1.0 s
+    of a 1.1-1.35 s shutdown); on a local instance it has started nothing of its own (the instance's node
+    is this machine), so it is killed first, at once. Attached to a cluster, this driver started no
+    processes and this is ``ray.shutdown()`` alone."""
+    _kill_local_monitor()
     ray.shutdown()
+
+
+def _kill_local_monitor() -> None:
+    try:
+        from ray._private import ray_constants
+        from ray._private import worker as ray_worker
+
+        node = getattr(ray_worker, "_global_node", None)
+        if node is not None and ray_constants.PROCESS_TYPE_MONITOR in getattr(node, "all_processes", {}):
+            node._kill_process_type(ray_constants.PROCESS_TYPE_MONITOR, allow_graceful=False, check_alive=False,
+                                    wait=True)
+    except Exception:  # Ray's internals moved: its own shutdown still ends the monitor, a second later
+        pass
 
 
 def write_timeline(path: str) -> None:

@@ -99,3 +99,32 @@ def test_a_test_session_killed_before_its_teardown_leaves_no_shared_ray_cluster(
         for p in alive:
             p.kill()
     assert {"gcs_server", "raylet"} <= set(names) and len(names) >= 5 and not alive, (names, alive)
+
+
+SHUTDOWN = (
+    "import json, psutil\n"
+    "from grpo_dist.distributed import worker_group\n"
+    "assert worker_group.init_ray(address=None, num_cpus=1, include_dashboard=False, min_cpus=1)\n"
+    "me = psutil.Process()\n"
+    "before = [' '.join(p.cmdline()) for p in me.children(recursive=True)]\n"
+    "worker_group.shutdown_ray()\n"
+    "left = me.children(recursive=True)\n"
+    "left = [' '.join(p.cmdline()) for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]\n"
+    "watchdog = [p for p in me.children() if 'ray_watchdog' in ' '.join(p.cmdline())]\n"
+    "psutil.wait_procs(watchdog, timeout=30)\n"  # it sees the instance gone, then leaves
+    "print(json.dumps([before, left]), flush=True)\n"
+)
+
+
+def test_the_end_of_a_local_instance_leaves_none_of_its_processes():
+    """A run's own Ray instance is stopped with the autoscaler's monitor killed first (shutdown_ray): every one
+    of the instance's processes, the monitor included, is gone when the call returns."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", SHUTDOWN], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "RAY_ADDRESS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, after = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any("monitor.py" in line for line in before) and any("raylet" in line for line in before), before
+    # when the call returns, only the watchdog (which leaves once it sees the instance gone) may remain
+    assert all("ray_watchdog" in line for line in after), (before, after)
