@@ -23,6 +23,15 @@ vocabulary (built by the script; it rarely says EOS, so response lengths have a 
 192 tokens on the default job's batch. Its held-out accuracy is that of a random model (about 0): the workload
 measures time, not learning.
 
+``--workload gpu`` is the GPU benchmark's model (docs/benchmarks.md: a random Qwen2 of 1024 x 16 layers, ~243 M
+parameters) on ``trainer.device=cuda`` with the Hugging Face engine, its responses made long-tailed (each token EOS
+with probability 1/48, at most 256 tokens: the longest of a step's 256 responses usually reaches the cap), the
+default job's batch, group and mini-batches, bf16 compute over float32 master weights (the CUDA default). It
+measures time only: no validation. ``--one-gpu`` runs every mode on one GPU: the runs attach to a Ray head that
+this script starts with two GPUs in its accounting and leaves every worker the physical GPU
+(``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``), so the rollout's pool of one GPU and the trainer's are the
+same device, sharing it in time; the weights then cross by CUDA IPC as for an engine on the actor's GPU.
+
 - step time: median ``timing_s/step`` over the steps after the first (the first step of one-step-off
   generates its own batch);
 - samples/s: responses per step / step time;
@@ -43,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -69,9 +79,11 @@ MODES["fully-async-partial"] = [*MODES["fully-async"][:-1], "async_training.part
 MODES["one-step-off-bypass"] = [*MODES["one-step-off"], "algorithm.rollout_correction.bypass_mode=true"]
 
 
-def run(mode: str, steps: int, out: Path, extra: list[str], test_freq: int | None = None) -> tuple[dict[int, dict], float]:
-    args = MODES[mode] + [f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq or steps}",
-                          "trainer.save_freq=-1",
+def run(mode: str, steps: int, out: Path, extra: list[str], test_freq: int | None = None,
+        validate: bool = True) -> tuple[dict[int, dict], float]:
+    val = [f"trainer.test_freq={test_freq or steps}"] if validate else ["trainer.test_freq=-1",
+                                                                         "trainer.val_before_train=false"]
+    args = MODES[mode] + [f"trainer.total_training_steps={steps}", *val, "trainer.save_freq=-1",
                           "trainer.progress_bar=false", "trainer.logger=[console,file]",
                           f"trainer.default_local_dir={out}", *extra]
     t0 = time.perf_counter()
@@ -94,15 +106,24 @@ def responses_per_step(out: Path) -> int:
 
 def summarize(m: dict[int, dict], wall: float, responses: int) -> dict[str, float]:
     steps = sorted(s for s in m if s > 1)
-    val = next(k for k in m[0] if k.startswith("val-core/") and k.endswith("/acc/mean@1"))
+    first = m[min(m)]
+    val = next((k for k in first if k.startswith("val-core/") and k.endswith("/acc/mean@1")), None)
     step_s = statistics.median(m[s]["timing_s/step"] for s in steps)
     wait = statistics.median(m[s].get("timing_s/wait_prev_gen", m[s].get("timing_s/gen", 0.0)) for s in steps)
     busy = statistics.median(m[s]["timing_s/gen/worker"] for s in steps)
     last = max(m)
     return {"step_s": step_s, "samples_per_s": responses / step_s,
             "trainer_idle": wait / step_s, "rollout_idle": max(0.0, 1 - busy / step_s),
-            "acc_before": m[0][val], "acc_after": m[last].get(val, float("nan")), "wall_s": wall,
-            "acc": {s: m[s][val] for s in sorted(m) if val in m[s]}}
+            "acc_before": first.get(val, float("nan")), "acc_after": m[last].get(val, float("nan")), "wall_s": wall,
+            "acc": {s: m[s][val] for s in sorted(m) if val in m[s]},
+            "phases": {k: statistics.median(m[s][f"timing_s/{k}"] for s in steps if f"timing_s/{k}" in m[s])
+                       for k in PHASES if any(f"timing_s/{k}" in m[s] for s in steps)},
+            "response_tokens": statistics.median(m[s].get("response_length/mean", float("nan")) for s in steps)}
+
+
+#: The phases the second table shows: median seconds over the steps after the first that log them (the last
+#: step of one-step-off starts no next batch, so it syncs no weights).
+PHASES = ("gen", "gen/worker", "wait_prev_gen", "old_log_prob", "ref", "update_actor", "update_weights")
 
 
 def learning_table(rows: list[tuple[str, int, dict]]) -> list[str]:
@@ -146,13 +167,69 @@ def reverse_long_tail_overrides(folder: Path) -> list[str]:
             f"data.val_files={data['test']}", "data.max_response_length=40", "data.max_prompt_length=64"]
 
 
+def gpu_overrides(folder: Path) -> list[str]:
+    """The GPU workload's overrides (see above): the GPU benchmark's model shape, EOS with probability 1/48 per
+    token, built into ``folder``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_common import GPU_SHAPE, build_bench_model
+
+    model = build_bench_model(folder / "gpu_model", GPU_SHAPE, mean_response=48)
+    return [f"actor_rollout_ref.model.path={model}", "trainer.device=cuda", "actor_rollout_ref.rollout.name=hf",
+            "data.max_response_length=256", "data.max_prompt_length=64", "actor_rollout_ref.rollout.top_k=-1"]
+
+
+class OneGpuCluster:
+    """A Ray head with two GPUs in its accounting whose workers all see the machine's one GPU (see above)."""
+
+    def __init__(self, log: Path) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.address = f"127.0.0.1:{port}"
+        # token authentication, as the test suite's cluster: the runs attach with the same token
+        self.client_env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+        env = dict(os.environ, **self.client_env, RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1", RAY_worker_niceness="0",
+                   RAY_prestart_worker_first_driver="0", TOKENIZERS_PARALLELISM="false")
+        env.pop("RAY_ADDRESS", None)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "w")  # noqa: SIM115 (open for the cluster's life)
+        ray_cli = Path(sys.executable).with_name("ray")
+        cmd = [str(ray_cli) if ray_cli.exists() else "ray", "start", "--head", "--block", f"--port={port}",
+               "--node-ip-address=127.0.0.1", f"--num-cpus={os.cpu_count() or 2}", "--num-gpus=2",
+               "--include-dashboard=false", "--disable-usage-stats"]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise SystemExit(f"the Ray head did not start; see {log}")
+                time.sleep(0.5)
+        time.sleep(3.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+        self.log.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1, help="runs per mode, alternating; the table shows each")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    ap.add_argument("--workload", choices=["default", "long-tail", "reverse-long-tail"], default="default",
+    ap.add_argument("--one-gpu", action="store_true", help="every mode on the machine's one GPU (see above)")
+    ap.add_argument("--workload", choices=["default", "long-tail", "reverse-long-tail", "gpu"], default="default",
                     help="the default job, or one with long-tailed response lengths (see above)")
     ap.add_argument("--seeds", action="store_true", help="repeat r with data.seed=42+r and rollout.seed=r (see above)")
     ap.add_argument("--test-freq", type=int, default=None, help="validate every N steps (default: at the end)")
@@ -164,17 +241,36 @@ def main() -> None:
         extra = long_tail_overrides(out / "long_tail_model") + extra
     elif a.workload == "reverse-long-tail":
         extra = reverse_long_tail_overrides(out / "reverse_long_tail") + extra
+    elif a.workload == "gpu":
+        extra = gpu_overrides(out / "gpu_workload") + extra
+    validate = a.workload != "gpu"
+    cluster = OneGpuCluster(out / "ray_head.log") if a.one_gpu else None
+    if cluster:
+        os.environ.update(cluster.client_env)
     rows = []
     for r in range(a.repeats):
         for mode in a.modes:  # alternating, so a change in the machine's load hits both
             seeds = [f"data.seed={42 + r}", f"actor_rollout_ref.rollout.seed={r}"] if a.seeds else []
-            m, wall = run(mode, a.steps, out / f"{mode}-{r}", extra + seeds, a.test_freq)
+            try:
+                m, wall = run(mode, a.steps, out / f"{mode}-{r}", extra + seeds, a.test_freq, validate)
+            except BaseException:
+                if cluster:
+                    cluster.stop()
+                raise
             rows.append((mode, r, summarize(m, wall, responses_per_step(out / f"{mode}-{r}"))))
+    if cluster:
+        cluster.stop()
     print(f"| mode | run | step time (s) | samples/s | trainer idle | rollout idle | held-out acc before -> after | wall (s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mode, r, s in rows:
         print(f"| {mode} | {r} | {s['step_s']:.2f} | {s['samples_per_s']:.1f} | {s['trainer_idle']:.0%} | "
               f"{s['rollout_idle']:.0%} | {s['acc_before']:.3f} -> {s['acc_after']:.3f} | {s['wall_s']:.0f} |")
+    print()
+    print("| mode | run | mean response (tokens) | " + " | ".join(PHASES) + " |")
+    print("| --- | ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " |")
+    for mode, r, s in rows:
+        print(f"| {mode} | {r} | {s['response_tokens']:.0f} | "
+              + " | ".join(f"{s['phases'][k]:.2f}" if k in s["phases"] else "" for k in PHASES) + " |")
     if a.seeds or a.test_freq:
         print()
         print("\n".join(learning_table(rows)))
