@@ -65,9 +65,10 @@ def _wait_for_processes(root: int, parts: tuple[str, ...], timeout_s: float) -> 
 
 
 class SharedCluster:
-    """A head node started with ``ray start --block`` (its processes end with it)."""
+    """A head node started with ``ray start --block`` (its processes end with it). ``num_gpus``: the GPUs in the
+    node's accounting (Ray's own count when None); ``env``: more environment for the node and its workers."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, num_gpus: int | None = None, env: dict[str, str] | None = None) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         # the clients' environment: loopback binding, token authentication with a token of this session's
@@ -85,13 +86,14 @@ class SharedCluster:
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
         }
-        env = {**os.environ, **self.client_env, **workers}
+        env = {**os.environ, **self.client_env, **workers, **(env or {})}
         env.pop("RAY_ADDRESS")
-        ray_cli = Path(sys.executable).with_name("ray")
+        gpus = [] if num_gpus is None else [f"--num-gpus={num_gpus}"]
         self.log = open(log_dir / "shared_ray.log", "w")  # noqa: SIM115 (open for the cluster's life)
         self.proc = subprocess.Popen(
-            [str(ray_cli), "start", "--head", "--block", f"--port={self.port}", "--node-ip-address=127.0.0.1",
-             "--num-cpus=16", "--include-dashboard=false", "--disable-usage-stats"],
+            [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={self.port}",
+             "--node-ip-address=127.0.0.1", "--num-cpus=16", *gpus, "--include-dashboard=false",
+             "--disable-usage-stats"],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 120
         while not _answers(self.port):

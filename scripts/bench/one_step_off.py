@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -178,48 +177,14 @@ def gpu_overrides(folder: Path) -> list[str]:
             "data.max_response_length=256", "data.max_prompt_length=64", "actor_rollout_ref.rollout.top_k=-1"]
 
 
-class OneGpuCluster:
-    """A Ray head with two GPUs in its accounting whose workers all see the machine's one GPU (see above)."""
+def one_gpu_cluster(folder: Path):
+    """A Ray head with two GPUs in its accounting whose workers all see the machine's one GPU (see above): the test
+    suite's cluster (tests/shared_ray.py), so a killed benchmark leaves no cluster behind either."""
+    sys.path.insert(0, str(ROOT))
+    from tests.shared_ray import SharedCluster
 
-    def __init__(self, log: Path) -> None:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.address = f"127.0.0.1:{port}"
-        # token authentication, as the test suite's cluster: the runs attach with the same token
-        self.client_env = {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-        env = dict(os.environ, **self.client_env, RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1", RAY_worker_niceness="0",
-                   RAY_prestart_worker_first_driver="0", TOKENIZERS_PARALLELISM="false")
-        env.pop("RAY_ADDRESS", None)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        self.log = open(log, "w")  # noqa: SIM115 (open for the cluster's life)
-        ray_cli = Path(sys.executable).with_name("ray")
-        cmd = [str(ray_cli) if ray_cli.exists() else "ray", "start", "--head", "--block", f"--port={port}",
-               "--node-ip-address=127.0.0.1", f"--num-cpus={os.cpu_count() or 2}", "--num-gpus=2",
-               "--include-dashboard=false", "--disable-usage-stats"]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1.0).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise SystemExit(f"the Ray head did not start; see {log}")
-                time.sleep(0.5)
-        time.sleep(3.0)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-        self.log.close()
+    folder.mkdir(parents=True, exist_ok=True)
+    return SharedCluster(folder, num_gpus=2, env={"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"})
 
 
 def main() -> None:
@@ -244,7 +209,7 @@ def main() -> None:
     elif a.workload == "gpu":
         extra = gpu_overrides(out / "gpu_workload") + extra
     validate = a.workload != "gpu"
-    cluster = OneGpuCluster(out / "ray_head.log") if a.one_gpu else None
+    cluster = one_gpu_cluster(out) if a.one_gpu else None
     if cluster:
         os.environ.update(cluster.client_env)
     rows = []
