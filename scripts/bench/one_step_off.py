@@ -213,18 +213,15 @@ def main() -> None:
     if cluster:
         os.environ.update(cluster.client_env)
     rows = []
-    for r in range(a.repeats):
-        for mode in a.modes:  # alternating, so a change in the machine's load hits both
-            seeds = [f"data.seed={42 + r}", f"actor_rollout_ref.rollout.seed={r}"] if a.seeds else []
-            try:
+    try:
+        for r in range(a.repeats):
+            for mode in a.modes:  # alternating, so a change in the machine's load hits both
+                seeds = [f"data.seed={42 + r}", f"actor_rollout_ref.rollout.seed={r}"] if a.seeds else []
                 m, wall = run(mode, a.steps, out / f"{mode}-{r}", extra + seeds, a.test_freq, validate)
-            except BaseException:
-                if cluster:
-                    cluster.stop()
-                raise
-            rows.append((mode, r, summarize(m, wall, responses_per_step(out / f"{mode}-{r}"))))
-    if cluster:
-        cluster.stop()
+                rows.append((mode, r, summarize(m, wall, responses_per_step(out / f"{mode}-{r}"))))
+    finally:
+        if cluster:
+            cluster.stop()
     print(f"| mode | run | step time (s) | samples/s | trainer idle | rollout idle | held-out acc before -> after | wall (s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for mode, r, s in rows:
