@@ -35,6 +35,10 @@ processes that a machine shared with other jobs has.
 
 Each step reports the tokens the model ran on ("computed") and the real prompt + response tokens
 ("that count").
+
+With ``lora_rank`` in the workload (run_bench.py --lora-rank) the model is wrapped in peft adapters of that rank
+(alpha twice it, every linear layer of the blocks), AdamW and clipping take the adapters only, and the reference
+forward runs with the adapters off.
 """
 
 from __future__ import annotations
@@ -111,9 +115,16 @@ def run(w: dict) -> dict:
     model = AutoModelForCausalLM.from_pretrained(w["model_dir"], dtype=torch.float32, attn_implementation=attn)
     model.to(device)
     model.config.use_cache = False
+    lora = w.get("lora_rank")
+    if lora:  # peft adapters on every linear layer of the blocks; the reference is the base model, adapters off
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    params = [p for p in model.parameters() if p.requires_grad]
     vocab = len(tok)  # sample real token ids only (a real-vocabulary model's extra rows are never used)
     # fused AdamW on CUDA: what a user of a plain loop would pick (one kernel launch per step)
-    opt = torch.optim.AdamW(model.parameters(), lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01,
+    opt = torch.optim.AdamW(params, lr=w["lr"], betas=(0.9, 0.999), weight_decay=0.01,
                             **({"fused": True} if cuda else {}))
     # bf16 (CUDA's default): float32 master weights, bf16 compute (as grpo_dist's mixed precision and
     # TRL's bf16=True)
@@ -138,7 +149,7 @@ def run(w: dict) -> dict:
         model.eval()
         sync()
         t = time.perf_counter()
-        with torch.no_grad(), amp:
+        with torch.no_grad(), amp, (model.disable_adapter() if lora else contextlib.nullcontext()):
             ref = torch.cat([logp_of(v, ids[c], mask[c], pos[c], R) for c in chunks])
         sync()
         fwd_s = time.perf_counter() - t
@@ -156,7 +167,7 @@ def run(w: dict) -> dict:
             kl = torch.exp(d) - d - 1  # k3 (low_var_kl)
             loss = ((pg + beta * kl) * resp_mask[c]).sum() / total_tokens
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         sync()

@@ -47,7 +47,8 @@ RECIPE = "recipes/larger_smollm2_135m_cpu"
 CONFIGS = {"full": 0, "lora16": 16, "lora64": 64}
 """Configuration name -> LoRA rank (0: full fine-tuning)."""
 
-STEP_KEYS = ("timing_s/update_actor", "timing_s/ref", "timing_s/update_weights", "perf/weight_sync_bytes")
+STEP_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/ref", "timing_s/update_weights",
+             "perf/weight_sync_bytes")
 
 
 def overrides(rank: int, args: argparse.Namespace, out: Path) -> list[str]:
@@ -139,14 +140,15 @@ def _cell(value: float | None, fmt: str) -> str:
 
 def table(results: list[dict]) -> str:
     """The markdown table of the runs (one row per configuration)."""
-    lines = ["| config | lr | steps | update_actor (s) | ref (s) | update_weights (s) | sync (MB) | "
+    lines = ["| config | lr | steps | step (s) | gen (s) | update_actor (s) | ref (s) | update_weights (s) | sync (MB) | "
              "peak memory per rank (GB) | acc before | acc after |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         sync = r["perf/weight_sync_bytes"]
         memory = ", ".join(f"{role} {gb:.2f}" for role, gb in sorted(r["max_memory_gb"].items()))
         lines.append(
-            f"| {r['config']} | {r.get('lr', '')} | {r['steps']} | {_cell(r['timing_s/update_actor'], '.2f')} | "
+            f"| {r['config']} | {r.get('lr', '')} | {r['steps']} | {_cell(r.get('timing_s/step'), '.2f')} | "
+            f"{_cell(r.get('timing_s/gen'), '.2f')} | {_cell(r['timing_s/update_actor'], '.2f')} | "
             f"{_cell(r['timing_s/ref'], '.2f')} | {_cell(r['timing_s/update_weights'], '.2f')} | "
             f"{_cell(None if sync is None else sync / 1e6, '.1f')} | {memory} | "
             f"{_cell(r['acc_before'], '.3f')} | {_cell(r['acc_after'], '.3f')} |")

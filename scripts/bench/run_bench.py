@@ -18,6 +18,11 @@ in its own fresh process, on the same model directory, prompts and settings:
 
 Unknown workload names are refused.
 
+``--lora-rank R`` has grpo_dist, TRL (``peft_config``) and the bare loop (peft) train LoRA adapters of rank R (alpha
+2R) on every linear layer of the blocks, each with the base model (adapters off) as its reference; grpo_dist syncs
+the adapters alone to its engines (``lora.merge=false``, verl's default) or, with ``--lora-merge``, the merged
+weights. The bare rollout baseline stays the plain model's generation.
+
 grpo_dist and TRL alternate (A B, then B A, ...). The report (markdown) is printed and written to
 ``OUT/report.md`` with the raw numbers in ``OUT/results.json``. See docs/benchmarks.md.
 """
@@ -81,6 +86,9 @@ def grpo_overrides(w: dict, out_dir: Path, variant: str | None = None) -> list[s
         f"actor_rollout_ref.actor.optim.lr={w['lr']}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={str(w['gradient_checkpointing']).lower()}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]",
+        *([f"actor_rollout_ref.model.lora_rank={w['lora_rank']}", f"actor_rollout_ref.model.lora_alpha={2 * w['lora_rank']}",
+           "actor_rollout_ref.model.target_modules=all-linear",
+           f"actor_rollout_ref.model.lora.merge={str(bool(w.get('lora_merge'))).lower()}"] if w.get("lora_rank") else []),
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
         f"trainer.device={w.get('device', 'cpu')}",
@@ -254,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                     help="compute precision of every program: fp32, or bf16 over float32 master weights "
                          "(auto: bf16 on CUDA, fp32 on the CPU)")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="train LoRA adapters of this rank (alpha 2 x rank) on every linear layer of the blocks in "
+                         "grpo_dist, TRL (peft_config) and the bare loop (peft), the reference being the base model "
+                         "with the adapters off in all three; 0: full fine-tuning")
+    ap.add_argument("--lora-merge", action="store_true",
+                    help="with --lora-rank: grpo_dist syncs the merged weights to its engines "
+                         "(actor_rollout_ref.model.lora.merge=true) instead of the adapters alone")
     ap.add_argument("--out", default=None, help="output folder (default: outputs/bench/<date-time>)")
     ap.add_argument("--render", metavar="RESULTS_JSON", default=None,
                     help="only print the report of an earlier run's results.json (no program runs)")
@@ -286,6 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
 
     wls = common.workloads(args.quick, args.device, rollout, args.precision, names)
+    if args.lora_merge and not args.lora_rank:
+        ap.error("--lora-merge needs --lora-rank")
+    if args.lora_rank:
+        sync = "merged weights synced" if args.lora_merge else "adapters synced alone"
+        wls = [dict(w, lora_rank=args.lora_rank, lora_merge=args.lora_merge,
+                    model_desc=f"{w['model_desc']}; LoRA rank {args.lora_rank}, alpha {2 * args.lora_rank}, every "
+                    f"linear layer of the blocks (grpo_dist: {sync})") for w in wls]
     prepared = [common.prepare(w, out) for w in wls]
 
     results: dict = {"machine": machine, "command": command, "reps": reps, "workloads": prepared, "runs": {}}

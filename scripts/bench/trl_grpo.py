@@ -14,7 +14,9 @@ Mapping of the workload onto GRPOConfig, so that one TRL optimizer step is one g
   same learning rate, AdamW weight decay 0.01, grad clipping 1.0, constant schedule;
 - gradient checkpointing off (as in the grpo_dist run), dropout off; on CPU float32 (``use_cpu``, no
   bf16), on CUDA ``bf16=True`` (float32 weights, bf16 autocast: grpo_dist's default mixed precision there);
-- the dataset holds exactly the prompts grpo_dist draws, step by step, and is not shuffled.
+- the dataset holds exactly the prompts grpo_dist draws, step by step, and is not shuffled;
+- with ``lora_rank`` in the workload (run_bench.py --lora-rank): a peft ``LoraConfig`` of that rank, alpha twice
+  it, every linear layer, as ``peft_config``; TRL's reference is then the base model with the adapters off.
 
 Measured from outside TRL's code: the wall time between optimizer steps (a TrainerCallback), the
 generated tokens (counted in the reward function from ``completion_ids``), and the time spent in
@@ -108,8 +110,14 @@ def run(w: dict) -> dict:
         def on_step_end(self, args, state, control, **kwargs):
             marks.append(time.perf_counter())
 
+    peft = {}
+    if w.get("lora_rank"):  # with a peft model TRL's reference is the base model with the adapters off
+        from peft import LoraConfig
+
+        peft = {"peft_config": LoraConfig(r=w["lora_rank"], lora_alpha=2 * w["lora_rank"], lora_dropout=0.0,
+                                          target_modules="all-linear", task_type="CAUSAL_LM")}
     trainer = GRPOTrainer(model=w["model_dir"], reward_funcs=[reward_reverse], args=args, train_dataset=train,
-                          processing_class=tok, callbacks=[StepClock()])
+                          processing_class=tok, callbacks=[StepClock()], **peft)
     gen_s: list[float] = []
     fwd_s: list[float] = []
     # private methods of TRL 1.x: timed when present (the step times do not depend on them)

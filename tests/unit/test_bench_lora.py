@@ -48,11 +48,11 @@ def test_summary_takes_medians_after_the_first_step_peaks_and_accuracy():
     val = "val-core/larger/acc/mean@1"
     rows = [
         {"step": 0, val: 0.25},
-        {"step": 1, "timing_s/step": 9.0, "timing_s/update_actor": 5.0, "timing_s/ref": 2.0,
+        {"step": 1, "timing_s/step": 9.0, "timing_s/gen": 3.0, "timing_s/update_actor": 5.0, "timing_s/ref": 2.0,
          "timing_s/update_weights": 1.0, "perf/weight_sync_bytes": 4e6, "perf/max_memory_gb/actor_rollout": 3.0},
-        {"step": 2, "timing_s/step": 4.0, "timing_s/update_actor": 2.0, "timing_s/ref": 1.0,
+        {"step": 2, "timing_s/step": 4.0, "timing_s/gen": 0.5, "timing_s/update_actor": 2.0, "timing_s/ref": 1.0,
          "timing_s/update_weights": 0.5, "perf/weight_sync_bytes": 4e6, "perf/max_memory_gb/actor_rollout": 2.5},
-        {"step": 3, "timing_s/step": 4.0, "timing_s/update_actor": 3.0, "timing_s/ref": 1.5,
+        {"step": 3, "timing_s/step": 5.0, "timing_s/gen": 1.0, "timing_s/update_actor": 3.0, "timing_s/ref": 1.5,
          "timing_s/update_weights": 0.25, "perf/weight_sync_bytes": 4e6, "perf/max_memory_gb/actor_rollout": 2.0,
          val: 0.5},
     ]
@@ -63,7 +63,7 @@ def test_summary_takes_medians_after_the_first_step_peaks_and_accuracy():
     assert (s["acc_before"], s["acc_after"]) == (0.25, 0.5)
     s["config"], s["lr"] = "lora16", 1e-4
     row = bench.table([s]).splitlines()[-1]
-    assert row.startswith("| lora16 | 0.0001 | 3 | 2.50 | 1.25 | 0.38 | 4.0 | actor_rollout 3.00 | 0.250 | 0.500 |")
+    assert row.startswith("| lora16 | 0.0001 | 3 | 4.50 | 0.75 | 2.50 | 1.25 | 0.38 | 4.0 | actor_rollout 3.00 | 0.250 | 0.500 |")
 
 
 def test_unknown_configuration_is_refused():

@@ -148,3 +148,21 @@ def test_large_model_never_samples_eos(tmp_path):
     for eos in common.EOS_TOKEN_IDS:
         assert not (top20 == eos).any()
     assert 20e6 < common.count_params(str(d)) < 30e6
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_lora_reaches_grpo_dists_command_line(merge, tmp_path):
+    """--lora-rank R (--lora-merge): grpo_dist trains rank-R adapters with alpha 2R on every linear layer of the
+    blocks, as TRL's peft_config and the bare loop do, and syncs the adapters alone or the merged weights."""
+    from grpo_dist.config.loader import compose, to_typed
+    from grpo_dist.config.validate import lora_settings, validate_config
+
+    w = next(w for w in common.workloads(False, names=["large"]))
+    w = dict(w, model_dir=str(tmp_path / "model"), train_file=str(tmp_path / "train.parquet"), lora_rank=16,
+             lora_merge=merge)
+    overrides = run_bench.grpo_overrides(w, tmp_path / "out")
+    cfg = to_typed(compose(overrides), overrides)
+    validate_config(cfg, check_paths=False)
+    lora = lora_settings(cfg)
+    assert (lora.rank, lora.alpha, lora.merge) == (16, 32.0, merge)
+    assert lora.target_modules == "all-linear"
