@@ -145,3 +145,20 @@ def test_the_preflight_check_names_a_target_module_the_model_lacks(tiny_model_di
         resolve(load(f"{M}lora.rank=4", f"{M}lora.target_modules=[linear_qkv]")).check_model_fits(str(tiny_model_dir), tok)
     msg = str(info.value)
     assert msg.startswith(f"{M}lora.target_modules") and "linear_qkv" in msg and "q_proj" in msg, msg
+
+
+@pytest.mark.parametrize("overrides,device,warned", [
+    (("actor_rollout_ref.model.lora_rank=16",), "cpu", True),  # verl's default: the adapters synced alone
+    (("actor_rollout_ref.model.lora.rank=16",), "cpu", True),  # the current layout
+    (("actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.lora.merge=true"), "cpu", False),
+    (("actor_rollout_ref.model.lora_rank=16",), "cuda", False),
+    (("actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.rollout.name=hf"), "cpu", False),
+    ((), "cpu", False),
+])
+def test_adapters_served_by_vllm_on_the_cpu_are_warned_about_at_start_up(overrides, device, warned):
+    """vLLM's CPU build generates several times slower through LoRA adapters than with the merged weights
+    (docs/lora.md): a CPU run that syncs the adapters alone to vLLM says so once, naming lora.merge=true."""
+    from grpo_dist.config.spec import resolve
+
+    warning = resolve(load(*overrides)).driver_plan(device, 16).startup_warning
+    assert (warning is not None and "actor_rollout_ref.model.lora.merge=true" in warning) is warned
