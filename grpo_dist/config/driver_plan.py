@@ -62,10 +62,9 @@ def cpu_lora_sync_warning(cfg: GRPOConfig, device: str) -> str | None:
     lora = lora_settings(cfg)
     if lora.rank == 0 or lora.merge:
         return None
-    return ("vLLM's CPU build serves LoRA adapters several times slower than a plain model (SmolLM2-135M at rank "
-            "16: 24.3 s of generation per step against 7.2 s with the merged weights; docs/lora.md); "
-            "actor_rollout_ref.model.lora.merge=true syncs the merged weights instead (the whole model at every "
-            "sync) and samples at the plain model's speed")
+    return ("vLLM's CPU build generates through LoRA adapters several times slower than with the merged weights "
+            "(measured in docs/lora.md); actor_rollout_ref.model.lora.merge=true syncs the merged weights instead "
+            "(the whole model at every sync) and samples at the plain model's speed")
 
 
 @dataclass(frozen=True)

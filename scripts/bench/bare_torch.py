@@ -50,7 +50,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import is_bf16, load_prompt_dataset, response_lengths, subprocess_main, train_flops  # noqa: E402
+from bench_common import (is_bf16, load_prompt_dataset, peft_lora_config, response_lengths, subprocess_main,  # noqa: E402
+                          train_flops)
 
 VARIANTS = ("naive", "padded", "packed", "packed_fused")
 
@@ -117,10 +118,9 @@ def run(w: dict) -> dict:
     model.config.use_cache = False
     lora = w.get("lora_rank")
     if lora:  # peft adapters on every linear layer of the blocks; the reference is the base model, adapters off
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=2 * lora, lora_dropout=0.0,
-                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+        model = get_peft_model(model, peft_lora_config(w))
     params = [p for p in model.parameters() if p.requires_grad]
     vocab = len(tok)  # sample real token ids only (a real-vocabulary model's extra rows are never used)
     # fused AdamW on CUDA: what a user of a plain loop would pick (one kernel launch per step)

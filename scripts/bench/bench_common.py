@@ -337,6 +337,20 @@ def train_flops(matmul_params: int, attn_width: int, seq_lens) -> float:
     return 3.0 * fwd
 
 
+def lora_alpha(w: dict) -> int:
+    """The LoRA alpha of a workload with ``lora_rank`` (run_bench.py --lora-rank): twice the rank, in every program."""
+    return 2 * w["lora_rank"]
+
+
+def peft_lora_config(w: dict):
+    """The peft ``LoraConfig`` TRL and the bare loop train with for a workload with ``lora_rank`` (grpo_dist gets the
+    same through its keys: run_bench.grpo_overrides): every linear layer of the blocks, no dropout."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=w["lora_rank"], lora_alpha=lora_alpha(w), lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+
+
 def is_bf16(w: dict) -> bool:
     """Whether the workload computes in bf16 (``precision``; workloads of older results files have
     none: bf16 on CUDA, float32 on the CPU, as ``workloads(precision="auto")``)."""

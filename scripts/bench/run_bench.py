@@ -86,7 +86,7 @@ def grpo_overrides(w: dict, out_dir: Path, variant: str | None = None) -> list[s
         f"actor_rollout_ref.actor.optim.lr={w['lr']}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={str(w['gradient_checkpointing']).lower()}",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra]",
-        *([f"actor_rollout_ref.model.lora_rank={w['lora_rank']}", f"actor_rollout_ref.model.lora_alpha={2 * w['lora_rank']}",
+        *([f"actor_rollout_ref.model.lora_rank={w['lora_rank']}", f"actor_rollout_ref.model.lora_alpha={common.lora_alpha(w)}",
            "actor_rollout_ref.model.target_modules=all-linear",
            f"actor_rollout_ref.model.lora.merge={str(bool(w.get('lora_merge'))).lower()}"] if w.get("lora_rank") else []),
         "trainer.nnodes=1",
@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--lora-merge needs --lora-rank")
     if args.lora_rank:
         sync = "merged weights synced" if args.lora_merge else "adapters synced alone"
-        wls = [dict(w, lora_rank=args.lora_rank, lora_merge=args.lora_merge,
-                    model_desc=f"{w['model_desc']}; LoRA rank {args.lora_rank}, alpha {2 * args.lora_rank}, every "
+        wls = [dict(w, lora_rank=args.lora_rank, lora_merge=args.lora_merge) for w in wls]
+        wls = [dict(w, model_desc=f"{w['model_desc']}; LoRA rank {w['lora_rank']}, alpha {common.lora_alpha(w)}, every "
                     f"linear layer of the blocks (grpo_dist: {sync})") for w in wls]
     prepared = [common.prepare(w, out) for w in wls]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench_common import is_bf16, load_prompt_dataset, subprocess_main  # noqa: E402
+from bench_common import is_bf16, load_prompt_dataset, peft_lora_config, subprocess_main  # noqa: E402
 
 
 def run(w: dict) -> dict:
@@ -110,12 +110,8 @@ def run(w: dict) -> dict:
         def on_step_end(self, args, state, control, **kwargs):
             marks.append(time.perf_counter())
 
-    peft = {}
-    if w.get("lora_rank"):  # with a peft model TRL's reference is the base model with the adapters off
-        from peft import LoraConfig
-
-        peft = {"peft_config": LoraConfig(r=w["lora_rank"], lora_alpha=2 * w["lora_rank"], lora_dropout=0.0,
-                                          target_modules="all-linear", task_type="CAUSAL_LM")}
+    # with a peft model TRL's reference is the base model with the adapters off
+    peft = {"peft_config": peft_lora_config(w)} if w.get("lora_rank") else {}
     trainer = GRPOTrainer(model=w["model_dir"], reward_funcs=[reward_reverse], args=args, train_dataset=train,
                           processing_class=tok, callbacks=[StepClock()], **peft)
     gen_s: list[float] = []
