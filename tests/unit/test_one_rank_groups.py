@@ -11,16 +11,28 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import os
+    import time
     import torch.distributed as dist
     from grpo_dist.distributed.process_group import free_port, init_process_group
     from grpo_dist.rollout.vllm_engine import share_one_rank_process_groups
 
-    def loops():
-        return sum("gloo_tcp_loop" in open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task"))
+    def loops(at_least=0):
+        # gloo's event-loop threads, counted once there are at_least and the count has held for 0.5 s (at most
+        # 10 s): a loop thread names itself after it starts, so a count taken at once can miss one on a busy machine
+        def count():
+            return sum("gloo_tcp_loop" in open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task"))
+
+        last, since, end = count(), time.monotonic(), time.monotonic() + 10
+        while time.monotonic() < end and (last < at_least or time.monotonic() - since < 0.5):
+            time.sleep(0.05)
+            n = count()
+            if n != last:
+                last, since = n, time.monotonic()
+        return last
 
     init_process_group(backend="gloo", rank=0, world_size=1, master_addr="127.0.0.1", master_port=free_port())
-    dist.barrier()  # the world group's own loop thread is up before counting (it may start late on a busy machine)
-    before = loops()
+    dist.barrier()
+    before = loops(at_least=1)  # the world group's own loop
     share_one_rank_process_groups()
     share_one_rank_process_groups()  # idempotent
     a, b, c = dist.new_group([0], backend="gloo"), dist.new_group(backend="gloo"), dist.new_group([0])
