@@ -23,7 +23,8 @@ import numpy as np
 import ray
 
 from grpo_dist.utils import startup
-from grpo_dist.workers.common import current_node_id, node_ip, process_memory_gb, setup_process, timed
+from grpo_dist.workers.common import (current_node_id, node_ip, process_memory_gb, release_free_heap, setup_process,
+                                      timed)
 
 
 @ray.remote
@@ -117,6 +118,7 @@ class RolloutWorker:
         """Partial rollouts: interrupt the background generation (before a weight sync); how many responses
         were interrupted (counted by an engine's first process only: every process of it holds the same)."""
         interrupted = 0 if self._partial is None else self._partial.pause()
+        release_free_heap()  # the aborted and re-added requests fragment the heap (see the function)
         return interrupted if self._tp_rank == 0 else 0
 
     def resume_generation(self, version: int) -> None:
