@@ -98,8 +98,9 @@ def release_free_heap() -> bool:
     and re-adds them, prefix and tokens so far, as new ones) fragments the heap: the memory in use stays flat
     while free blocks the heap cannot reuse pile up, resident, at about 1 MiB a sync on the CPU
     (docs/benchmarks.md, "A long run"), and the workers' malloc settings (``trainer/roles.CPU_WORKER_MALLOC_ENV``)
-    never give freed memory back on their own. Called at each pause, while the engine is idle; it took 4 ms
-    (median, 10 ms at most) on the 2-core machine.
+    never give freed memory back on their own. Agent loops fragment it the same way (each turn is a new engine
+    request, prefix and all). Called at each pause and after each agent rollout, while the engine is idle; it took
+    4 ms (median, 10 ms at most) on the 2-core machine.
     """
     trim = _malloc_trim()
     if trim is None:

@@ -148,8 +148,10 @@ class RolloutWorker:
             self._server = AsyncRolloutServer(self.engine, max_model_len=settings.prompt_length + settings.response_length,
                                               lockstep=self._tp > 1)
         tokenizer = self._load_tokenizer(tokenizer_path)
-        return self._alone(lambda: agent_rollout(rows, sampling, server=self._server, tokenizer=tokenizer,
-                                                 settings=settings))
+        output = self._alone(lambda: agent_rollout(rows, sampling, server=self._server, tokenizer=tokenizer,
+                                                   settings=settings))
+        release_free_heap()  # every turn is a new engine request: the heap fragments as with partial rollouts
+        return output
 
     def _load_tokenizer(self, tokenizer_path: str):
         if self._tokenizer is None:
