@@ -1,6 +1,6 @@
 """Diagnostics of a step that are not part of the loss: how far the rollout engine's sampling
-distribution is from the trainer's on the same tokens, and how old a trained batch's tokens are (each
-token's policy version, from asynchronous training)."""
+distribution is from the trainer's on the same tokens, how old a trained batch's tokens are (each
+token's policy version, from asynchronous training), and how many groups carry no learning signal."""
 
 import torch
 
@@ -62,3 +62,22 @@ def partial_metrics(versions_BR: torch.Tensor) -> dict[str, float]:
     return {"fully_async/partial/total_partial_num": float(partial),
             "fully_async/partial/partial_ratio": partial / rows if rows else 0.0,
             "fully_async/partial/max_partial_span": float(spans_B.max()) if rows else 0.0}
+
+
+def zero_advantage_group_ratio(advantages_BT: torch.Tensor, mask_BT: torch.Tensor, index_B: list,
+                               atol: float = 1e-6) -> float:
+    """The share of groups whose responses all have advantage 0: ``training/zero_advantage_group_ratio``.
+
+    A group is the rows sharing an ``index_B`` value (a prompt's ``n`` responses, its ``uid``). Group ``g`` has no
+    signal when ``max_{i in g, t} |A[i, t]| * m[i, t] <= atol`` (``advantages_BT`` and ``mask_BT`` ``[B, T]``): its
+    responses contribute nothing to the policy gradient. Under GRPO and its group-relative variants that is a group
+    whose responses all scored alike (all right, or all wrong). Returns ``(groups with no signal) / (groups)``, 0.0
+    for an empty batch.
+    """
+    if not index_B:
+        return 0.0
+    largest_B = (advantages_BT.float().abs() * mask_BT.float()).amax(-1)
+    signal: dict = {}
+    for key, value in zip(index_B, largest_B.tolist()):
+        signal[key] = signal.get(key, False) or value > atol
+    return sum(not s for s in signal.values()) / len(signal)

@@ -44,8 +44,8 @@ from grpo_dist.trainer.dynamic_sampling import step_sampler
 from grpo_dist.trainer.iterative import IterativeRL
 from grpo_dist.trainer.fully_async import Admission, load_chunks, save_chunks
 from grpo_dist.trainer.one_step_off import RolloutAhead
-from grpo_dist.trainer.metrics import (NonfiniteGuard, ResponseClipWarning, Timer, critic_data_metrics, data_metrics,
-                                       throughput_metrics, token_count)
+from grpo_dist.trainer.metrics import (NonfiniteGuard, NoSignalWarning, ResponseClipWarning, Timer, critic_data_metrics,
+                                       data_metrics, throughput_metrics, token_count)
 from grpo_dist.trainer.reward_stage import RewardStage
 from grpo_dist.trainer.roles import Workers, create_workers, startup_lines
 from grpo_dist.trainer.schedule import actor_update_due
@@ -79,6 +79,7 @@ class GRPOTrainer:
         self.adv_params = AdvantageParams(gamma=p.gamma, lam=p.lam, norm_adv_by_std=p.norm_adv_by_std)
         self.kl_ctrl = make_kl_controller(*p.kl_ctrl)
         self.val_sampling, self.clip_warning = p.val_sampling, ResponseClipWarning(p.response_length)
+        self.no_signal = NoSignalWarning()  # steps in a row whose groups all scored alike: said once per stretch
         self.workers: Workers | None
         self.workers, self.global_step = None, 0
         self.rewards: RewardStage | None = None  # set with the workers (start_workers)
@@ -419,6 +420,7 @@ class GRPOTrainer:
         self.summary.tokens += ntok
         m.update(data_metrics(batch, p.response_length))
         self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
+        self.no_signal.observe(m, step=self.global_step + 1)
         if "values" in batch:
             m.update(critic_data_metrics(batch))
         m.update(reward_stats)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import torch
 
+from grpo_dist.core.diagnostics import zero_advantage_group_ratio
 from grpo_dist.core.value import explained_variance
 
 if TYPE_CHECKING:  # the batch container (tensordict) is loaded with the training loop, not with the run's plan
@@ -33,6 +34,7 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     out.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
     out.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
     out.update(_stats("critic/advantages", batch["advantages"][mask]))
+    out["training/zero_advantage_group_ratio"] = zero_advantage_group_ratio(batch["advantages"], mask, list(batch["uid"]))
     out.update(_stats("critic/returns", batch["returns"][mask]))
     resp_len = response_tokens(batch).sum(-1)  # a trajectory's tool tokens count, as in verl
     out.update(_stats("response_length", resp_len))
@@ -173,6 +175,62 @@ class ResponseClipWarning:
                f"data.max_response_length = {self.max_response_length} tokens before they ended, so the "
                "reward never saw the rest of them. Raise data.max_response_length (or ask for shorter "
                "answers in the prompt). Shown once per run; response_length/clip_ratio tracks it each step.")
+        self.emit(msg)
+        return msg
+
+
+NO_SIGNAL_RATIO = 0.95
+"""The share of groups with no learning signal above which a step counts as teaching nothing (:class:`NoSignalWarning`)."""
+NO_SIGNAL_STEPS = 10
+"""Steps in a row that teach nothing before :class:`NoSignalWarning` says so."""
+
+
+class NoSignalWarning:
+    """Warns when the policy gradient has all but vanished for ``steps`` steps in a row.
+
+    A group whose responses all have advantage 0 (under GRPO: they all scored alike) adds nothing to the policy
+    gradient; when nearly every group of a step is such a group (``training/zero_advantage_group_ratio`` >=
+    ``ratio``), the step teaches the policy nothing but the KL term. That happens when the task is solved at this
+    difficulty (every response right) or when the policy collapsed (its entropy near 0, every response the same
+    and wrong): a run that goes on like that spends its steps for nothing, silently. Said once per such stretch,
+    when it reaches ``steps`` steps, with the score and the entropy that tell the two apart.
+
+    Args:
+        steps: steps in a row; default :data:`NO_SIGNAL_STEPS`.
+        ratio: the share of groups with no signal, in (0, 1]; default :data:`NO_SIGNAL_RATIO`.
+        emit: where the message goes (default: print to stdout).
+    """
+
+    def __init__(self, steps: int = NO_SIGNAL_STEPS, ratio: float = NO_SIGNAL_RATIO, emit=None) -> None:
+        if steps < 1 or not 0.0 < ratio <= 1.0:
+            raise ValueError(f"steps = {steps}, ratio = {ratio} are not valid: expected steps >= 1 and a ratio in (0, 1]")
+        self.steps, self.ratio = steps, ratio
+        self.emit = emit if emit is not None else (lambda msg: print(msg, flush=True))
+        self.streak = 0
+        self.first_entropy: tuple[int, float] | None = None  # (step, actor/entropy) of the first step seen
+
+    def observe(self, metrics: dict[str, float], step: int) -> str | None:
+        """Look at one step's metrics; returns (and emits) the warning when the stretch reaches ``steps`` steps."""
+        if self.first_entropy is None and metrics.get("actor/entropy") is not None:
+            self.first_entropy = (step, metrics["actor/entropy"])
+        ratio = metrics.get("training/zero_advantage_group_ratio")
+        if ratio is None:
+            return None
+        self.streak = self.streak + 1 if ratio >= self.ratio else 0
+        if self.streak != self.steps:
+            return None
+        score, entropy = metrics.get("critic/score/mean"), metrics.get("actor/entropy")
+        said = ", ".join(f"{name} {value:.3g}" for name, value in (("critic/score/mean", score), ("actor/entropy", entropy))
+                         if value is not None)
+        if entropy is not None and self.first_entropy is not None and self.first_entropy[0] < step:
+            said += f" ({self.first_entropy[1]:.3g} at step {self.first_entropy[0]})"
+        msg = (f"grpo_dist: warning: in each of steps {step - self.steps + 1}-{step}, at least {self.ratio:.0%} of the "
+               f"groups had responses that all scored alike, so their advantages were 0: these steps taught the policy "
+               f"nothing (at step {step}: {said}). Either the task is solved at this difficulty (harder prompts, or "
+               "stop), or the policy collapsed (entropy near 0, the same wrong response every time): lower "
+               "actor_rollout_ref.actor.optim.lr, raise actor_rollout_ref.rollout.temperature or rollout.n, or keep only "
+               "groups that differ (algorithm.filter_groups.enable=true). training/zero_advantage_group_ratio tracks "
+               "it each step.")
         self.emit(msg)
         return msg
 
