@@ -1,11 +1,12 @@
-"""A long run, watched: does a process's memory grow, or a step get slower, as steps go by?
+"""A long run, watched: does a process's memory grow, a step get slower, or the policy collapse, as steps go by?
 
 Runs one job through the normal entry point (``python -m grpo_dist.main``; the default job unless other keys
 are given after ``--``) for ``--steps`` steps without validation or checkpoints in between, and samples the
 resident memory of each of its processes from outside every ``--every`` seconds (the driver, each Ray worker
 by its role, summed over the processes of a role; psutil, as :mod:`bench_procmon` classifies them). The
 table has one row per window of ``--window`` steps: the median step time and phase times of the window (from
-``metrics.jsonl``) and each role's memory at the window's end. Under it, each role's growth in MiB and in MiB
+``metrics.jsonl``), the window's mean score, share of groups with no learning signal and entropy, and each role's
+memory at the window's end. Under it, each role's growth in MiB and in MiB
 per 100 steps, from the end of the first window (the warm-up: allocators and caches fill during the first
 steps) and over the second half of the run (where a leak still grows and a filled cache does not); and the
 last window's median step time against the second's.
@@ -40,6 +41,10 @@ SHOWN = ("main process", *ROLES)
 """The roles whose memory the table shows (Ray's daemons and idle workers are left out)."""
 PHASES = ("timing_s/step", "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/ref",
           "timing_s/update_actor", "timing_s/update_weights")
+LEARNING = (("critic/score/mean", "score"), ("training/zero_advantage_group_ratio", "no-signal groups"),
+            ("actor/entropy", "entropy"))
+"""How the policy learns, each a window's mean: a collapse (the score and the entropy falling, the groups with no
+learning signal rising to 1) shows here as memory growth does beside it."""
 QUIET = ["trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=-1", "trainer.progress_bar=false"]
 
 
@@ -96,7 +101,7 @@ def run(steps: int, every_s: float, out: Path, overrides: list[str]) -> dict:
 
 def windows(result: dict, size: int) -> list[dict]:
     """One row per window of ``size`` training steps: ``first``/``last`` step, the median of each phase in
-    :data:`PHASES` over the window's steps, and each role's memory at the last sample taken while one of the
+    :data:`PHASES` over the window's steps, the mean of each metric in :data:`LEARNING`, and each role's memory at the last sample taken while one of the
     window's steps was the newest (None where no sample fell in the window; samples taken after the run's
     last step are left out)."""
     rows = [m for m in result["metrics"] if m.get("step", 0) >= 1]
@@ -108,8 +113,10 @@ def windows(result: dict, size: int) -> list[dict]:
         part = rows[start:start + size]
         first, last = part[0]["step"], part[-1]["step"]
         phases = {k: statistics.median(m[k] for m in part if k in m) for k in PHASES if any(k in m for m in part)}
+        learning = {k: statistics.fmean(m[k] for m in part if k in m) for k, _ in LEARNING if any(k in m for m in part)}
         inside = [s for s in training if first <= s[1] <= last]
-        out.append({"first": first, "last": last, "phases": phases, "memory": inside[-1][2] if inside else None,
+        out.append({"first": first, "last": last, "phases": phases, "learning": learning,
+                    "memory": inside[-1][2] if inside else None,
                     "memory_step": inside[-1][1] if inside else None})
     return out
 
@@ -133,10 +140,13 @@ def render(result: dict, size: int) -> str:
     rows = windows(result, size)
     roles = [r for r in SHOWN if any(w["memory"] and r in w["memory"] for w in rows)]
     phases = [k for k in PHASES if any(k in w["phases"] for w in rows)]
-    head = ["steps", *(k.removeprefix("timing_s/") + " s" for k in phases), *(f"{r} MiB" for r in roles)]
+    learning = [(k, name) for k, name in LEARNING if any(k in w.get("learning", {}) for w in rows)]
+    head = ["steps", *(k.removeprefix("timing_s/") + " s" for k in phases), *(name for _, name in learning),
+            *(f"{r} MiB" for r in roles)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for w in rows:
         cells = [f"{w['first']}-{w['last']}", *(f"{w['phases'][k]:.3f}" if k in w["phases"] else "" for k in phases),
+                 *(f"{w['learning'][k]:.3g}" if k in w.get("learning", {}) else "" for k, _ in learning),
                  *(f"{w['memory'][r]:.0f}" if w["memory"] and r in w["memory"] else "" for r in roles)]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")

@@ -1,5 +1,5 @@
-"""scripts/bench/long_run.py: the windows of its table, the memory growth it reports, and that the keys it
-adds to a job leave a valid run of the default job."""
+"""scripts/bench/long_run.py: the windows of its table (time, learning, memory), the memory growth it reports, and
+that the keys it adds to a job leave a valid run of the default job."""
 
 from __future__ import annotations
 
@@ -72,3 +72,18 @@ def test_the_keys_it_adds_leave_a_valid_default_job():
 
     cfg = cfg_of("trainer.total_training_steps=400", *bench.QUIET, "trainer.default_local_dir=/tmp/long_run/run")
     assert cfg.trainer.test_freq == -1 and cfg.trainer.val_before_train is False and cfg.trainer.save_freq == -1
+
+
+def test_windows_show_how_the_policy_learns():
+    """The window's mean score, share of groups with no learning signal and entropy: a collapse shows."""
+    r = result(8, step_s=lambda k: 1.0, memory=lambda k: {"ModelWorker": 100.0})
+    for m in r["metrics"][1:]:
+        k = m["step"]
+        m.update({"critic/score/mean": 0.5 if k <= 4 else 0.0, "training/zero_advantage_group_ratio": 0.4 if k <= 4 else 1.0,
+                  "actor/entropy": 0.3 if k <= 4 else 0.01 * k})
+    rows = bench.windows(r, 4)
+    assert rows[1]["learning"] == pytest.approx({"critic/score/mean": 0.0, "training/zero_advantage_group_ratio": 1.0,
+                                                 "actor/entropy": 0.065})
+    text = bench.render(r, 4)
+    assert "| steps | step s | gen s | score | no-signal groups | entropy | ModelWorker MiB |" in text
+    assert "| 1-4 | 1.000 | 0.250 | 0.5 | 0.4 | 0.3 | 100 |" in text and "| 5-8 | 1.000 | 0.250 | 0 | 1 | 0.065 | 100 |" in text
