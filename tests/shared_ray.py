@@ -105,8 +105,9 @@ class SharedCluster:
         time.sleep(2.0)
         # a pytest killed without its teardown (a timeout's SIGTERM, SIGKILL) does not leave the cluster behind:
         # the watchdog a run's own instance has ends its processes once this process is gone. It lists the
-        # processes there are when it starts, so it starts once the raylet's agents are up too
-        _wait_for_processes(self.proc.pid, _NODE_PROCESSES, timeout_s=30.0)
+        # processes there are when it starts, so it starts once the raylet's agents are up too (they import much
+        # and take long on a loaded 2-core machine: a process missed here would outlive a killed session)
+        _wait_for_processes(self.proc.pid, _NODE_PROCESSES, timeout_s=120.0)
         self.watchdog = ray_watchdog.start(roots=[self.proc.pid])
 
     def stop(self) -> None:
