@@ -1,4 +1,4 @@
-"""verl's GRPO, GSPO, RLOO, REINFORCE++, DAPO-style and LoRA example scripts for FSDP text models, as the
+"""verl's GRPO, GSPO, RLOO, SAPO, REINFORCE++, DAPO-style and LoRA example scripts for FSDP text models, as the
 command-line overrides they pass (verl as of early 2026 and its current layout); the PPO ones are in
 ``tests/verl_ppo_scripts.py``.
 
@@ -269,6 +269,60 @@ CURRENT_GSPO = {
         dict(batch=512, prompt=2048, response=8192, mini=128, tokens=20480, offload="True", n=16),
         ["actor_rollout_ref.actor.use_kl_loss=False"],
         _trainer("verl_gspo_gsm8k_math", "qwen3_8b_vllm_fsdp", 10, 10)),
+    "cpu_sizes": QWEN3_CPU,
+}
+
+# examples/sapo_trainer/run_qwen3_8b_fsdp.sh, current layout (written for Ascend NPUs; the overrides name no device):
+# it sets SAPO's temperatures under policy_loss with "+", where verl's loss does not read them (the actor's keys)
+CURRENT_SAPO = {
+    "overrides": [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        "data.train_files=['{train}', '{train2}']",
+        "data.val_files=['{test}', '{test2}']",
+        "data.train_batch_size=256",
+        "data.max_prompt_length=2048",
+        "data.max_response_length=8192",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=sapo",
+        "+actor_rollout_ref.actor.policy_loss.tau_pos=1.0",
+        "+actor_rollout_ref.actor.policy_loss.tau_neg=1.05",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"{TP}=2",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
+        "actor_rollout_ref.rollout.n=16",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=20480",
+        "actor_rollout_ref.ref.strategy=fsdp2",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=20480",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "trainer.balance_batch=True",
+        "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=verl_sapo_gsm8k_math",
+        "trainer.experiment_name=qwen3_8b_vllm_fsdp",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=1",
+        "trainer.val_before_train=False",
+        "trainer.save_freq=100",
+        "trainer.test_freq=-1",
+        "trainer.total_epochs=10",
+        "ray_kwargs.ray_init.runtime_env.py_executable=null",
+    ],
     "cpu_sizes": QWEN3_CPU,
 }
 
@@ -726,6 +780,7 @@ SCRIPTS = {
     "current_grpo": CURRENT_GRPO,
     "current_gspo": CURRENT_GSPO,
     "current_rloo": CURRENT_RLOO,
+    "current_sapo": CURRENT_SAPO,
     "dapo_recipe": DAPO_RECIPE,
     "dapo_gmpo": DAPO_GMPO,
     "early_grpo_lora": EARLY_GRPO_LORA,

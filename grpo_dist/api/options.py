@@ -165,8 +165,13 @@ def build_objective(
     if loss_mode in TRAINER_ONLY_LOSS_MODES:
         raise ValueError(f"GRPO loss_mode {loss_mode!r} needs the rollout engine's log-probs and rollout-correction "
                          f"settings, which this API does not have; valid: {api_loss_modes()}")
+    spec = get_policy_loss(loss_mode)
+    try:
+        spec.check_params(params)
+    except ValueError as e:
+        raise ValueError(f"GRPO loss_mode {loss_mode!r}: policy_loss_params {e}") from None
     return PolicyObjective(
-        policy_loss=get_policy_loss(loss_mode),
+        policy_loss=spec,
         params=params,
         loss_agg_mode=loss_agg_mode,
         norm_constant=float(max_new_tokens),

@@ -66,6 +66,7 @@ def actor_settings(cfg: GRPOConfig, device: str, total_training_steps: int) -> A
         loss_mode="bypass_mode" if rc.bypass else pl.loss_mode,
         policy_loss=PolicyLossParams.from_section(  # every actor.policy_loss.<name> field, by name
             pl, clip_ratio_low=clip_low, clip_ratio_high=clip_high, clip_ratio_c=a.clip_ratio_c,
+            tau_pos=setting(cfg, "actor_rollout_ref.actor.tau_pos"), tau_neg=setting(cfg, "actor_rollout_ref.actor.tau_neg"),
             rollout_correction=rc if rc.bypass else None),
         loss_agg_mode=a.loss_agg_mode,
         norm_constant=float(cfg.actor_rollout_ref.rollout.response_length if scale is None else scale),

@@ -834,8 +834,10 @@ def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
     if not pl.clip_cov_lb < pl.clip_cov_ub:
         raise _bad(pre + "clip_cov_lb", pl.clip_cov_lb, f"expected a number below clip_cov_ub ({pl.clip_cov_ub})")
     _positive(pre + "ppo_kl_coef", pl.ppo_kl_coef, allow_zero=True)
-    try:  # the checks of the parameters' own declaration (a new loss parameter needs no line here)
-        PolicyLossParams.from_section(pl)
+    for key in ("actor_rollout_ref.actor.tau_pos", "actor_rollout_ref.actor.tau_neg"):  # SAPO's gate temperatures
+        _positive(key, setting(cfg, key))
+    try:  # the checks of the parameters' own declaration and of the mode (a new loss parameter needs no line here)
+        get_policy_loss(pl.loss_mode).check_params(PolicyLossParams.from_section(pl))
     except ValueError as e:
         raise ConfigError(f"{pre}{e}") from None
 

@@ -64,6 +64,9 @@ from grpo_dist.core.policy_loss import (
     bypass_mode_policy_loss,
     cispo_policy_loss,
     clip_cov_policy_loss,
+    dppo_kl_policy_loss,
+    dppo_tv_policy_loss,
+    dro_policy_loss,
     geo_mean_policy_loss,
     get_policy_loss,
     gpg_policy_loss,
@@ -71,6 +74,7 @@ from grpo_dist.core.policy_loss import (
     kl_cov_policy_loss,
     list_policy_losses,
     register_policy_loss,
+    sapo_policy_loss,
     vanilla_policy_loss,
 )
 from grpo_dist.core.reward_model import labelled_bce, replay_count, verifier_agreement

@@ -106,6 +106,10 @@ __all__ = [
     "clip_cov_policy_loss",
     "kl_cov_policy_loss",
     "geo_mean_policy_loss",
+    "sapo_policy_loss",
+    "dro_policy_loss",
+    "dppo_tv_policy_loss",
+    "dppo_kl_policy_loss",
     "bypass_mode_policy_loss",
 ]
 
@@ -183,6 +187,11 @@ class PolicyLossParams:
     clip_cov_ub: float = _param(5.0, "clip_cov: upper bound of the covariance of the tokens that may be cut")
     kl_cov_ratio: float = _param(0.0002, "kl_cov: fraction of response tokens (largest covariance) that get the KL penalty")
     ppo_kl_coef: float = _param(0.1, "kl_cov: coefficient of that KL penalty")
+    dro_beta: float | None = _param(
+        None, "dro: beta of the quadratic log-ratio penalty (beta / 2) (logp - old_logp)^2; must be > 0 with loss_mode=dro")
+    tau_pos: float = _param(1.0, "sapo: temperature of the soft gate on tokens with a positive advantage", "actor")
+    tau_neg: float = _param(1.05, "sapo: temperature of the soft gate on tokens with a zero or negative advantage",
+                            "actor")
     rollout_correction: RolloutCorrectionParams | None = _param(
         None, "the rollout-correction settings bypass_mode reads; None when none are configured",
         "algorithm.rollout_correction")
@@ -202,6 +211,11 @@ class PolicyLossParams:
             raise ValueError(f"clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
         if not self.clip_ratio_c > 1.0:
             raise ValueError(f"clip_ratio_c (dual-clip lower bound) must be > 1, got {self.clip_ratio_c}")
+        if self.dro_beta is not None and not self.dro_beta > 0.0:
+            raise ValueError(f"dro_beta must be > 0 (or None when the loss is not dro), got {self.dro_beta}")
+        for name in ("tau_pos", "tau_neg"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"{name} must be > 0 (a gate temperature), got {getattr(self, name)}")
 
     @classmethod
     def from_section(cls, section: Any, **others: Any) -> "PolicyLossParams":
@@ -242,15 +256,26 @@ class PolicyLossSpec:
     name: str
     fn: PolicyLossFn
     accepts_rollout_is_weights: bool = False
+    check: Callable[[PolicyLossParams], None] | None = None
+
+    def check_params(self, params: PolicyLossParams) -> None:
+        """``ValueError`` when ``params`` lack what this mode needs (its ``check``, from
+        :func:`register_policy_loss`), naming the field; the configuration, the actor's settings and the
+        in-process API call it before anything runs."""
+        if self.check is not None:
+            self.check(params)
 
 
 _REGISTRY: dict[str, PolicyLossSpec] = {}
 
 
-def register_policy_loss(name: str, *, rollout_is_weights: bool = False) -> Callable[[PolicyLossFn], PolicyLossFn]:
+def register_policy_loss(
+    name: str, *, rollout_is_weights: bool = False, check: Callable[[PolicyLossParams], None] | None = None,
+) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator: register ``fn`` as the policy-loss mode called ``name``; ``rollout_is_weights``:
     ``fn`` uses the rollout importance weights ``inputs.rollout_is_weights_BT`` (see the module
-    docstring).
+    docstring); ``check``: raises ``ValueError`` (starting with the field's name) when the params lack
+    what the mode needs beyond :class:`PolicyLossParams`' own checks (:meth:`PolicyLossSpec.check_params`).
 
     Registering the same function again under its name is a no-op (a module imported twice);
     registering a different function under a name already taken raises ``ValueError``.
@@ -261,8 +286,8 @@ def register_policy_loss(name: str, *, rollout_is_weights: bool = False) -> Call
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         if not callable(fn):
             raise ValueError(f"policy loss {name!r} must be a function, got {type(fn).__name__}")
-        add_spec(_REGISTRY, name, PolicyLossSpec(name=name, fn=fn, accepts_rollout_is_weights=rollout_is_weights),
-                 "policy loss")
+        add_spec(_REGISTRY, name, PolicyLossSpec(name=name, fn=fn, accepts_rollout_is_weights=rollout_is_weights,
+                                                 check=check), "policy loss")
         return fn
 
     return decorator
@@ -534,6 +559,128 @@ def geo_mean_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: Poli
             "ppo_kl": masked_mean(-d_BT.detach(), mask_BT),
         }
     return loss, metrics
+
+
+@register_policy_loss("sapo", rollout_is_weights=True)
+def sapo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
+    """SAPO, Soft Adaptive Policy Optimization (arXiv:2511.20347): a smooth gate on
+    the token ratio instead of a hard clip::
+
+        d = clamp(logp - old_logp, -20, 20);   r = exp(d)
+        tau = tau_pos where A > 0, else tau_neg                     (per token)
+        f(r) = sigmoid(tau * (r - 1)) * 4 / tau
+        per_token = -f(r) * A [* w]
+        loss = agg_loss(per_token, mask, agg with mode "seq-mean-token-mean")
+
+    ``df/dlogp = 4 sigma (1 - sigma) r``: 1 at ``r = 1`` (the on-policy gradient is the plain
+    policy gradient's), fading smoothly as ``r`` leaves 1, faster for the larger ``tau`` (verl's
+    ``tau_neg`` 1.05 > ``tau_pos`` 1.0 damps negative updates a little more). Always aggregated per
+    sequence whatever ``agg.mode`` says, as verl does. Micro-batch and rank invariant. Metrics:
+    ``ppo_kl`` (mean of -d) and, for verl's dashboards, ``pg_clipfrac`` and ``pg_clipfrac_lower``
+    (always 0: nothing is clipped). Shapes: [B, T] each -> (0-dim loss, dict).
+    """
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
+    d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
+    tau_BT = torch.where(advantages_BT > 0, torch.full_like(logp_BT, params.tau_pos),
+                         torch.full_like(logp_BT, params.tau_neg)).detach()
+    gate_BT = torch.sigmoid(tau_BT * (torch.exp(d_BT) - 1.0)) * (4.0 / tau_BT)
+    per_token_BT = _weighted(-gate_BT * advantages_BT, w_BT)
+    loss = agg_loss(per_token_BT, mask_BT, replace(agg, mode="seq-mean-token-mean"))
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
+        metrics = {"pg_clipfrac": zero, "pg_clipfrac_lower": zero.clone(), "ppo_kl": masked_mean(-d_BT.detach(), mask_BT)}
+    return loss, metrics
+
+
+def _needs_dro_beta(params: PolicyLossParams) -> None:
+    if params.dro_beta is None:
+        raise ValueError("dro_beta must be set (a number > 0, the weight of DRO's quadratic penalty) with "
+                         "loss_mode=dro; it has no default, as in verl")
+
+
+@register_policy_loss("dro", rollout_is_weights=True, check=_needs_dro_beta)
+def dro_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
+    """DRO, Direct Reward Optimization (verl's ``dro``): the policy gradient with a quadratic proximal
+    penalty on the log-ratio instead of a clip::
+
+        d = logp - old_logp
+        per_token = -(logp * A - beta / 2 * d^2) [* w]              (beta = dro_beta > 0)
+        loss = agg_loss(per_token, mask, agg)
+
+    The penalty's gradient ``beta * d`` pulls each token back toward the policy that sampled it. Invariant
+    under any aggregation mode. Metrics: ``ppo_kl`` (mean of -d). Shapes: [B, T] each -> (loss, dict).
+    """
+    _needs_dro_beta(params)
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
+    d_BT = logp_BT - old_logp_BT
+    per_token_BT = -(logp_BT * advantages_BT - 0.5 * params.dro_beta * d_BT.square())
+    loss = agg_loss(_weighted(per_token_BT, w_BT), mask_BT, agg)
+    with torch.no_grad():
+        metrics = {"ppo_kl": masked_mean(-d_BT.detach(), mask_BT)}
+    return loss, metrics
+
+
+def _dppo(inputs: PolicyLossInputs, agg: AggSpec, params: PolicyLossParams, valid_BT: torch.Tensor) -> PolicyLossOutput:
+    """DPPO's loss once the trust region's token mask ``valid_BT`` (bool, detached) is known."""
+    logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
+    d_BT = torch.clamp(logp_BT - old_logp_BT, -20.0, 20.0)
+    r_BT = torch.exp(d_BT.detach())
+    truncated_BT = torch.clamp(r_BT, max=params.clip_ratio_c)
+    keep_BT = valid_BT.to(logp_BT.dtype)
+    per_token_BT = _weighted(-advantages_BT * truncated_BT * logp_BT * keep_BT, w_BT)
+    loss = agg_loss(per_token_BT, mask_BT, agg)
+    with torch.no_grad():
+        metrics = {
+            "pg_clipfrac": masked_mean(1.0 - keep_BT, mask_BT),
+            "pg_clipfrac_lower": masked_mean((r_BT > params.clip_ratio_c).to(logp_BT.dtype) * keep_BT, mask_BT),
+            "ppo_kl": masked_mean(-d_BT.detach(), mask_BT),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("dppo_tv", rollout_is_weights=True)
+def dppo_tv_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
+    """DPPO-Binary-TV (arXiv:2602.04879): the trust region is a bound on how far each sampled token's
+    probability moved (its total variation), not on the ratio; inside it, a policy gradient weighted by
+    the truncated importance ratio::
+
+        p = exp(logp), p_old = exp(old_logp)
+        valid = (p - p_old <= clip_ratio_high) where A > 0, else (p - p_old >= -clip_ratio_low)   (no gradient)
+        r = exp(clamp(logp - old_logp, -20, 20));   c = sg(min(r, clip_ratio_c))
+        per_token = -A * c * logp * valid [* w]
+        loss = agg_loss(per_token, mask, agg)
+
+    The clip ranges are here thresholds of the probability's change, as in verl; ``clip_ratio_c``
+    truncates the weight (the paper advises a large one; verl's actor default is 3). Invariant under any
+    aggregation mode. Metrics: ``pg_clipfrac`` (tokens outside the region), ``pg_clipfrac_lower``
+    (tokens inside it whose ratio was truncated), ``ppo_kl`` (mean of -d). Shapes: [B, T] each -> (loss, dict).
+    """
+    with torch.no_grad():
+        moved_BT = torch.exp(inputs.logp_BT) - torch.exp(inputs.old_logp_BT)
+        valid_BT = torch.where(inputs.advantages_BT > 0, moved_BT <= params.clip_ratio_high,
+                               moved_BT >= -params.clip_ratio_low)
+    return _dppo(inputs, agg, params, valid_BT)
+
+
+@register_policy_loss("dppo_kl", rollout_is_weights=True)
+def dppo_kl_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
+    """DPPO-Binary-KL (arXiv:2602.04879): as ``dppo_tv`` with the binary KL of the token's probability
+    as the divergence, and a token moving back toward the old policy always inside the region::
+
+        bkl = p_old (old_logp - logp) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+        valid = (bkl <= clip_ratio_high or p <= p_old) where A > 0, else (bkl <= clip_ratio_low or p >= p_old)
+        per_token = -A * sg(min(r, clip_ratio_c)) * logp * valid [* w];   loss = agg_loss(per_token, mask, agg)
+
+    Metrics and invariance as ``dppo_tv``. Shapes: [B, T] each -> (0-dim loss, dict).
+    """
+    with torch.no_grad():
+        logp_BT, old_logp_BT = inputs.logp_BT, inputs.old_logp_BT
+        p_BT, p_old_BT = torch.exp(logp_BT), torch.exp(old_logp_BT)
+        bkl_BT = p_old_BT * (old_logp_BT - logp_BT) + (1.0 - p_old_BT) * torch.log(
+            (1.0 - p_old_BT + 1e-8) / (1.0 - p_BT + 1e-8))
+        valid_BT = torch.where(inputs.advantages_BT > 0, (bkl_BT <= params.clip_ratio_high) | (p_BT <= p_old_BT),
+                               (bkl_BT <= params.clip_ratio_low) | (p_BT >= p_old_BT))
+    return _dppo(inputs, agg, params, valid_BT)
 
 
 @register_policy_loss("bypass_mode")

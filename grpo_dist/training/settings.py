@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from grpo_dist.core.kl import canonical_kl_kind
 from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
-from grpo_dist.core.policy_loss import PolicyLossParams, list_policy_losses
+from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss, list_policy_losses
 from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 
@@ -341,6 +341,10 @@ class ActorSettings(UpdateBatching, OptimizerSettings, ScheduleSettings, FSDPMod
                 f"ActorSettings.loss_mode {self.loss_mode!r} is not a registered policy loss; "
                 f"valid: {list_policy_losses()}"
             )
+        try:
+            get_policy_loss(self.loss_mode).check_params(self.policy_loss)
+        except ValueError as e:
+            raise ValueError(f"ActorSettings.policy_loss: {e}") from None
         if self.loss_agg_mode not in ALL_LOSS_AGG_MODES:
             raise ValueError(f"ActorSettings.loss_agg_mode {self.loss_agg_mode!r} unknown; valid: {list(ALL_LOSS_AGG_MODES)}")
         if self.kl_loss_agg_mode is not None and self.kl_loss_agg_mode not in ALL_LOSS_AGG_MODES:

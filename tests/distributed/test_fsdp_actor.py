@@ -44,14 +44,15 @@ def loss_mode_settings(case: str) -> dict:
     from grpo_dist.core.rollout_correction import RejectionCriterion, RolloutCorrectionParams
 
     mode, _, loss_type = case.partition("/")
-    if mode != "bypass_mode":
-        return dict(loss_mode=mode, policy_loss=PolicyLossParams(clip_ratio_high=0.28))
+    if mode != "bypass_mode":  # (dro_beta only read by dro, which needs one)
+        return dict(loss_mode=mode, policy_loss=PolicyLossParams(clip_ratio_high=0.28, dro_beta=0.5))
     rc = RolloutCorrectionParams(is_level="token", is_lower=0.8, is_upper=1.25, bypass=True, loss_type=loss_type,
                                  rejection=(RejectionCriterion("seq_mean_k1", 0.95, 1.05),))
     return dict(loss_mode=mode, policy_loss=PolicyLossParams(rollout_correction=rc))
 
 
-LOSS_MODE_CASES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "bypass_mode/ppo_clip", "bypass_mode/reinforce")
+LOSS_MODE_CASES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "sapo", "dro", "dppo_tv", "dppo_kl",
+                   "bypass_mode/ppo_clip", "bypass_mode/reinforce")
 LOSS_MODE_CUTS = {
     "micro1": dict(ppo_micro_batch_size_per_gpu=1),
     "dynamic_packed": dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=20, use_remove_padding=True),

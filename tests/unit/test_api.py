@@ -249,8 +249,9 @@ def test_every_registered_loss_mode_and_estimator_trains(loss_mode, adv_estimato
     torch.manual_seed(3)
     model = TinyLM(hidden=16)
     before = params(model)
+    extra = {"policy_loss_params": {"dro_beta": 0.5}} if loss_mode == "dro" else {}  # (dro has no default beta)
     trainer = GRPO(model, reward_fn=target_fraction, loss_mode=loss_mode, adv_estimator=adv_estimator,
-                   learning_rate=1e-3, max_new_tokens=4, batch_size=2, progress=False)
+                   learning_rate=1e-3, max_new_tokens=4, batch_size=2, progress=False, **extra)
     rollout = trainer.generate(torch.randint(0, V, (2, 3)))
     metrics = trainer.update(rollout, torch.arange(len(rollout), dtype=torch.float32))
     assert all(math.isfinite(v) for v in metrics.values()), metrics

@@ -1,4 +1,4 @@
-"""The policy-loss modes beyond vanilla (GSPO, GPG, CISPO, Clip-Cov, KL-Cov, GMPO, bypass mode) and the
+"""The policy-loss modes beyond vanilla (GSPO, GPG, CISPO, Clip-Cov, KL-Cov, GMPO, SAPO, DRO, DPPO, bypass mode) and the
 straight-through KL kinds: each against numbers worked out by hand and against a plain loop written
 from the mode's definition (one sequence, one token at a time, python floats), values AND gradients.
 
@@ -460,6 +460,197 @@ def test_geo_mean_matches_a_plain_loop(seed):
     w = (0.5 + torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)) * mask
     loss, grad, _ = call("geo_mean", logp, old, adv, mask, agg=agg, params=p, rollout_is_weights_BT=w)
     assert_matches(loss, grad, *geo_mean_loop(logp, old, adv, mask, 0.2, 0.28, n_seq + 2, w=w), tol=1e-7)
+
+
+# --------------------------------------------------------------------------------------------------
+# SAPO
+# --------------------------------------------------------------------------------------------------
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_sapo_by_hand_soft_gate_and_per_sequence_mean():
+    # tau_pos = 1, tau_neg = ln 3 (so that sigmoid(tau_neg * (2 - 1)) = 3/4)
+    # row 0: d = [0, ln 2] -> r = [1, 2];  A = [2, -1]
+    #   token 0 (A > 0, tau 1):    f = sigmoid(0) * 4 / 1 = 2;             loss -f A = -4
+    #                              df/dlogp = 4 s (1 - s) r = 4 * 1/4 * 1 = 1 -> d(loss)/dlogp = -A = -2
+    #   token 1 (A < 0, tau ln 3): f = (3/4) * 4 / ln 3 = 3 / ln 3;          loss -f A = 3 / ln 3
+    #                              df/dlogp = 4 * 3/4 * 1/4 * 2 = 1.5       -> d(loss)/dlogp = 1.5
+    #   row mean: (-4 + 3 / ln 3) / 2
+    # row 1: one token, d = 0, A = 1: loss -2, gradient -1; row mean -2
+    # seq-mean-token-mean over 2 sequences, whatever agg.mode says (token-mean here):
+    #   loss = ((-4 + 3 / ln 3) / 2 - 2) / 2;  gradients [[-2 / 2, 1.5 / 2], [-1, 0]] / 2
+    logp = t([[-1.0, -1.0], [-1.0, -1.0]])
+    old = t([[-1.0, -1.0 - math.log(2.0)], [-1.0, -1.0]])
+    adv = t([[2.0, -1.0], [1.0, 0.0]])
+    mask = t([[1, 1], [1, 0]])
+    params = PolicyLossParams(tau_pos=1.0, tau_neg=math.log(3.0))
+    loss, grad, m = call("sapo", logp, old, adv, mask, agg=AggSpec("token-mean"), params=params)
+    assert loss == pytest.approx(((-4 + 3 / math.log(3.0)) / 2 - 2) / 2)
+    torch.testing.assert_close(grad, t([[-0.5, 0.375], [-0.5, 0.0]]))
+    assert m["ppo_kl"] == pytest.approx(-math.log(2.0) / 3)  # mean of -d over the 3 response tokens
+    assert m["pg_clipfrac"] == 0.0 and m["pg_clipfrac_lower"] == 0.0
+    # on policy (r = 1 everywhere) the gradient is the plain policy gradient's, whatever the temperatures
+    _, g_on, _ = call("sapo", logp, logp, adv, mask, params=params)
+    _, g_pg, _ = call("gpg", logp, logp, adv, mask, agg=AggSpec("seq-mean-token-mean"))
+    torch.testing.assert_close(g_on, g_pg)
+
+
+def sapo_loop(logp, old, adv, mask, tau_pos, tau_neg, n_seq, w=None):
+    L, O, A, M = logp.tolist(), old.tolist(), adv.tolist(), mask.tolist()
+    W = w.tolist() if w is not None else None
+    loss, grad = 0.0, [[0.0] * len(L[0]) for _ in L]
+    for i in range(len(L)):
+        toks = tokens_of(M[i])
+        for j in toks:
+            d = L[i][j] - O[i][j]
+            r = math.exp(clip(d, -20, 20))
+            tau = tau_pos if A[i][j] > 0 else tau_neg
+            s = sigmoid(tau * (r - 1))
+            wt = W[i][j] if W else 1.0
+            loss += -s * 4 / tau * A[i][j] * wt / len(toks) / n_seq
+            grad[i][j] = -A[i][j] * 4 * s * (1 - s) * r * wt / len(toks) / n_seq
+    return loss, grad
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sapo_matches_a_plain_loop(seed):
+    logp, old, adv, mask = random_inputs(seed, spread=0.6, token_adv=True)
+    _, n_seq = counts(mask)
+    w = 0.5 + torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    loss, grad, _ = call("sapo", logp, old, adv, mask, agg=AggSpec("token-mean", global_seqs=n_seq + 2),
+                         params=PolicyLossParams(tau_pos=1.0, tau_neg=1.05), rollout_is_weights_BT=w)
+    assert_matches(loss, grad, *sapo_loop(logp, old, adv, mask, 1.0, 1.05, n_seq + 2, w))
+
+
+# --------------------------------------------------------------------------------------------------
+# DRO
+# --------------------------------------------------------------------------------------------------
+
+
+def test_dro_by_hand_quadratic_penalty_pulls_back_to_the_sampling_policy():
+    # beta = 0.5; logp = [-1, -2], old = [-1.5, -2] -> d = [0.5, 0]; A = [1, 1]
+    #   per token -(logp A - beta/2 d^2) = [1 + 0.0625, 2] -> token-mean 3.0625 / 2
+    #   gradient -(A - beta d) / 2 = [-(1 - 0.25) / 2, -1 / 2] = [-0.375, -0.5]
+    logp, old, adv, mask = t([[-1.0, -2.0]]), t([[-1.5, -2.0]]), t([[1.0, 1.0]]), t([[1, 1]])
+    loss, grad, m = call("dro", logp, old, adv, mask, params=PolicyLossParams(dro_beta=0.5))
+    assert loss == pytest.approx(3.0625 / 2)
+    torch.testing.assert_close(grad, t([[-0.375, -0.5]]))
+    assert m == {"ppo_kl": pytest.approx(-0.25)}
+
+
+def test_dro_needs_its_beta():
+    logp, old, adv, mask = t([[-1.0]]), t([[-1.0]]), t([[1.0]]), t([[1]])
+    with pytest.raises(ValueError, match="dro_beta must be set"):
+        call("dro", logp, old, adv, mask)
+    with pytest.raises(ValueError, match="dro_beta must be set"):
+        get_policy_loss("dro").check_params(PolicyLossParams())
+    get_policy_loss("dro").check_params(PolicyLossParams(dro_beta=0.1))
+    get_policy_loss("vanilla").check_params(PolicyLossParams())  # no other mode reads it
+    with pytest.raises(ValueError, match="dro_beta must be > 0"):
+        PolicyLossParams(dro_beta=0.0)
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_dro_matches_a_plain_loop(agg_mode):
+    logp, old, adv, mask = random_inputs(5, spread=0.4, token_adv=True)
+    n_tok, n_seq = counts(mask)
+    beta = 0.3
+    L, O, A, M = logp.tolist(), old.tolist(), adv.tolist(), mask.tolist()
+    want, want_grad = 0.0, [[0.0] * len(L[0]) for _ in L]
+    for i in range(len(L)):
+        toks = tokens_of(M[i])
+        norm = {"token-mean": n_tok, "seq-mean-token-sum": n_seq, "seq-mean-token-mean": n_seq * max(len(toks), 1)}[agg_mode]
+        for j in toks:
+            d = L[i][j] - O[i][j]
+            want += -(L[i][j] * A[i][j] - beta / 2 * d * d) / norm
+            want_grad[i][j] = -(A[i][j] - beta * d) / norm
+    loss, grad, _ = call("dro", logp, old, adv, mask, agg=AggSpec(agg_mode), params=PolicyLossParams(dro_beta=beta))
+    assert_matches(loss, grad, want, want_grad)
+
+
+# --------------------------------------------------------------------------------------------------
+# DPPO (binary TV and binary KL trust regions)
+# --------------------------------------------------------------------------------------------------
+
+
+def dppo_case():
+    """Five tokens, probabilities old -> new, advantages (clip ranges 0.2 / 0.2, clip_ratio_c 3)."""
+    p_old = [0.5, 0.2, 0.5, 0.1, 0.9]
+    p_new = [0.6, 0.6, 0.1, 0.4, 0.1]
+    adv = [1.0, 1.0, -1.0, -1.0, 1.0]
+    logp = t([[math.log(p) for p in p_new]])
+    old = t([[math.log(p) for p in p_old]])
+    return logp, old, t([adv]), t([[1, 1, 1, 1, 1]])
+
+
+def test_dppo_tv_by_hand():
+    # moved p - p_old = [0.1, 0.4, -0.4, 0.3, -0.8]
+    #   A > 0 valid when moved <= 0.2: tokens 0 and 4 (4 moved back); token 1 outside
+    #   A < 0 valid when moved >= -0.2: token 3; token 2 outside
+    # weights sg(min(r, 3)): token 0 r = 1.2; token 3 r = 4 -> 3 (truncated); token 4 r = 1/9
+    # per token -A c logp: [-1.2 ln 0.6, 0, 0, 3 ln 0.4, -(1/9) ln 0.1]; token-mean over 5
+    # gradient -A c / 5 on the valid tokens: [-1.2, 0, 0, 3, -1/9] / 5
+    logp, old, adv, mask = dppo_case()
+    loss, grad, m = call("dppo_tv", logp, old, adv, mask, params=PolicyLossParams(clip_ratio_c=3.0))
+    assert loss == pytest.approx((-1.2 * math.log(0.6) + 3 * math.log(0.4) - math.log(0.1) / 9) / 5)
+    torch.testing.assert_close(grad, t([[-1.2, 0.0, 0.0, 3.0, -1 / 9]]) / 5)
+    assert m["pg_clipfrac"] == pytest.approx(2 / 5)  # outside the region
+    assert m["pg_clipfrac_lower"] == pytest.approx(1 / 5)  # inside, weight truncated (token 3)
+
+
+def test_dppo_kl_by_hand():
+    # binary KL bkl = p_old ln(p_old / p) + (1 - p_old) ln((1 - p_old) / (1 - p)):
+    #   token 0: 0.5 ln(0.5/0.6) + 0.5 ln(0.5/0.4) = 0.0204 <= 0.2            -> valid
+    #   token 1: 0.2 ln(0.2/0.6) + 0.8 ln(0.8/0.4) = 0.3348 > 0.2, p > p_old   -> outside (A > 0)
+    #   token 2: 0.5 ln(0.5/0.1) + 0.5 ln(0.5/0.9) = 0.5108 > 0.2, p < p_old   -> outside (A < 0)
+    #   token 3: A < 0 and p >= p_old: moving against the advantage's push is always inside -> valid
+    #   token 4: A > 0 and p <= p_old: the same -> valid, although its bkl is large (1.76)
+    # valid tokens as dppo_tv's, so the same loss and gradient here
+    logp, old, adv, mask = dppo_case()
+    loss, grad, m = call("dppo_kl", logp, old, adv, mask, params=PolicyLossParams(clip_ratio_c=3.0))
+    assert loss == pytest.approx((-1.2 * math.log(0.6) + 3 * math.log(0.4) - math.log(0.1) / 9) / 5)
+    torch.testing.assert_close(grad, t([[-1.2, 0.0, 0.0, 3.0, -1 / 9]]) / 5)
+    assert m["pg_clipfrac"] == pytest.approx(2 / 5) and m["pg_clipfrac_lower"] == pytest.approx(1 / 5)
+    # where the two regions differ, thresholds 0.1: p 0.2 -> 0.35 with A > 0 moved 0.15 (TV: outside), its
+    # bkl = 0.2 ln(0.2/0.35) + 0.8 ln(0.8/0.65) = 0.054 (KL: inside, gradient -A r = -1.75)
+    one = (t([[math.log(0.35)]]), t([[math.log(0.2)]]), t([[1.0]]), t([[1]]))
+    tenth = PolicyLossParams(clip_ratio_low=0.1, clip_ratio_high=0.1, clip_ratio_c=3.0)
+    _, g_tv, _ = call("dppo_tv", *one, params=tenth)
+    _, g_kl, _ = call("dppo_kl", *one, params=tenth)
+    assert g_tv[0, 0] == 0.0 and g_kl[0, 0] == pytest.approx(-1.75)
+
+
+def dppo_loop(kind, logp, old, adv, mask, lo, hi, c, n_tok):
+    L, O, A, M = logp.tolist(), old.tolist(), adv.tolist(), mask.tolist()
+    loss, grad = 0.0, [[0.0] * len(L[0]) for _ in L]
+    for i in range(len(L)):
+        for j in tokens_of(M[i]):
+            p, q = math.exp(L[i][j]), math.exp(O[i][j])
+            if kind == "tv":
+                valid = (p - q <= hi) if A[i][j] > 0 else (p - q >= -lo)
+            else:
+                bkl = q * (O[i][j] - L[i][j]) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+                valid = (bkl <= hi or p <= q) if A[i][j] > 0 else (bkl <= lo or p >= q)
+            if valid:
+                w = min(math.exp(clip(L[i][j] - O[i][j], -20, 20)), c)
+                loss += -A[i][j] * w * L[i][j] / n_tok
+                grad[i][j] = -A[i][j] * w / n_tok
+    return loss, grad
+
+
+@pytest.mark.parametrize("kind", ["tv", "kl"])
+@pytest.mark.parametrize("seed", range(3))
+def test_dppo_matches_a_plain_loop(kind, seed):
+    logp, old, adv, mask = random_inputs(seed, spread=0.8, token_adv=True)
+    logp, old = logp.clamp(max=-0.05), old.clamp(max=-0.05)  # probabilities below 1
+    n_tok, _ = counts(mask)
+    params = PolicyLossParams(clip_ratio_low=0.05, clip_ratio_high=0.08, clip_ratio_c=1.5)
+    loss, grad, m = call(f"dppo_{kind}", logp, old, adv, mask, agg=AggSpec("token-mean", global_tokens=n_tok), params=params)
+    assert_matches(loss, grad, *dppo_loop(kind, logp, old, adv, mask, 0.05, 0.08, 1.5, n_tok))
+    assert 0 < m["pg_clipfrac"] < 1, m  # the region cuts some tokens and keeps others
 
 
 # --------------------------------------------------------------------------------------------------

@@ -155,6 +155,32 @@ def test_config_key_is_validated_and_mapped_onto_the_actor_settings(registry):
     assert actor_settings(cfg, "cpu", total_training_steps=10).loss_mode == "toy"
 
 
+def test_sapo_and_dro_keys_reach_the_actor_and_bad_values_are_one_message():
+    """verl's SAPO temperatures (actor keys) and DRO's beta (a policy_loss key) reach the actor's loss
+    parameters; dro without its beta, or a temperature <= 0, is refused naming the key before anything runs."""
+    from grpo_dist.config.loader import ConfigError
+    from grpo_dist.config.role_settings import actor_settings
+
+    cfg = _config("actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=0.9",
+                  "actor_rollout_ref.actor.tau_neg=1.3")
+    s = actor_settings(cfg, "cpu", total_training_steps=10)
+    assert (s.loss_mode, s.policy_loss.tau_pos, s.policy_loss.tau_neg) == ("sapo", 0.9, 1.3)
+    cfg = _config("actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=0.2")
+    assert actor_settings(cfg, "cpu", total_training_steps=10).policy_loss.dro_beta == 0.2
+    for overrides, key in [
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "actor_rollout_ref.actor.policy_loss.dro_beta"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=-1"],
+         "actor_rollout_ref.actor.policy_loss.dro_beta"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_neg=0"],
+         "actor_rollout_ref.actor.tau_neg"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            _config(*overrides)
+        assert key in str(info.value) and "\n" not in str(info.value).strip(), (overrides, str(info.value))
+    with pytest.raises(ValueError, match="dro_beta"):
+        ActorSettings(loss_mode="dro")
+
+
 # --- the LR schedule object the actor's LambdaLR holds -----------------------------------------
 def test_lr_multiplier_follows_lr_lambda_and_survives_pickling():
     m = LRMultiplier("cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)

@@ -35,6 +35,8 @@ def another_value(f: dataclasses.Field):
         return f.default + 1
     if isinstance(f.default, float):
         return f.default / 2
+    if f.default is None and f.type in ("float | None", float | None):  # a number with no default (dro_beta)
+        return 0.25
     raise AssertionError(f"PolicyLossParams.{f.name}: teach another_value a value of {type(f.default).__name__}")
 
 
@@ -45,14 +47,16 @@ def load(*overrides: str):
 
 
 def test_the_policy_loss_section_is_the_parameters_plus_the_mode():
-    assert {f.name for f in KEYS} == {"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef"}
+    assert {f.name for f in KEYS} == {"clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef",
+                                      "dro_beta"}
     assert all(f.metadata["key"] == POLICY_LOSS_KEY and f.metadata["help"] for f in KEYS)
     names = [f.name for f in dataclasses.fields(PolicyLossConfig)]
-    assert names == ["loss_mode", *(f.name for f in KEYS), "dro_beta"]  # the declaration's order
-    # the other fields are keys elsewhere (actor.clip_ratio_*, algorithm.rollout_correction), not here
+    # the declaration's order, then the other spelling of SAPO's temperatures that verl's SAPO scripts use
+    assert names == ["loss_mode", *(f.name for f in KEYS), "tau_pos", "tau_neg"]
+    # the other fields are keys elsewhere (actor.clip_ratio_*, actor.tau_*, algorithm.rollout_correction), not here
     others = {f.name for f in dataclasses.fields(PolicyLossParams)} - {f.name for f in KEYS}
-    assert others == {"clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "rollout_correction"}
-    assert not others & set(names)
+    assert others == {"clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "rollout_correction", "tau_pos", "tau_neg"}
+    assert not (others - {"tau_pos", "tau_neg"}) & set(names)
 
 
 @pytest.mark.parametrize("f", KEYS, ids=lambda f: f.name)
@@ -61,9 +65,10 @@ def test_each_parameter_is_a_documented_config_key_with_its_default(f):
     assert schema_field.default == f.default
     assert schema_field.metadata["help"] == f.metadata["help"]
     assert getattr(load().actor_rollout_ref.actor.policy_loss, f.name) == f.default
-    yaml_line = f"{f.name}: {f.default!r}  # {f.metadata['help']}"
+    shown = "null" if f.default is None else repr(f.default)
+    yaml_line = f"{f.name}: {shown}  # {f.metadata['help']}"
     assert yaml_line in {line.strip() for line in docgen.YAML_PATH.read_text().splitlines()}
-    row = f"| `{PRE}{f.name}` | `{f.default!r}` | honoured | {f.metadata['help'].replace('|', '/')} |"
+    row = f"| `{PRE}{f.name}` | `{shown}` | honoured | {f.metadata['help'].replace('|', '/')} |"
     assert row in docgen.DOC_PATH.read_text().splitlines()
     assert docgen.main(["--check"]) == 0
 

@@ -43,6 +43,20 @@ def test_a_refused_script_is_refused_on_its_one_key(name):
         load(verl_scripts.script_args(verl_scripts.SCRIPTS[name], cpu=False, **PATHS))
 
 
+def test_the_sapo_script_reaches_the_actor_with_its_gate_temperatures():
+    """verl's SAPO script: loss_mode=sapo, its temperatures written under policy_loss with "+" (another
+    spelling of the actor's keys here); a temperature that contradicts the actor's key is one message."""
+    from grpo_dist.config.role_settings import actor_settings
+
+    args = verl_scripts.script_args(verl_scripts.CURRENT_SAPO, cpu=True, **PATHS)
+    s = actor_settings(load(args), "cpu", total_training_steps=2)
+    assert (s.loss_mode, s.loss_agg_mode, s.policy_loss.tau_pos, s.policy_loss.tau_neg) == ("sapo", "token-mean", 1.0, 1.05)
+    s = actor_settings(load([a.replace("tau_neg=1.05", "tau_neg=1.4") for a in args]), "cpu", total_training_steps=2)
+    assert s.policy_loss.tau_neg == 1.4
+    with pytest.raises(ConfigError, match=r"tau_neg = 1\.4 is not valid: it contradicts"):
+        load([a.replace("tau_neg=1.05", "tau_neg=1.4") for a in args] + ["actor_rollout_ref.actor.tau_neg=1.2"])
+
+
 def test_the_current_lora_script_trains_all_linear_layers_at_its_rank():
     """verl's current tuning script: rank 32, alpha 32, all-linear adapters; its vLLM limits and offload
     keys are kept as given; what has no effect here is named."""

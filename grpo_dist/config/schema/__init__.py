@@ -30,7 +30,6 @@ from typing import Optional
 
 from grpo_dist.config.fields import F, ConfigError, Honoured, NoOp, Refused, S
 from grpo_dist.config.schema.actor import (
-    NO_SUCH_LOSS,
     TEXT_MODELS,
     ActorConfig,
     CheckpointConfig,
@@ -168,7 +167,6 @@ __all__ = [
     "DATA_SPEED",
     "ENGINE_SPEED",
     "FSDP2_ONLY",
-    "NO_SUCH_LOSS",
     "ONE_TIMEOUT",
     "SCHEDULE_LENGTH",
     "TEXT_MODELS",

@@ -4,7 +4,7 @@ loss), with its subsections ``policy_loss`` (generated from the loss parameters)
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, make_dataclass
+from dataclasses import MISSING, dataclass, fields, make_dataclass
 from types import UnionType
 from typing import Any, Dict, List, Optional, Union, get_type_hints
 
@@ -33,7 +33,12 @@ from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 
 
 TEXT_MODELS = NoOp("grpo_dist trains text models: there is no vision tower")
-NO_SUCH_LOSS = NoOp("read only by verl's sapo and dro policy losses, which are not built here (policy_loss.loss_mode refuses them)")
+
+
+def _loss_param(name: str) -> Any:
+    """The :class:`~grpo_dist.core.policy_loss.PolicyLossParams` field ``name`` of a loss parameter keyed
+    in this section (``actor_rollout_ref.actor.<name>``): its default and help are declared there once."""
+    return next(f for f in fields(PolicyLossParams) if f.name == name)
 
 
 @dataclass
@@ -90,8 +95,8 @@ def _policy_loss_config() -> type:
     """``actor_rollout_ref.actor.policy_loss``, generated from the loss parameters' one declaration:
     ``loss_mode``, then one key per :func:`~grpo_dist.core.policy_loss.policy_loss_keys` field of
     :class:`~grpo_dist.core.policy_loss.PolicyLossParams` (its type, default and help, in declaration
-    order), then verl's ``dro_beta`` (no loss here reads it). A new loss parameter declared there
-    becomes a key here, in conf/ and in docs/configuration.md with no edit of this module."""
+    order). A new loss parameter declared there becomes a key here, in conf/ and in
+    docs/configuration.md with no edit of this module."""
     hints = get_type_hints(PolicyLossParams)
     params = [
         (f.name, _config_type(hints[f.name]), F(f.default if f.default is not MISSING else f.default_factory(),
@@ -104,8 +109,11 @@ def _policy_loss_config() -> type:
         + ", or a mode registered with grpo_dist.core.policy_loss.register_policy_loss"
         + " (vanilla: the PPO clipped surrogate with clip-higher and dual clip; docs/algorithms.md)",
     )
-    dro_beta = F(None, "DRO's quadratic log-ratio penalty", NO_SUCH_LOSS)
-    cls = make_dataclass("PolicyLossConfig", [("loss_mode", str, loss_mode), *params, ("dro_beta", Optional[float], dro_beta)])
+    # verl's own SAPO scripts set the gate temperatures here (verl's loss reads the actor's keys)
+    aliases = [(name, Optional[float], F(None, "SAPO's gate temperature where verl's SAPO scripts write it; null = unset",
+                                         Honoured(alias_of=f"actor_rollout_ref.actor.{name}")))
+               for name in ("tau_pos", "tau_neg")]
+    cls = make_dataclass("PolicyLossConfig", [("loss_mode", str, loss_mode), *params, *aliases])
     cls.__module__ = __name__  # importable (pickled with the configuration) as grpo_dist.config.schema.actor.PolicyLossConfig
     return cls
 
@@ -173,8 +181,8 @@ class ActorConfig:
     use_prefix_grouper: bool = F(False, "share the prompt's forward among a group's responses", SPEED_ONLY)
     pad_to_length: bool = F(False, "pad packed sequences to fixed lengths", SPEED_ONLY)
     freeze_vision_tower: bool = F(False, "freeze a vision-language model's vision tower", TEXT_MODELS)
-    tau_pos: float = F(1.0, "SAPO's temperature for positive advantages", NO_SUCH_LOSS)
-    tau_neg: float = F(1.05, "SAPO's temperature for negative advantages", NO_SUCH_LOSS)
+    tau_pos: float = F(_loss_param("tau_pos").default, _loss_param("tau_pos").metadata["help"])
+    tau_neg: float = F(_loss_param("tau_neg").default, _loss_param("tau_neg").metadata["help"])
     policy_loss: PolicyLossConfig = S(PolicyLossConfig, "the policy-loss function")
     optim: OptimConfig = S(OptimConfig, "optimizer and learning-rate schedule")
     fsdp_config: FSDPConfig = S(FSDPConfig, "FSDP2 sharding and precision")
