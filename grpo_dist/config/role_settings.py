@@ -10,7 +10,7 @@ from grpo_dist.config.facts import checkpoint_contents, compute_dtype, micro_bat
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.reward_sources import RewardSource
-from grpo_dist.config.validate import CRITIC_MODEL, critic_fsdp, critic_grad_clip, lora_settings
+from grpo_dist.config.validate import CRITIC_MODEL, critic_fsdp, critic_grad_clip, lora_settings, optimizer_overrides
 from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.training.dtypes import dtype_name
 from grpo_dist.training.settings import ActorSettings, CriticSettings, RewardModelSettings
@@ -41,6 +41,9 @@ def optimizer_fields(cfg: GRPOConfig, key: str, optim, total_training_steps: int
         min_lr_ratio=optim.min_lr_ratio,
         num_cycles=optim.num_cycles,
         zero_indexed_step=optim.zero_indexed_step,
+        optimizer=optim.optimizer,
+        optimizer_impl=optim.optimizer_impl,
+        optimizer_kwargs=optimizer_overrides(optim),
     )
 
 

@@ -417,6 +417,36 @@ def critic_grad_clip(cfg: GRPOConfig) -> float:
 CRITIC_CKPT_REQUIRED = ("model", "optimizer", "extra")
 
 
+def optimizer_overrides(optim: Any) -> dict:
+    """An ``optim`` section's ``override_optimizer_config`` as a plain dict ({} when null)."""
+    from omegaconf import OmegaConf
+
+    extra = optim.override_optimizer_config
+    return dict(OmegaConf.to_container(extra) if OmegaConf.is_config(extra) else (extra or {}))
+
+
+def check_optimizer(key: str, optim: Any) -> None:
+    """An ``optim`` section's optimizer (``key`` names it): the class imports and takes the arguments it
+    would be built with (tried on one dummy parameter), before any worker starts."""
+    import torch
+
+    from grpo_dist.training.optimizer_choice import optimizer_arguments, optimizer_class
+
+    try:
+        cls = optimizer_class(optim.optimizer_impl, optim.optimizer)
+    except ValueError as e:
+        raise ConfigError(f"{key}.{e}") from None
+    extra = optimizer_overrides(optim)
+    args = optimizer_arguments(optim.optimizer, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay,
+                               extra=extra)
+    try:
+        cls([torch.nn.Parameter(torch.zeros(1))], **args)
+    except (TypeError, ValueError) as e:
+        where, value = (f"{key}.override_optimizer_config", extra) if extra else (f"{key}.optimizer", optim.optimizer)
+        raise _bad(where, value, f"{optim.optimizer_impl}.{optim.optimizer} refuses the arguments {sorted(args)} "
+                   f"({e})") from None
+
+
 def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     """The ``critic.*`` keys and ``trainer.critic_warmup`` of a run that trains a critic."""
     from grpo_dist.core.losses import LOSS_AGG_MODES
@@ -464,6 +494,7 @@ def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("critic.optim.min_lr_ratio", c.optim.min_lr_ratio, "expected a number in [0, 1]")
     if len(c.optim.betas) != 2 or not all(0 <= b < 1 for b in c.optim.betas):
         raise _bad("critic.optim.betas", list(c.optim.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+    check_optimizer("critic.optim", c.optim)  # after the numbers' own checks, which name their keys
     if d.train_batch_size % c.ppo_mini_batch_size:
         raise _bad("critic.ppo_mini_batch_size", c.ppo_mini_batch_size,
                    f"data.train_batch_size ({d.train_batch_size}) must be divisible by it; "
@@ -704,6 +735,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
         raise _bad("actor_rollout_ref.actor.optim.min_lr_ratio", optim.min_lr_ratio, "expected a number in [0, 1]")
     if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
         raise _bad("actor_rollout_ref.actor.optim.betas", list(optim.betas), "expected two numbers in [0, 1), e.g. [0.9, 0.999]")
+    check_optimizer("actor_rollout_ref.actor.optim", optim)  # after the numbers' own checks, which name their keys
     _positive("trainer.max_consecutive_nonfinite_steps", tr.max_consecutive_nonfinite_steps, allow_zero=True)
     _freq("trainer.save_freq", tr.save_freq)
     _freq("trainer.test_freq", tr.test_freq)

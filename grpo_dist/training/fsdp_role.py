@@ -15,7 +15,7 @@ Building, from the settings' shared parts (:mod:`grpo_dist.training.settings`)
 - :meth:`FSDPRole.build_model`: load and shard with FSDP2
   (:class:`~grpo_dist.training.settings.FSDPModelSettings`); with a seed, weights the folder lacks are
   drawn the same on every rank and the process's own RNG is left as it was.
-- :meth:`FSDPRole.build_optimizer`: AdamW (:class:`~grpo_dist.training.settings.OptimizerSettings`)
+- :meth:`FSDPRole.build_optimizer`: AdamW or another optimizer (:class:`~grpo_dist.training.settings.OptimizerSettings`)
   and, for settings with a :class:`~grpo_dist.training.settings.ScheduleSettings` part, its LR schedule.
 
 One update call (:meth:`FSDPRole.run_update`)
@@ -68,7 +68,7 @@ from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.memory import resolve_auto_settings
 from grpo_dist.training.micro_batches import take_rows
 from grpo_dist.training.model_builder import build_fsdp_model, model_config, require_process_group, to_torch_device
-from grpo_dist.training.optim import clip_grad_norm, make_adamw, make_lr_scheduler, move_optimizer_state
+from grpo_dist.training.optim import clip_grad_norm, make_lr_scheduler, make_optimizer, move_optimizer_state
 from grpo_dist.training.settings import ScheduleSettings
 from grpo_dist.training.update import clip_and_step, run_mini_batches
 
@@ -181,11 +181,12 @@ class FSDPRole:
             self.config.architectures = [type(self.model).__name__.removeprefix("FSDP")]
 
     def build_optimizer(self) -> None:
-        """:attr:`optimizer` (AdamW over the trainable parameters) and, when the settings have a
+        """:attr:`optimizer` (AdamW, or the settings' optimizer class, over the trainable parameters) and, when the settings have a
         :class:`~grpo_dist.training.settings.ScheduleSettings` part, :attr:`lr_scheduler` (else the rate
         stays ``lr``)."""
         s = self.settings
-        self.optimizer = make_adamw(self.model, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+        self.optimizer = make_optimizer(self.model, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay,
+                                        optimizer=s.optimizer, optimizer_impl=s.optimizer_impl, extra=s.optimizer_kwargs)
         if isinstance(s, ScheduleSettings):
             self.lr_scheduler = make_lr_scheduler(
                 self.optimizer, kind=s.lr_scheduler_type, warmup_steps=s.lr_warmup_steps,

@@ -24,7 +24,8 @@ layer is recomputed. tests/unit/test_memory_plan.py checks the estimate against 
 really saves for a Qwen2 model (within 10 %).
 
 The model's own state is ``16 P / W`` bytes (float32 master weights, gradients and AdamW's two
-moments of ``P`` parameters sharded over ``W`` ranks) plus the gathered compute-dtype copy of the
+moments of ``P`` parameters sharded over ``W`` ranks; another optimizer, ``optim.optimizer``, is counted
+the same: over for SGD's one momentum, under for one that keeps three or more states) plus the gathered compute-dtype copy of the
 unsharded modules (``b P_root``: embeddings, output layer, final norm) and of two layers. Under LoRA
 (``A`` adapter parameters on a frozen base) it is ``4 P / W + 16 A / W``: only the adapters have
 gradients and AdamW state; the activations are counted as without LoRA (each adapted layer keeps its

@@ -6,22 +6,33 @@ numbers from its settings.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from grpo_dist.core.schedules import LRMultiplier, resolve_warmup_steps
+from grpo_dist.training.optimizer_choice import optimizer_arguments, optimizer_class
 from grpo_dist.training.update import grad_norm_tensor
 
-__all__ = ["make_adamw", "make_lr_scheduler", "clip_grad_norm", "move_optimizer_state"]
+__all__ = ["make_optimizer", "make_lr_scheduler", "clip_grad_norm", "move_optimizer_state"]
 
 
-def make_adamw(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters. ``foreach``: one multi-tensor op per step instead of a
-    Python loop of DTensor ops per parameter (torch picks the loop for CPU tensors)."""
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas,
-                             weight_decay=weight_decay, foreach=True)
+def make_optimizer(model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float,
+                   optimizer: str = "AdamW", optimizer_impl: str = "torch.optim",
+                   extra: Mapping[str, Any] | None = None) -> torch.optim.Optimizer:
+    """The optimizer over the trainable parameters: ``optimizer_impl.optimizer`` (:func:`optimizer_class`)
+    with :func:`optimizer_arguments`. torch's AdamW (the default) runs ``foreach``, one multi-tensor op per
+    step instead of a Python loop of DTensor ops per parameter (torch picks the loop for CPU tensors),
+    unless ``extra`` says otherwise."""
+    cls = optimizer_class(optimizer_impl, optimizer)
+    args = optimizer_arguments(optimizer, lr=lr, betas=betas, weight_decay=weight_decay, extra=extra)
+    if cls is torch.optim.AdamW:
+        args = {"foreach": True, **args}
+    return cls([p for p in model.parameters() if p.requires_grad], **args)
 
 
 def make_lr_scheduler(optimizer: torch.optim.Optimizer, *, kind: str, warmup_steps: int | None, warmup_ratio: float,

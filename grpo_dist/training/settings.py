@@ -8,12 +8,14 @@ transformers nor :mod:`grpo_dist.training.actor`, so the driver process can buil
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from grpo_dist.core.kl import canonical_kl_kind
 from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
 from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss, list_policy_losses
 from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.optimizer_choice import optimizer_class
 
 __all__ = ["FORWARD_KEYS", "UPDATE_KEYS", "update_keys", "CRITIC_UPDATE_KEYS", "RM_UPDATE_KEYS", "UpdateBatching",
            "OptimizerSettings", "ScheduleSettings", "FSDPModelSettings", "MemorySettings", "CheckpointSettings", "LoraSettings",
@@ -151,18 +153,28 @@ class UpdateBatching:
 
 @dataclass
 class OptimizerSettings:
-    """AdamW and gradient clipping of a trained model."""
+    """The optimizer (AdamW unless said otherwise) and gradient clipping of a trained model."""
 
     lr: float = 1e-5
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float | None = 1.0
     """Clip the global gradient norm to this; None or <= 0: no clipping (the norm is still reported)."""
+    optimizer: str = "AdamW"
+    """The optimizer class (verl's ``optim.optimizer``) in :attr:`optimizer_impl`."""
+    optimizer_impl: str = "torch.optim"
+    """The module it is imported from (verl's ``optim.optimizer_impl``)."""
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Further keyword arguments of the optimizer (verl's ``optim.override_optimizer_config``); they may
+    override ``lr``, ``weight_decay`` and ``betas`` (:func:`grpo_dist.training.optim.optimizer_arguments`)."""
 
     def check_optimizer(self) -> None:
         if len(tuple(self.betas)) != 2:
             raise ValueError(f"betas must be two floats, got {self.betas!r}")
         self.betas = (float(self.betas[0]), float(self.betas[1]))
+        if not isinstance(self.optimizer_kwargs, dict):
+            raise ValueError(f"optimizer_kwargs must be a dict of keyword arguments, got {self.optimizer_kwargs!r}")
+        optimizer_class(self.optimizer_impl, self.optimizer)  # ValueError naming the valid classes
 
 
 @dataclass

@@ -263,6 +263,23 @@ def job_two_ranks(rank: int, world_size: int, model_dir: str, ckpt_dir: str, exp
         "lr": (a_metrics["actor/lr"], b_metrics["actor/lr"], c_metrics["actor/lr"]),
         "update_count": (a.update_count, b.update_count),
     }
+    # the same round trip with another optimizer (verl's optim.optimizer and override_optimizer_config):
+    # SGD with momentum, whose buffers the checkpoint must carry
+    sgd_settings = dataclasses.replace(resume_settings, optimizer="SGD", lr=0.5,
+                                       optimizer_kwargs={"momentum": 0.9, "nesterov": True})
+    runs = {}
+    for name, load in (("continuous", False), ("resumed", True), ("fresh", None)):
+        actor = make(sgd_settings)
+        if load is False:
+            actor.update_policy(b1)
+            actor.save_checkpoint(Path(ckpt_dir) / "sgd")
+        elif load:
+            actor.load_checkpoint(Path(ckpt_dir) / "sgd")
+        actor.update_policy(b2)
+        runs[name] = actor.state_dict_for_sync()
+        runs[f"{name}_optimizer"] = type(actor.optimizer).__name__
+        runs[f"{name}_momentum"] = sum(len(st) for st in actor.optimizer.state.values()) > 0
+    out["resume_sgd"] = runs
     return out
 
 
@@ -649,6 +666,17 @@ def test_checkpoint_round_trip(two_rank, one_rank):
     assert max_param_diff(res["fresh"], res["continuous"]) > 2e-6  # the checkpoint matters
     # loaded on a different world size (DCP reshards), the run continues the same way
     assert max_param_diff(one_rank["resumed_on_one_rank"], res["continuous"]) < 1e-6
+
+
+def test_another_optimizer_is_built_and_resumes_exactly(two_rank):
+    """optim.optimizer=SGD with override_optimizer_config (momentum, nesterov): the actor builds it, and its
+    momentum buffers go through the checkpoint (a resumed run continues as the uninterrupted one)."""
+    res, adamw = two_rank["ranks"][0]["resume_sgd"], two_rank["ranks"][0]["resume"]
+    assert {res[f"{k}_optimizer"] for k in ("continuous", "resumed", "fresh")} == {"SGD"}
+    assert res["continuous_momentum"] and res["resumed_momentum"]
+    assert max_param_diff(res["resumed"], res["continuous"]) < 1e-7
+    assert max_param_diff(res["fresh"], res["continuous"]) > 2e-6  # the checkpoint (weights and momentum) matters
+    assert max_param_diff(res["continuous"], adamw["continuous"]) > 2e-6  # not AdamW's update
 
 
 def test_export_hf_loads_in_transformers(two_rank, fsdp_model_dir):

@@ -124,7 +124,6 @@ def test_states_that_accept_only_the_default_have_plain_defaults():
     ("actor_rollout_ref.actor.fsdp_config.qat.enable=true", ["qat.enable"]),
     ("actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.fsdp_plan.fsdp_implementation=turbo",
      ["fsdp_implementation", "'turbo'", "native"]),
-    ("actor_rollout_ref.actor.optim.optimizer=SGD", ["optim.optimizer", "'SGD'", "AdamW"]),
     ("actor_rollout_ref.actor.fsdp_config.full_determinism=true", ["full_determinism"]),
     ("data.custom_cls.path=/x.py", ["data.custom_cls.path", "row format"]),
     ("actor_rollout_ref.rollout.nnodes=2", ["rollout.nnodes", "standalone rollout", "hybrid_engine=false"]),

@@ -52,7 +52,7 @@ from grpo_dist.config.schema.async_training import (
     AsyncTrainingConfig,
     SuperSampleConfig,
 )
-from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
+from grpo_dist.config.schema.common import COPY_OF_N, FSDP2_ONLY, ONE_TIMEOUT, SCHEDULE_LENGTH
 from grpo_dist.config.schema.critic import (
     CRITIC_READS_ACTOR_IDS,
     CriticCheckpointConfig,
@@ -160,7 +160,6 @@ __all__ = [
     "Refused",
     "S",
     # field states
-    "ADAMW_ONLY",
     "BATCH_CONTENTS",
     "COPY_OF_N",
     "CRITIC_READS_ACTOR_IDS",

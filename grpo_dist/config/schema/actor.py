@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Union, get_type_hints
 from omegaconf import II
 
 from grpo_dist.config.fields import F, Honoured, NoOp, S
-from grpo_dist.config.schema.common import ADAMW_ONLY, COPY_OF_N, FSDP2_ONLY, SCHEDULE_LENGTH
+from grpo_dist.config.schema.common import COPY_OF_N, FSDP2_ONLY, SCHEDULE_LENGTH
 from grpo_dist.config.sections.engine import (
     ENTROPY_CHUNKED,
     SPEED_ONLY,
@@ -43,9 +43,9 @@ def _loss_param(name: str) -> Any:
 
 @dataclass
 class OptimConfig(MegatronOptimKeys):
-    lr: float = F(5e-4, "peak learning rate of AdamW")
-    weight_decay: float = F(0.01, "AdamW weight decay")
-    betas: List[float] = F([0.9, 0.999], "AdamW betas")
+    lr: float = F(5e-4, "peak learning rate of the optimizer (AdamW by default)")
+    weight_decay: float = F(0.01, "weight decay of the optimizer (AdamW's by default)")
+    betas: List[float] = F([0.9, 0.999], "betas of an Adam-type optimizer")
     lr_warmup_steps: int = F(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio")
     lr_warmup_steps_ratio: float = F(0.0, "warm-up steps as a fraction of the total training steps")
     lr_scheduler_type: str = F("constant", "schedule after warm-up: " + " | ".join(LR_SCHEDULER_TYPES))
@@ -57,9 +57,13 @@ class OptimConfig(MegatronOptimKeys):
                                     Honoured(alias_of=".lr_scheduler_type"))
     num_cycles: float = F(0.5, "waves of the cosine schedule (0.5 = one half cosine down to min_lr_ratio)")
     zero_indexed_step: bool = F(True, "the cosine schedule counts steps from 0 (false: from 1)")
-    optimizer: str = F("AdamW", "optimizer class", ADAMW_ONLY)
-    optimizer_impl: str = F("torch.optim", "module of the optimizer class", ADAMW_ONLY)
-    override_optimizer_config: Optional[Dict[str, Any]] = F(None, "extra optimizer arguments", ADAMW_ONLY)
+    optimizer: str = F("AdamW", "optimizer class in optimizer_impl (AdamW, Adam, SGD, ...); built with lr and "
+                       "weight_decay, and betas when its name contains 'adam' (verl's rule)")
+    optimizer_impl: str = F("torch.optim", "module the optimizer class is imported from: torch.optim, or a package "
+                            "installed where the workers run (torchao.optim, bitsandbytes.optim, ...)")
+    override_optimizer_config: Dict[str, Any] = F(
+        {}, "further keyword arguments of the optimizer (momentum, eps, ...; may override lr, weight_decay and "
+        "betas), each set as +...override_optimizer_config.NAME=VALUE; {} = none (verl's null)")
 
 
 @dataclass

@@ -7,12 +7,11 @@ that only one section gives lives beside that section.
 
 from __future__ import annotations
 
-from grpo_dist.config.fields import NoOp, Refused
+from grpo_dist.config.fields import NoOp
 
 
 SCHEDULE_LENGTH = NoOp("the schedule always spans the run's steps (trainer.total_training_steps, or total_epochs x "
                        "steps per epoch), as verl's trainer writes here")
-ADAMW_ONLY = Refused("optimizers other than torch's AdamW are not built here; weight_decay, betas and lr are AdamW's settings")
 ONE_TIMEOUT = NoOp("one collective timeout, actor_rollout_ref.nccl_timeout, covers every FSDP role here",
                    same_as="actor_rollout_ref.nccl_timeout", otherwise="set actor_rollout_ref.nccl_timeout instead")
 FSDP2_ONLY = NoOp("grpo_dist trains with FSDP2 (fsdp runs as the same sharding)", values=("fsdp", "fsdp2"),

@@ -70,7 +70,7 @@ class CriticOptimConfig(OptimConfig):
     """The actor's optimizer keys (same order, same reading), with the critic's learning rate and its own
     ``clip_grad`` (an alias of ``critic.grad_clip``, not of the actor's)."""
 
-    lr: float = F(1e-5, "peak learning rate of the critic's AdamW")
+    lr: float = F(1e-5, "peak learning rate of the critic's optimizer")
     clip_grad: float = F(1.0, "clip the critic's global gradient norm to this value (verl's current key; critic.grad_clip is the early-2026 one: set either)")
 
 

@@ -182,8 +182,9 @@ class RolloutConfig:
     n_gpus_per_node: int = F(II("trainer.n_gpus_per_node"), "devices per node of the standalone rollout devices "
                              "(trainer.v1.trainer_mode=separate_async; with trainer.device=cpu: rollout ranks per node, "
                              "one core each)")
-    over_sample_rate: float = F(0, "start more prompts than needed and keep the first finished", off_feature(
-        "over-sampling the rollout", "leave it at 0"))
+    over_sample_rate: float = F(0, "abort a step's last requests once (1 - this) of them finished (verl's SGLang SPMD "
+                                "rollout, removed in December 2025)", NoOp(
+        "verl's trainer reads it nowhere since its SGLang SPMD rollout was removed; no request is aborted here either"))
     ignore_eos: bool = F(False, "keep generating past the end-of-sequence token", off_feature(
         "generating past the end-of-sequence token", "leave it false"))
     full_determinism: bool = F(False, "deterministic engine kernels", off_feature(
