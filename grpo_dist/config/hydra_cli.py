@@ -406,13 +406,17 @@ def start_files(job: Job) -> StartFiles:
     return StartFiles(dirs, files)
 
 
-def _close_log_files(folder: str) -> None:
-    """Close the root logger's file handlers writing into ``folder`` (the job log), so it can go."""
+def _restore_root_logger(handlers: list[logging.Handler], level: int) -> None:
+    """Give the root logger back ``handlers`` and ``level``, closing the handlers a job added (its job log's
+    file), so that a process that calls ``main`` itself (a notebook, a sweep driver of its own) logs as before
+    and holds no file of a finished job open."""
     root = logging.getLogger()
     for h in list(root.handlers):
-        if isinstance(h, logging.FileHandler) and os.path.abspath(h.baseFilename).startswith(os.path.abspath(folder) + os.sep):
+        if h not in handlers:
             root.removeHandler(h)
             h.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def run_job(job: Job, task: Callable[[Any, Callable[[], None]], int]) -> int:
@@ -421,7 +425,8 @@ def run_job(job: Job, task: Callable[[Any, Callable[[], None]], int]) -> int:
     ``hydra.job.env_set`` and call ``task(spec, write_files)`` (``spec``: the job's run specification,
     :func:`grpo_dist.config.spec.resolve`d there, in the job's folder and environment); the task calls
     ``write_files`` (the ``.hydra/`` files) once it owns the output directory (after taking its lock), so a refused run
-    never overwrites a running one's files. The working directory is restored afterwards.
+    never overwrites a running one's files. The working directory and the root logger (its handlers and level)
+    are restored afterwards.
 
     A start that fails before ``write_files`` has written the files (a full disk, bad data, another
     run's lock) removes what it created (:func:`start_files`): the folders, the job log, the files."""
@@ -432,6 +437,7 @@ def run_job(job: Job, task: Callable[[Any, Callable[[], None]], int]) -> int:
     HydraConfig.instance().set_config(full)
     old_cwd = os.getcwd()
     created, started = start_files(job), []
+    root_before = list(logging.getLogger().handlers), logging.getLogger().level
 
     def write_files() -> None:
         write_hydra_files(job)
@@ -467,8 +473,8 @@ def run_job(job: Job, task: Callable[[Any, Callable[[], None]], int]) -> int:
             except (OSError, ValueError):  # a handler whose stream is already closed: nothing left to flush
                 pass
         os.chdir(old_cwd)
+        _restore_root_logger(*root_before)  # (closes the job log, so a failed start may remove it)
         if rc and not started:  # the start failed before the run owned its folder: leave nothing of it
-            _close_log_files(job.output_dir)
             created.remove_created()
 
 

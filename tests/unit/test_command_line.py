@@ -183,6 +183,19 @@ def test_hydra_job_chdir_env_and_verbose(recorder, in_tmp):
     assert os.getcwd() == str(in_tmp)
 
 
+def test_a_job_called_in_process_gives_the_root_logger_back(recorder, in_tmp):
+    """A notebook or a sweep driver of one's own calls ``main`` and goes on: afterwards its logging is its own
+    again, and no handler writes into the finished job's log (which may then be moved or deleted)."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    assert main(["trainer.default_local_dir=out", "hydra.verbose=true"]) == 0
+    assert recorder.calls[0]["root_level"] == logging.DEBUG and "FileHandler" in recorder.calls[0]["handlers"]
+    assert root.handlers == before and root.level == level
+    size = (in_tmp / "out" / "main.log").stat().st_size
+    logging.getLogger("grpo_dist.test").warning("after the job")
+    assert (in_tmp / "out" / "main.log").stat().st_size == size
+
+
 def test_job_logging_disabled_writes_no_log(recorder, in_tmp):
     assert main(["trainer.default_local_dir=out", "hydra/job_logging=disabled"]) == 0
     assert (in_tmp / "out" / ".hydra").is_dir() and not (in_tmp / "out" / "main.log").exists()
