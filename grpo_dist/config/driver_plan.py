@@ -180,6 +180,10 @@ class DriverPlan:
     val_before_train: bool
     val_only: bool
     log_val_generations: int
+    rollout_data_dir: str | None
+    """``trainer.rollout_data_dir``: each training step's responses go to ``<folder>/<step>.jsonl`` (:mod:`grpo_dist.trainer.dumps`)."""
+    validation_data_dir: str | None
+    """``trainer.validation_data_dir``: each validation's responses, the same way."""
     test_freq: int
     save_freq: int
     compute_dtype: str
@@ -276,6 +280,8 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         val_before_train=t.val_before_train,
         val_only=t.val_only,
         log_val_generations=t.log_val_generations,
+        rollout_data_dir=t.rollout_data_dir or None,
+        validation_data_dir=t.validation_data_dir or None,
         test_freq=test_freq,
         save_freq=t.save_freq,
         compute_dtype=compute_dtype(actor.fsdp_config.dtype, device),

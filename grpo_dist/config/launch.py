@@ -52,6 +52,9 @@ class LaunchPlan:
     reward_trial: dict
     """``reward_model.timeout_s`` and ``.on_error``: how the custom function's trial call is limited and judged."""
     out_dir: str
+    dump_dirs: dict[str, str]
+    """The folders of generation dumps by their key (``trainer.rollout_data_dir``, ``.validation_data_dir``; those
+    set): made at start, so that a folder this user cannot write stops the run before any worker starts."""
     ray_init: dict
     """Keyword arguments of ``distributed.worker_group.init_ray``."""
     timeline_file: str | None
@@ -94,6 +97,7 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         custom_reward=(rf, setting(cfg, "custom_reward_function.name") or "compute_score") if rf else None,
         reward_trial=dict(timeout_s=cfg.reward_model.timeout_s, on_error=cfg.reward_model.on_error),
         out_dir=t.default_local_dir,
+        dump_dirs={f"trainer.{k}": getattr(t, k) for k in ("rollout_data_dir", "validation_data_dir") if getattr(t, k)},
         ray_init=dict(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
                       min_cpus=bundles(cfg),  # a bundle of one CPU per rank of every pool
                       runtime_env=dict(py_executable=env.py_executable, env_vars=dict(env.env_vars),

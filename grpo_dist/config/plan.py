@@ -342,9 +342,11 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
         c = cfg.critic
         notes.append(f"critic: {d.train_batch_size // c.ppo_mini_batch_size} mini-batch(es) x ppo_epochs {c.ppo_epochs}, "
                      f"{c.ppo_mini_batch_size * n // dp} response(s) per rank per mini-batch")
-    if t.val_only or t.log_val_generations:
-        if t.log_val_generations:
-            notes.append(f"validation: {t.log_val_generations} sample(s) logged as a table each time (val_generations.jsonl)")
+    if t.log_val_generations:
+        notes.append(f"validation: {t.log_val_generations} sample(s) logged as a table each time (val_generations.jsonl)")
+    for what, folder in (("training step", t.rollout_data_dir), ("validation", t.validation_data_dir)):
+        if folder:
+            notes.append(f"every response of each {what} written to {folder}/<step>.jsonl")
     if rollout.mode == "async":
         notes.append(agents_note(cfg))
     noop, noop_total = noop_keys(cfg)

@@ -7,6 +7,7 @@ that it exists (checks that need the model or the data run later, in the trainer
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields
 from typing import Any
 
@@ -610,6 +611,11 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     _choice("trainer.device", tr.device, DEVICES)
     _check_loggers(tr.logger)
     _positive("trainer.log_val_generations", tr.log_val_generations, allow_zero=True)
+    if tr.rollout_data_dir and tr.validation_data_dir and (
+            os.path.abspath(os.path.expanduser(tr.rollout_data_dir)) == os.path.abspath(os.path.expanduser(tr.validation_data_dir))):
+        raise _bad("trainer.validation_data_dir", tr.validation_data_dir,
+                   "it is also trainer.rollout_data_dir: both write <step>.jsonl, so a step's validation would overwrite "
+                   "the responses that step trained on; give the two different folders")
     if tr.val_only and not tr.val_before_train:
         raise _bad("trainer.val_only", True, "verl validates only before training and then stops, so with "
                    "trainer.val_before_train=false it ignores val_only and trains; set val_before_train=true (its default) "

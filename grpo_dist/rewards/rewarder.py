@@ -9,7 +9,7 @@ supervision each step's reward on the token that ends the step
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -31,6 +31,8 @@ class RewardResult:
         stats: what the scorer counted (``reward/num_errors``, ``reward/num_timeouts``).
         first_error: with ``reward_model.on_error=zero``, the message of the batch's first failed
             sample (function, file and line, sample); None when none failed.
+        extra: the scorer's extra values (verl's ``reward_extra_info``): for each key other than ``score``
+            that a dict result had, B values (None where a sample's result had no such key).
     """
 
     scores_B: torch.Tensor
@@ -38,6 +40,7 @@ class RewardResult:
     step_end_mask_BR: torch.Tensor | None
     stats: dict[str, float]
     first_error: str | None = None
+    extra: dict[str, list] = field(default_factory=dict)
 
 
 class BatchRewarder:
@@ -97,4 +100,4 @@ class BatchRewarder:
             token_level_BR = place_scores_on_last_token(scores_B, response_mask_BR)
         return RewardResult(scores_B=scores_B, token_level_scores_BR=token_level_BR,
                             step_end_mask_BR=step_end_BR, stats={k: float(v) for k, v in stats.items()},
-                            first_error=self.scorer.last_problem)
+                            first_error=self.scorer.last_problem, extra=extra)

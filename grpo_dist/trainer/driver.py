@@ -40,6 +40,7 @@ from grpo_dist.rollout.assemble import merge_outputs, prompt_batch, responses_to
 from grpo_dist.rollout.base import SamplingSettings, rollout_step_seed
 from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import checkpoint, validation
+from grpo_dist.trainer.dumps import GenerationDump, batch_rows
 from grpo_dist.trainer.dynamic_sampling import step_sampler
 from grpo_dist.trainer.iterative import IterativeRL
 from grpo_dist.trainer.fully_async import Admission, load_chunks, save_chunks
@@ -86,6 +87,9 @@ class GRPOTrainer:
         self.iterative: IterativeRL | None = None
         self.summary = RunSummary(out_dir=str(self.out_dir))
         self.nonfinite = NonfiniteGuard(p.max_consecutive_nonfinite_steps)
+        self.rollout_dump = GenerationDump(p.rollout_data_dir, "trainer.rollout_data_dir") if p.rollout_data_dir else None
+        self.val_dump = (GenerationDump(p.validation_data_dir, "trainer.validation_data_dir")
+                         if p.validation_data_dir else None)
         self.stop = stop if stop is not None else StopSignal(out_dir=str(self.out_dir))
         self.rc, self.sampling = p.rollout_correction, step_sampler(p.step_sampling)
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
@@ -415,6 +419,10 @@ class GRPOTrainer:
                 self.sync_due(timer, m)
             if self.iterative is not None:  # iterative RL: every N steps, the reward-model update and reference reset
                 m.update(self.iterative.after_step(batch, self.global_step + 1, timer))
+            if self.rollout_dump is not None:
+                with timer("dump_rollout_generations"):  # (verl's timing name)
+                    self.rollout_dump.write(self.global_step + 1, batch_rows(
+                        batch, self.tokenizer, batch["token_level_scores"].sum(-1).tolist(), self.global_step + 1))
         step_s = time.perf_counter() - t0
         ntok = token_count(batch)
         self.summary.tokens += ntok
@@ -441,7 +449,7 @@ class GRPOTrainer:
                 self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],
                 score=lambda batch: self.rewards.score(batch, token_level=False)[0], batch_size=p.val_batch_size,
                 n=self.val_sampling.n, tokenizer=self.tokenizer, log_generations=p.log_val_generations,
-                tracker=tracker, step=self.global_step)
+                tracker=tracker, step=self.global_step, dump=self.val_dump)
 
     def validate_only(self, tracker: Tracker) -> RunSummary:
         """``trainer.val_only`` (verl): validate the resumed checkpoint (else the initial model), log, stop."""

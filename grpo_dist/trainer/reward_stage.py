@@ -129,7 +129,10 @@ class RewardStage:
     # ------------------------------------------------------------------------------------------
     def score(self, batch: Batch, *, token_level: bool = True, timer: Timer | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores [B]; with ``token_level`` also ``token_level_scores`` in the batch (and
-        ``step_end_mask`` with process supervision, ``rm_targets`` with iterative RL)."""
+        ``step_end_mask`` with process supervision, ``rm_targets`` with iterative RL). The batch also gets
+        ``reward_extra_info``: per row, the reward function's extra values (a dict; empty when the function
+        returned a number, or did not score the batch)."""
+        batch["reward_extra_info"] = [{} for _ in range(len(batch))]
         if not self.models or not token_level:
             return self._rule_only(batch, token_level)
         timer = timer or Timer()
@@ -200,6 +203,8 @@ class RewardStage:
                                 list(batch["ground_truth"]), list(batch["extra_info"]), token_level, step_rewards,
                                 optional)[0]
         self.counts.add(len(result.scores_B), result.stats, result.first_error)
+        batch["reward_extra_info"] = [{k: v[i] for k, v in result.extra.items()}
+                                      for i in range(len(batch))]
         return result
 
     def _rule_only(self, batch: Batch, token_level: bool) -> tuple[torch.Tensor, dict[str, float]]:

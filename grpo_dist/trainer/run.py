@@ -194,6 +194,14 @@ def _run(spec: RunSpec, lp, stop, on_start: Callable[[], None] | None, logs) -> 
     except OSError as exc:
         lock.release()
         return _fail(_write_failure(out_dir, exc), 2)
+    for key, folder in lp.dump_dirs.items():  # the generation dumps' folders (grpo_dist.trainer.dumps)
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            from grpo_dist.utils.disk import write_failure
+
+            lock.release()
+            return _fail(write_failure(key, folder, exc), 2)
     if lock.note:
         print(f"grpo_dist: {lock.note}", flush=True)
     if log_file is not None:

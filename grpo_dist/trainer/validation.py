@@ -1,7 +1,8 @@
 """Validation: the held-out prompts generated with the validation sampling and scored by the
 rule-based verifier (never by a learned reward model), reduced to verl's ``val-core/<source>/acc/mean@n``;
 with ``trainer.log_val_generations`` N > 0 also N samples (input, output, score; verl's fixed-seed
-choice) logged to the tracker as a table.
+choice) logged to the tracker as a table, and with ``trainer.validation_data_dir`` every response written to
+``<folder>/<step>.jsonl`` (:mod:`grpo_dist.trainer.dumps`).
 """
 
 from __future__ import annotations
@@ -9,32 +10,35 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from grpo_dist.batch import Batch
-from grpo_dist.rollout.assemble import response_tokens
-from grpo_dist.trainer.metrics import decode_rows, pick_val_generations, reduce_validation
+from grpo_dist.trainer.dumps import GenerationDump, batch_rows
+from grpo_dist.trainer.metrics import pick_val_generations, reduce_validation
 
 __all__ = ["validate"]
 
 
 def validate(val_data: Any, *, generate: Callable[[list[dict], str], Batch], score: Callable[[Batch], Any],
              batch_size: int | None, n: int, tokenizer: Any, log_generations: int = 0, tracker: Any = None,
-             step: int = 0) -> dict[str, float]:
+             step: int = 0, dump: GenerationDump | None = None) -> dict[str, float]:
     """Scores of ``val_data`` (None: ``{}``), ``batch_size`` prompts per generation (None: all at once).
 
     ``generate(items, uid_prefix)``: the responses of a batch of prompts; ``score(batch)``: their
     scores [B] by the verifier; ``n``: responses per prompt. Samples are logged to ``tracker`` at
-    ``step`` when ``log_generations`` > 0.
+    ``step`` when ``log_generations`` > 0; every response goes to ``dump`` when given.
     """
     if val_data is None:
         return {}
     bs = batch_size or len(val_data)
-    sources, scores, inputs, outputs = [], [], [], []
+    sources, scores, rows = [], [], []  # rows: each response's text, score, ... (decoded only when logged or dumped)
     for start in range(0, len(val_data), bs):
         batch = generate([val_data[i] for i in range(start, min(start + bs, len(val_data)))], f"v{start}")
         sources += [str(x) for x in batch["data_source"]]
-        scores += score(batch).tolist()
-        if log_generations > 0:
-            inputs += decode_rows(tokenizer, batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]])
-            outputs += decode_rows(tokenizer, batch["responses"], response_tokens(batch))
+        batch_scores = score(batch).tolist()
+        scores += batch_scores
+        if log_generations > 0 or dump is not None:
+            rows += batch_rows(batch, tokenizer, batch_scores, step)
+    if dump is not None:
+        dump.write(step, rows)
     if log_generations > 0 and tracker is not None:
-        tracker.log_generations(pick_val_generations(inputs, outputs, scores, log_generations), step=step)
+        tracker.log_generations(pick_val_generations([r["input"] for r in rows], [r["output"] for r in rows], scores,
+                                                     log_generations), step=step)
     return reduce_validation(sources, scores, n)

@@ -35,15 +35,16 @@ RESUME_ARGS = [f"custom_reward_function.path={HERE / 'reward_digits.py'}", "trai
 def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     """4 GRPO steps, 2 actor ranks, vLLM rollout, reference, reward; checkpoints at steps 2 and 4.
     The rollout also returns its log-probs (calculate_log_probs); the resume test's runs do not, so
-    its comparison also shows that asking for them leaves training as it was. Every validation logs 3
-    samples (log_val_generations)."""
+    its comparison also shows that asking for them leaves training as it was (as do the generation dumps,
+    rollout_data_dir and validation_data_dir). Every validation logs 3 samples (log_val_generations)."""
     out = tmp_path_factory.mktemp("full_run") / "run"
     reverse_data = epoch_data(reverse_data, out.parent)
     # A secret in the environment (as a wandb key would be) must never reach logs, configs or checkpoints.
     os.environ.setdefault("WANDB_API_KEY", "grpo-dist-test-secret-6f1c2a")
     # its own Ray instance: the workers inherit the driver's environment (with the secret), as in a user's run
     proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS
-                    + ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=3"],
+                    + ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=3",
+                       f"trainer.rollout_data_dir={out / 'rollouts'}", f"trainer.validation_data_dir={out.parent / 'val'}"],
                     env=LOCAL_RAY)
     return out, proc
 

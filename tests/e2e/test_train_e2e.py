@@ -145,6 +145,35 @@ def test_validation_samples_are_logged_and_hydras_files_written(full_run):
     assert (out / ".hydra" / "config.yaml").exists() and (out / ".hydra" / "overrides.yaml").exists()
 
 
+def test_every_step_and_validation_is_dumped_with_the_reward_functions_extra_values(full_run):
+    """rollout_data_dir / validation_data_dir (verl's dumps): <step>.jsonl with one object per response in
+    groups of n, verl's fields and the test reward's extra value (``hits``); the scores are the ones the metrics
+    were computed from, and the validation's samples logged as a table are among the dumped ones."""
+    out, proc = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = read_metrics(out)
+
+    def dumped(folder, step):
+        return [json.loads(line) for line in (folder / f"{step}.jsonl").read_text().splitlines()]
+
+    assert sorted(p.name for p in (out / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl", "3.jsonl", "4.jsonl"]
+    for step in (1, 2, 3, 4):
+        rows = dumped(out / "rollouts", step)
+        assert len(rows) == 16 and all(set(r) == {"input", "output", "gts", "score", "step", "hits"} for r in rows)
+        assert all(r["step"] == step and r["score"] == pytest.approx(r["hits"] / len(r["gts"])) for r in rows)
+        assert all(len({r["input"] for r in rows[g * 4:(g + 1) * 4]}) == 1 for g in range(4))  # n=4 per prompt
+        scores = [r["score"] for r in rows]
+        assert sum(scores) / 16 == pytest.approx(m[step]["critic/score/mean"], abs=1e-5)
+        assert (min(scores), max(scores)) == pytest.approx((m[step]["critic/score/min"], m[step]["critic/score/max"]))
+    val = out.parent / "val"
+    assert sorted(p.name for p in val.iterdir()) == ["0.jsonl", "2.jsonl", "4.jsonl"]
+    for step in (0, 2, 4):
+        rows = dumped(val, step)
+        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(m[step][VAL], abs=1e-5)
+        dumped_pairs = {(r["input"], r["output"]) for r in rows}
+        assert all((g["input"], g["output"]) in dumped_pairs for g in generations(out)[step])
+
+
 @pytest.fixture(scope="module")
 def val_only_run(full_run, tiny_model_dir, reverse_data, tmp_path_factory):
     """trainer.val_only on the full run's last checkpoint, in a folder of its own."""

@@ -93,7 +93,8 @@ def test_check_prints_the_plan_without_starting_anything(tmp_path):
             "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
             "trainer.total_training_steps=null", "trainer.total_epochs=3", "data.max_prompt_length=10",
             "data.max_response_length=6", "actor_rollout_ref.rollout.agent.num_workers=4",
-            "actor_rollout_ref.rollout.tensor_model_parallel_size=2", f"trainer.default_local_dir={out}"]
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2", f"trainer.default_local_dir={out}",
+            "trainer.rollout_data_dir=dumps"]
     # the real entry point, reporting at exit which heavy libraries it had imported
     probe = ("import atexit, sys\n"
              "atexit.register(lambda: print('LOADED', sorted(m for m in ('ray', 'vllm', 'transformers') if m in sys.modules)))\n"
@@ -118,7 +119,9 @@ def test_check_prints_the_plan_without_starting_anything(tmp_path):
     assert "4 response(s) per rank per mini-batch, 2 micro-batch(es) of 2" in text
     assert "10 + 6 = 16 per response, 1,024 per step" in text
     assert "actor_rollout_ref.rollout.agent.num_workers=4" in text  # a no-op here, and said so
+    assert f"every response of each training step written to {tmp_path / 'dumps'}/<step>.jsonl" in text
     assert not out.exists() and not (tmp_path / "multirun").exists() and not (tmp_path / "outputs").exists()
+    assert not (tmp_path / "dumps").exists()
     assert took < 30, f"--check took {took:.1f}s"  # about 5 s on an idle 2-core machine
 
 
@@ -240,6 +243,24 @@ def test_sweep_jobs_may_not_share_default_local_dir(recorder, in_tmp, capsys):
     assert "would resume the earlier one's checkpoints" in err_of(capsys) and recorder.calls == []
     assert main(["-m", "hydra.sweep.dir=s", "trainer.default_local_dir=runs/${trainer.seed}", "trainer.seed=1,2"]) == 0
     assert [c["cfg"].trainer.default_local_dir for c in recorder.calls] == [str(in_tmp / "runs" / "1"), str(in_tmp / "runs" / "2")]
+
+
+def test_dump_folders_are_anchored_like_the_output_folder_and_not_shared_by_sweep_jobs(recorder, in_tmp, capsys):
+    """A relative trainer.rollout_data_dir / validation_data_dir is where the command was typed (with
+    hydra.job.chdir: inside the job's folder, as verl's relative paths are under Hydra); sweep jobs writing one
+    folder would overwrite each other's <step>.jsonl."""
+    assert main(["trainer.default_local_dir=out", "trainer.rollout_data_dir=dumps/r"]) == 0
+    t = recorder.calls[-1]["cfg"].trainer
+    assert (t.rollout_data_dir, t.validation_data_dir) == (str(in_tmp / "dumps" / "r"), None)
+    assert main(["hydra.run.dir=job", "hydra.job.chdir=true", "trainer.validation_data_dir=v"]) == 0
+    assert recorder.calls[-1]["cfg"].trainer.validation_data_dir == str(in_tmp / "job" / "v")
+    assert main(["-m", "hydra.sweep.dir=s", "trainer.rollout_data_dir=same", "trainer.seed=1,2"]) == 2
+    err = err_of(capsys)
+    assert "trainer.rollout_data_dir" in err and "would overwrite the earlier one's <step>.jsonl files" in err
+    assert len(recorder.calls) == 2
+    assert main(["-m", "hydra.sweep.dir=s2", "trainer.rollout_data_dir=${trainer.default_local_dir}/r", "trainer.seed=1,2"]) == 0
+    assert [c["cfg"].trainer.rollout_data_dir for c in recorder.calls[2:]] == [str(in_tmp / "s2" / "0" / "r"),
+                                                                               str(in_tmp / "s2" / "1" / "r")]
 
 
 def test_a_failed_sweep_job_does_not_stop_the_others(monkeypatch, in_tmp, capsys):

@@ -462,3 +462,16 @@ def test_what_the_driver_loads_before_ray_starts_leaves_out_the_training_loops_l
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_dump_folder_this_user_cannot_write_stops_the_start_naming_its_key(tiny_model_dir, reverse_data, tmp_path,
+                                                                             no_ray, capsys):
+    """trainer.rollout_data_dir under a file: the run stops before Ray and any worker start, one message naming the
+    key, instead of failing at the first step's dump."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    code = run_cfg(tiny_cfg(tiny_model_dir, reverse_data, tmp_path / "o", f"trainer.rollout_data_dir={blocker / 'dumps'}"))
+    tail = one_message(capsys.readouterr().err, 2, code, f"cannot write to trainer.rollout_data_dir={blocker / 'dumps'}",
+                       "give a directory this user can create and write")
+    nothing_after(tail)
+    assert no_ray.created == 0

@@ -98,10 +98,12 @@ class TrainerConfig:
         "copying checkpoints to HDFS", "put trainer.default_local_dir on a file system every node sees"))
     del_local_ckpt_after_load: bool = F(False, "delete the local checkpoint after resuming from it", off_feature(
         "deleting checkpoints after resume", "leave it false"))
-    rollout_data_dir: Optional[str] = F(None, "write each step's prompts, responses and scores as jsonl here", off_feature(
-        "dumping rollouts", "leave it null"))
-    validation_data_dir: Optional[str] = F(None, "write validation generations as jsonl here", off_feature(
-        "dumping validation generations", "leave it null"))
+    rollout_data_dir: Optional[str] = F(
+        None, "write the responses of each training step to <this folder>/<step>.jsonl (input, output, gts, score, "
+        "step and the reward function's extra values, as verl); null = none")
+    validation_data_dir: Optional[str] = F(
+        None, "write the responses of each validation to <this folder>/<step>.jsonl (as rollout_data_dir; step 0: "
+        "before training); null = none")
     esi_redundant_time: float = F(0, "seconds kept free before an elastic instance expires", NoOp(
         "read only on Volcano Engine's elastic instances (their expiry time comes from the environment)"))
     ray_wait_register_center_timeout: int = F(300, "seconds to wait for verl's worker registry", NoOp(
