@@ -221,7 +221,10 @@ class RewardScorer:
         Returns:
             scores: B floats, in input order.
             extra: for every extra key any sample's dict result had (verl's ``reward_extra_info``),
-                a list of B values, None where a sample did not return that key or failed.
+                a list of B values, None where a sample did not return that key or failed. A sample whose
+                function returned a number has ``acc`` = its score, as verl's reward managers set it (so a
+                number-returning function's validation is reported as ``acc``); a failed sample's ``acc`` is its
+                0.0 when no sample of the batch returned a dict.
             stats: ``{"reward/num_errors": n, "reward/num_timeouts": n}`` (errors exclude timeouts).
         """
         n = len(solution_strs)
@@ -243,6 +246,7 @@ class RewardScorer:
 
         scores: list[float] = [0.0] * n
         extras: list[dict] = [{} for _ in range(n)]
+        returned = [None] * n  # per sample: "number" or "dict" (None: it failed)
         stats = {"reward/num_errors": 0, "reward/num_timeouts": 0}
         first_problem: list[str] = []
 
@@ -251,6 +255,7 @@ class RewardScorer:
             if outcome.ok:
                 try:
                     scores[i], extras[i] = _check_value(outcome.value)
+                    returned[i] = "dict" if isinstance(outcome.value, dict) else "number"
                     return
                 except ValueError as exc:
                     what = str(exc)
@@ -272,6 +277,10 @@ class RewardScorer:
         if first_problem:
             logger.warning("reward: %d error(s), %d timeout(s) in a batch of %d scored 0.0; first: %s",
                            stats["reward/num_errors"], stats["reward/num_timeouts"], n, first_problem[0])
+        any_dict = "dict" in returned
+        for i in range(n):
+            if returned[i] == "number" or (returned[i] is None and not any_dict):
+                extras[i]["acc"] = scores[i]
         keys = sorted({k for e in extras for k in e})
         extra = {k: [e.get(k) for e in extras] for k in keys}
         return scores, extra, stats

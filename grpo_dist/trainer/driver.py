@@ -448,7 +448,7 @@ class GRPOTrainer:
             return validation.validate(
                 self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],
                 score=lambda batch: self.rewards.score(batch, token_level=False)[0], batch_size=p.val_batch_size,
-                n=self.val_sampling.n, tokenizer=self.tokenizer, log_generations=p.log_val_generations,
+                tokenizer=self.tokenizer, log_generations=p.log_val_generations,
                 tracker=tracker, step=self.global_step, dump=self.val_dump)
 
     def validate_only(self, tracker: Tracker) -> RunSummary:
@@ -528,8 +528,7 @@ class GRPOTrainer:
                 return self.validate_only(tracker)
             finally:
                 tracker.close()
-        progress = Progress(t.progress_bar, total=self.total_steps, initial=self.global_step,
-                            val_suffix=f"/acc/mean@{self.val_sampling.n}")
+        progress = Progress(t.progress_bar, total=self.total_steps, initial=self.global_step)
         try:
             t_start = time.perf_counter()
             if t.val_before_train and self.val_data is not None and self.global_step == 0:

@@ -479,14 +479,14 @@ def save_config(spec: RunSpec, out_dir: Path) -> None:
 def _print_summary(s, total_s: float) -> None:
     if s.val_only:
         lines = ["", f"grpo_dist: validation finished (trainer.val_only), at step {s.steps}"]
-        lines += [f"  {k:<16} {v:.3f}" for k, v in sorted(s.val_after.items())]
+        lines += [f"  {k:<16} {v:.3f}" for k, v in sorted(s.val_after.items()) if k.startswith("val-core/")]
         lines.append(f"  wall time        {total_s:.0f} s (validation {s.wall_s:.0f} s)")
         lines.append(f"  metrics          {s.out_dir}/metrics.jsonl")
         print("\n".join(lines), flush=True)
         return
     lines = ["", "grpo_dist: training finished"]
     lines.append(f"  steps            {s.first_step} -> {s.steps}")
-    for k in sorted(set(s.val_before) | set(s.val_after)):
+    for k in sorted(k for k in set(s.val_before) | set(s.val_after) if k.startswith("val-core/")):  # (val-aux: metrics.jsonl)
         b, a = s.val_before.get(k), s.val_after.get(k)
         fb = f"{b:.3f}" if b is not None else "-"
         fa = f"{a:.3f}" if a is not None else "-"

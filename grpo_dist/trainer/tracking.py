@@ -130,6 +130,12 @@ class FileLogger:
         self._f.close()
 
 
+def is_headline_validation(key: str) -> bool:
+    """The validation metric a run is judged by: verl's ``val-core/<source>/<acc or reward>/mean@n`` (one per
+    data source; :mod:`grpo_dist.trainer.val_metrics`)."""
+    return key.startswith("val-core/") and "/mean@" in key
+
+
 class ConsoleLogger:
     """Prints a compact line of the headline metrics (the progress bar carries the rest)."""
 
@@ -288,8 +294,7 @@ class Progress:
     """The progress bar over training steps (tqdm): the step's mean score, its seconds and, once
     validated, the mean held-out accuracy. Does nothing when ``enabled`` is False."""
 
-    def __init__(self, enabled: bool, *, total: int, initial: int, val_suffix: str) -> None:
-        self.val_suffix = val_suffix
+    def __init__(self, enabled: bool, *, total: int, initial: int) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
@@ -300,7 +305,7 @@ class Progress:
         if self.bar is None:
             return
         post = {"score": metrics.get("critic/score/mean", math.nan), "step_s": metrics["timing_s/step"]}
-        acc = [v for k, v in last_val.items() if k.endswith(self.val_suffix)]
+        acc = [v for k, v in last_val.items() if is_headline_validation(k)]
         if acc:
             post["val_acc"] = sum(acc) / len(acc)
         self.bar.set_postfix({k: f"{v:.3g}" for k, v in post.items()})

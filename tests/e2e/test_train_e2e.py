@@ -24,6 +24,7 @@ REQUIRED = [
     "perf/time_per_step", "training/global_step",
 ]
 VAL = "val-core/grpo_dist/reverse/acc/mean@1"
+VAL_REWARD = "val-aux/grpo_dist/reverse/reward/mean@1"
 
 
 def test_grpo_trains_end_to_end(full_run, tiny_model_dir):
@@ -159,7 +160,7 @@ def test_every_step_and_validation_is_dumped_with_the_reward_functions_extra_val
     assert sorted(p.name for p in (out / "rollouts").iterdir()) == ["1.jsonl", "2.jsonl", "3.jsonl", "4.jsonl"]
     for step in (1, 2, 3, 4):
         rows = dumped(out / "rollouts", step)
-        assert len(rows) == 16 and all(set(r) == {"input", "output", "gts", "score", "step", "hits"} for r in rows)
+        assert len(rows) == 16 and all(set(r) == {"input", "output", "gts", "score", "step", "acc", "hits"} for r in rows)
         assert all(r["step"] == step and r["score"] == pytest.approx(r["hits"] / len(r["gts"])) for r in rows)
         assert all(len({r["input"] for r in rows[g * 4:(g + 1) * 4]}) == 1 for g in range(4))  # n=4 per prompt
         scores = [r["score"] for r in rows]
@@ -168,8 +169,10 @@ def test_every_step_and_validation_is_dumped_with_the_reward_functions_extra_val
     val = out.parent / "val"
     assert sorted(p.name for p in val.iterdir()) == ["0.jsonl", "2.jsonl", "4.jsonl"]
     for step in (0, 2, 4):
-        rows = dumped(val, step)
-        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(m[step][VAL], abs=1e-5)
+        rows = dumped(val, step)  # verl's validation metrics of the test reward's values: acc core, the others aux
+        assert sum(r["acc"] for r in rows) / len(rows) == pytest.approx(m[step][VAL], abs=1e-5)
+        assert sum(r["score"] for r in rows) / len(rows) == pytest.approx(m[step][VAL_REWARD], abs=1e-5)
+        assert sum(r["hits"] for r in rows) / len(rows) == pytest.approx(m[step]["val-aux/grpo_dist/reverse/hits/mean@1"])
         dumped_pairs = {(r["input"], r["output"]) for r in rows}
         assert all((g["input"], g["output"]) in dumped_pairs for g in generations(out)[step])
 

@@ -33,14 +33,15 @@ class Tok:
 
 
 def scored_batch(prompts: list[list[int]], responses: list[list[int]], truths: list) -> Batch:
-    """Left-padded prompts and right-padded responses, as the rollout assembles them."""
+    """Left-padded prompts and right-padded responses, as the rollout assembles them (rows of one prompt: one uid)."""
     P, R = max(map(len, prompts)), max(map(len, responses))
     p = torch.tensor([[PAD] * (P - len(x)) + x for x in prompts])
     r = torch.tensor([x + [PAD] * (R - len(x)) for x in responses])
     att = torch.cat([(p != PAD), torch.tensor([[1] * len(x) + [0] * (R - len(x)) for x in responses])], dim=1).long()
     return Batch.from_dict({"prompts": p, "responses": r, "input_ids": torch.cat([p, r], 1), "attention_mask": att,
                             "position_ids": att.cumsum(-1) - 1, "response_mask": att[:, P:].float()},
-                           {"data_source": ["d"] * len(prompts), "ground_truth": truths, "extra_info": [{}] * len(prompts)})
+                           {"data_source": ["d"] * len(prompts), "ground_truth": truths, "extra_info": [{}] * len(prompts),
+                            "uid": [f"{p}" for p in prompts]})
 
 
 def hits(data_source, solution_str, ground_truth, extra_info=None):
@@ -90,11 +91,11 @@ def test_the_reward_functions_extra_values_reach_the_batch_rows_and_the_file(tmp
     assert [json.loads(line) for line in path.read_text().splitlines()] == rows
 
 
-def test_a_function_returning_numbers_gives_empty_extra_values():
+def test_a_function_returning_numbers_gives_its_score_as_acc():
     b = scored_batch([[1]], [[1]], ["a"])
     RewardStage(RuleWorkers(lambda data_source, solution_str, ground_truth, extra_info=None: 1.0),
                 needs_step_rewards=False, overlong=None).score(b)
-    assert list(b["reward_extra_info"]) == [{}]
+    assert list(b["reward_extra_info"]) == [{"acc": 1.0}]
 
 
 def test_validation_dumps_every_response_of_every_batch_at_its_step(tmp_path):
@@ -107,12 +108,12 @@ def test_validation_dumps_every_response_of_every_batch_at_its_step(tmp_path):
     dump = GenerationDump(str(tmp_path / "val"), "trainer.validation_data_dir")
     scores = lambda b: torch.tensor([float(r == g) for r, g in zip(Tok().batch_decode(b["responses"].tolist(), True),
                                                                     b["ground_truth"])])  # noqa: E731
-    out = validate(data, generate=generate, score=scores, batch_size=2, n=2, tokenizer=Tok(), step=5, dump=dump)
+    out = validate(data, generate=generate, score=scores, batch_size=2, tokenizer=Tok(), step=5, dump=dump)
     rows = [json.loads(line) for line in (tmp_path / "val" / "5.jsonl").read_text().splitlines()]
     assert [(r["input"], r["output"], r["score"], r["step"]) for r in rows] == [
         ("a", "a", 1.0, 5), ("a", "a", 1.0, 5), ("b", "b", 1.0, 5), ("b", "a", 0.0, 5), ("c", "c", 0.0, 5),
         ("c", "a", 0.0, 5)]
-    assert out["val-core/d/acc/mean@2"] == pytest.approx(sum(r["score"] for r in rows) / len(rows))
+    assert out["val-core/d/reward/mean@2"] == pytest.approx(sum(r["score"] for r in rows) / len(rows))
 
 
 def test_a_file_is_replaced_whole_and_a_failed_write_is_said_once_without_stopping(tmp_path, capsys):

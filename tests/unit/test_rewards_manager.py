@@ -74,7 +74,7 @@ def test_registry_scores_in_order_across_data_sources():
         truths = ["1", "0.5", "3", "3"] * 5
         scores, extra, stats = scorer.score_batch(sources, responses, truths, None)
     assert scores == [1.0, 1.0, 0.0, 1.0] * 5
-    assert extra == {}
+    assert extra == {"acc": scores}  # a number-returning scorer's score is its acc (verl's reward managers)
     assert stats == {"reward/num_errors": 0, "reward/num_timeouts": 0}
 
 
@@ -221,3 +221,22 @@ def test_a_raise_is_shown_at_the_users_file_and_line(raise_scorer, behave_fn, tm
         with pytest.raises(RewardError, match=rf"raised TypeError: .*'data_source'.* when called \(positional is "
                                               rf"defined at {lib}:8\)"):
             score(s, ["x"])
+
+
+def test_a_returned_number_is_also_the_samples_acc_as_verls_reward_managers_set_it():
+    """A number-returning function's samples carry ``acc`` = their score (a failed one its 0.0); with dict results
+    in the batch, only the samples that returned a number get one (a dict's keys are its own)."""
+    def numbers(data_source, solution_str, ground_truth, extra_info=None):
+        if solution_str == "boom":
+            raise ValueError("no")
+        return float(solution_str == ground_truth)
+
+    def mixed(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": 0.5, "pred": solution_str} if solution_str == "d" else numbers(data_source, solution_str, ground_truth)
+
+    with RewardScorer(numbers, num_workers=0, timeout_s=None, on_error="zero") as scorer:
+        scores, extra, _ = scorer.score_batch(["s"] * 3, ["a", "boom", "b"], ["a"] * 3, None)
+    assert scores == [1.0, 0.0, 0.0] and extra == {"acc": [1.0, 0.0, 0.0]}
+    with RewardScorer(mixed, num_workers=0, timeout_s=None, on_error="zero") as scorer:
+        scores, extra, _ = scorer.score_batch(["s"] * 3, ["a", "boom", "d"], ["a"] * 3, None)
+    assert scores == [1.0, 0.0, 0.5] and extra == {"acc": [1.0, None, None], "pred": [None, None, "d"]}
