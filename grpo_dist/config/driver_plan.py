@@ -180,6 +180,8 @@ class DriverPlan:
     val_before_train: bool
     val_only: bool
     log_val_generations: int
+    pf_ppo: tuple[str, float] | None
+    """``(reweight_method, weight_pow)`` with ``algorithm.use_pf_ppo`` (:mod:`grpo_dist.core.pf_ppo`), else None."""
     rollout_data_dir: str | None
     """``trainer.rollout_data_dir``: each training step's responses go to ``<folder>/<step>.jsonl`` (:mod:`grpo_dist.trainer.dumps`)."""
     validation_data_dir: str | None
@@ -280,6 +282,7 @@ def driver_plan(spec: Any, device: str, train_size: int) -> DriverPlan:
         val_before_train=t.val_before_train,
         val_only=t.val_only,
         log_val_generations=t.log_val_generations,
+        pf_ppo=(alg.pf_ppo.reweight_method, float(alg.pf_ppo.weight_pow)) if alg.use_pf_ppo else None,
         rollout_data_dir=t.rollout_data_dir or None,
         validation_data_dir=t.validation_data_dir or None,
         test_freq=test_freq,

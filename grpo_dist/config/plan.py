@@ -338,6 +338,10 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
     if cfg.algorithm.filter_groups.enable:
         notes.append(f"dynamic sampling: generation batches of {per_draw} prompts until {prompts} prompts with "
                      "differing scores are kept")
+    if cfg.algorithm.use_pf_ppo:
+        pf = cfg.algorithm.pf_ppo
+        notes.append(f"PF-PPO: after the advantages, the {prompts * n} responses are resampled with replacement, weighted "
+                     f"by reward ({pf.reweight_method}" + (f", power {pf.weight_pow})" if pf.reweight_method == "pow" else ")"))
     if critic_enabled(cfg):
         c = cfg.critic
         notes.append(f"critic: {d.train_batch_size // c.ppo_mini_batch_size} mini-batch(es) x ppo_epochs {c.ppo_epochs}, "

@@ -7,6 +7,7 @@ that it exists (checks that need the model or the data run later, in the trainer
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import fields
 from typing import Any
@@ -28,6 +29,7 @@ from grpo_dist.config.checks import positive as _positive
 from grpo_dist.config.fully_async import async_training_given, chunk_prompts, fully_async_on, v1_separate_async
 from grpo_dist.config.reward_sources import validate_reward_sources
 from grpo_dist.config.states import check_states, default_of, get, raw_get, setting
+from grpo_dist.core.pf_ppo import PF_PPO_METHODS
 from grpo_dist.core.policy_loss import PolicyLossParams
 from grpo_dist.core.rollout_correction import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
@@ -891,6 +893,15 @@ def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
     if rc.is_level is not None and not rc.bypass and not get_policy_loss(pl.loss_mode).accepts_rollout_is_weights:
         raise _bad(key + "rollout_is", rc.is_level, f"{pre}loss_mode={pl.loss_mode} does not take rollout importance weights "
                    "(it was not registered with rollout_is_weights=True); use rollout_is=null or another loss mode")
+
+    if alg.use_pf_ppo:  # PF-PPO: verl resamples only after GAE advantages
+        if alg.adv_estimator != "gae":
+            raise _bad("algorithm.use_pf_ppo", True, f"verl applies PF-PPO only with adv_estimator=gae (with "
+                       f"{alg.adv_estimator!r} it has no effect there); set algorithm.adv_estimator=gae or use_pf_ppo=false")
+        _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_METHODS)
+        if not (math.isfinite(alg.pf_ppo.weight_pow) and alg.pf_ppo.weight_pow >= 0):
+            raise _bad("algorithm.pf_ppo.weight_pow", alg.pf_ppo.weight_pow, "expected a finite number >= 0 (a negative "
+                       "power gives a zero reward an infinite weight); verl's default is 2.0")
 
     fg = alg.filter_groups
     if fg.enable or fg.metric is not None:

@@ -33,6 +33,7 @@ from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
 from grpo_dist.core.diagnostics import off_policy_metrics, partial_metrics
 from grpo_dist.core.kl import make_kl_controller
+from grpo_dist.core.pf_ppo import pf_ppo_indices, pf_ppo_weights
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
 from grpo_dist.data.sampler import EpochSampler
 from grpo_dist.agents.collect import agent_row
@@ -398,6 +399,9 @@ class GRPOTrainer:
                 m.update(token_level_rewards(batch, kl_ctrl=self.kl_ctrl, use_kl_in_reward=p.use_kl_in_reward,
                                              kl_penalty=p.kl_penalty, rc=self.rc))
                 self.advantages(batch)
+                if p.pf_ppo is not None:  # PF-PPO: the step's responses resampled by reward (with replacement)
+                    batch = batch.reorder(pf_ppo_indices(pf_ppo_weights(batch["token_level_scores"].sum(-1), *p.pf_ppo),
+                                                         torch.Generator().manual_seed(self.step_seed())))
             if self.critic is not None:
                 with timer("update_critic"):
                     critic_metrics, busy_s = self.update_critic(batch)

@@ -212,3 +212,49 @@ def test_remax_takes_one_greedy_response_per_prompt_as_the_baseline_of_its_respo
     returns = torch.tensor([1.0, 0.0, 0.0, 1.0]).unsqueeze(-1) * mask
     torch.testing.assert_close(rows["advantages"], (returns - baseline) * mask)
     assert m["timing_s/gen_max"] >= 0
+
+
+class CriticGroup:
+    """Values 0 everywhere; records the rows of its update."""
+
+    def __init__(self) -> None:
+        self.update_rows: dict[str, torch.Tensor] = {}
+
+    def call(self, method, *args, per_rank):
+        if method == "compute_values":
+            return [Timed(torch.zeros(len(rows["responses"]), R), 0.01) for rows, *_ in per_rank]
+        assert method == "update_critic", method
+        (rows,) = per_rank[0]
+        self.update_rows = rows
+        return [Timed({"critic/vf_loss": 0.0}, 0.02)]
+
+
+def gae_step(tmp_path, *overrides):
+    cfg = config("algorithm.adv_estimator=gae", *overrides)
+    trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
+                          val_data=None, device="cpu", out_dir=str(tmp_path))
+    trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, CriticGroup()
+    trainer.scored_rollout, trainer.sync = scored_rollout(cfg), NoSync()
+    return trainer, trainer.train_step([{}, {}])
+
+
+def test_pf_ppo_resamples_the_step_after_its_advantages_for_both_updates(tmp_path):
+    """The stand-in rewards are 1, 0, 0, 1: with verl's pow weighting (|s|^2, + 1e-8) the resampled step holds
+    copies of the reward-1 rows only (a zero-reward row's chance is 1e-8 per draw), each with the advantages and
+    returns GAE gave it in the whole step (values 0, gamma = lam = 1: returns 1 on its tokens; advantages
+    whitened over all four rows, so positive); the critic and the actor both train on them, and the step's
+    metrics describe them."""
+    plain, m_plain = gae_step(tmp_path / "plain")
+    pf, m_pf = gae_step(tmp_path / "pf", "algorithm.use_pf_ppo=true")
+    assert m_plain["critic/score/mean"] == 0.5 and m_pf["critic/score/mean"] == 1.0
+
+    def rows(group, key):
+        return {(tuple(m.tolist()), tuple(v.tolist())) for m, v in zip(group["response_mask"], group[key])}
+
+    actor, critic = rows(pf.actor.update_rows, "advantages"), rows(pf.critic.update_rows, "returns")
+    assert actor <= rows(plain.actor.update_rows, "advantages") and critic <= rows(plain.critic.update_rows, "returns")
+    assert all(a > 0 for mask, adv in actor for m, a in zip(mask, adv) if m)
+    assert all(r == 1.0 for mask, ret in critic for m, r in zip(mask, ret) if m)
+    # the draws are the step's own: the same run resamples the same rows
+    again, _ = gae_step(tmp_path / "again", "algorithm.use_pf_ppo=true")
+    assert torch.equal(again.actor.update_rows["advantages"], pf.actor.update_rows["advantages"])

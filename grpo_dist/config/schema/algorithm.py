@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from grpo_dist.config.fields import F, NoOp, S
+from grpo_dist.config.fields import F, S
 from grpo_dist.config.sections.engine import off_feature
 from grpo_dist.core.advantages import list_adv_estimators
 
@@ -67,7 +67,6 @@ class AlgorithmConfig:
         RolloutCorrectionConfig, "rollout correction: importance weights and rejection against the rollout engine's log-probs"
     )
     filter_groups: FilterGroupsConfig = S(FilterGroupsConfig, "dynamic sampling (DAPO's group filtering)")
-    use_pf_ppo: bool = F(False, "policy filtration (PF-PPO): resample the batch weighted by reward", off_feature(
-        "PF-PPO's reward-weighted resampling", "leave it off"))
-    pf_ppo: PFPPOConfig = S(PFPPOConfig, "PF-PPO's weighting (not built here)", NoOp(
-        "read only with algorithm.use_pf_ppo, which is accepted only off here"))
+    use_pf_ppo: bool = F(False, "policy filtration (PF-PPO): after the advantages, resample the step's responses with "
+                                "replacement weighted by their rewards (as verl: with adv_estimator=gae only)")
+    pf_ppo: PFPPOConfig = S(PFPPOConfig, "PF-PPO's weighting (read with algorithm.use_pf_ppo)")
