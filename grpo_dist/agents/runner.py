@@ -30,7 +30,7 @@ def sampling_params_of(sampling: SamplingSettings, seed: int | None) -> dict[str
     """verl's per-request ``sampling_params`` dict for one trajectory (greedy: temperature 0)."""
     return {"temperature": sampling.temperature if sampling.do_sample else 0.0, "top_p": sampling.top_p,
             "top_k": sampling.top_k, "do_sample": sampling.do_sample, "logprobs": sampling.logprobs,
-            "seed": seed, "max_tokens": sampling.max_tokens}
+            "seed": seed, "max_tokens": sampling.max_tokens, "ignore_eos": sampling.ignore_eos}
 
 
 def _ensure_user_loops(settings: AgentSettings) -> None:

@@ -3,7 +3,7 @@ responses (one batch or DAPO's refill loop), and how the reward worker decodes r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from grpo_dist.config.facts import rollout_log_probs
@@ -15,13 +15,14 @@ def train_sampling(cfg: GRPOConfig, seed: int | None = None) -> SamplingSettings
     r = cfg.actor_rollout_ref.rollout
     return SamplingSettings(
         n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.response_length,
-        do_sample=r.do_sample, seed=seed, logprobs=rollout_log_probs(cfg),
+        do_sample=r.do_sample, seed=seed, logprobs=rollout_log_probs(cfg), ignore_eos=r.ignore_eos,
     )
 
 
 def baseline_sampling(cfg: GRPOConfig) -> SamplingSettings:
     """One greedy response per prompt: the baseline rollout of estimators that need one (ReMax)."""
-    return SamplingSettings.greedy(cfg.actor_rollout_ref.rollout.response_length)
+    r = cfg.actor_rollout_ref.rollout
+    return replace(SamplingSettings.greedy(r.response_length), ignore_eos=r.ignore_eos)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def val_sampling(cfg: GRPOConfig) -> SamplingSettings:
     greedy = not v.do_sample or v.temperature == 0
     return SamplingSettings(
         n=v.n, temperature=0.0 if greedy else v.temperature, top_p=v.top_p, top_k=v.top_k,
-        max_tokens=r.response_length, do_sample=not greedy, seed=None, logprobs=False,
+        max_tokens=r.response_length, do_sample=not greedy, seed=None, logprobs=False, ignore_eos=r.ignore_eos,
     )
 
 

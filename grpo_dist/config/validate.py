@@ -94,6 +94,9 @@ def _check_rollout_extras(cfg: GRPOConfig) -> None:
     if vllm_kwargs and r.name != "vllm":
         raise _bad(pre + "engine_kwargs.vllm", vllm_kwargs, f"they are vLLM's arguments, but rollout.name={r.name}; "
                    "use rollout.name=vllm or leave them out")
+    if r.ignore_eos and r.name != "vllm":
+        raise _bad(pre + "ignore_eos", True, f"the {r.name} engine stops at the end-of-sequence token; generating past it "
+                   "needs rollout.name=vllm (or leave ignore_eos false)")
     for k in vllm_kwargs:
         if k in VLLM_KWARGS_OWNED:
             raise _bad(pre + f"engine_kwargs.vllm.{k}", vllm_kwargs[k], VLLM_KWARGS_OWNED[k])

@@ -66,7 +66,7 @@ __all__ = ["AsyncRolloutServer", "sampling_from_params"]
 
 #: keys of verl's ``sampling_params`` dict that the server reads; others (``repetition_penalty`` at 1.0, ...)
 #: are checked to be neutral.
-_KNOWN = {"temperature", "top_p", "top_k", "logprobs", "seed", "max_tokens", "do_sample", "n"}
+_KNOWN = {"temperature", "top_p", "top_k", "logprobs", "seed", "max_tokens", "do_sample", "n", "ignore_eos"}
 _NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0}
 
 
@@ -93,12 +93,13 @@ def sampling_from_params(params: dict[str, Any], *, max_tokens: int) -> Sampling
     greedy = not params.get("do_sample", True) or temperature == 0.0
     if greedy:
         return SamplingSettings(n=1, temperature=0.0, max_tokens=cap, do_sample=False,
-                                logprobs=bool(params.get("logprobs", True)))
+                                logprobs=bool(params.get("logprobs", True)), ignore_eos=bool(params.get("ignore_eos", False)))
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"sampling_params temperature must be >= 0, got {temperature}")
     return SamplingSettings(n=1, temperature=temperature, top_p=float(params.get("top_p", 1.0)),
                             top_k=int(params.get("top_k", -1)), max_tokens=cap, do_sample=True,
-                            seed=params.get("seed"), logprobs=bool(params.get("logprobs", True)))
+                            seed=params.get("seed"), logprobs=bool(params.get("logprobs", True)),
+                            ignore_eos=bool(params.get("ignore_eos", False)))
 
 
 #: The chunk a request belongs to, for a server with an agreement: set by the caller that starts a chunk's loops

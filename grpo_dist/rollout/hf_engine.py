@@ -83,6 +83,9 @@ class HFEngine:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
         if not prompt_token_ids:
             return RolloutOutput.empty(sampling)
+        if sampling.ignore_eos:
+            raise ValueError("the hf engine stops at the EOS token; generating past it (rollout.ignore_eos) needs "
+                             "rollout.name=vllm")
 
         input_ids_BP, attention_mask_BP = _left_pad(prompt_token_ids, self.pad_token_id)
         input_ids_BP = input_ids_BP.to(self.device)

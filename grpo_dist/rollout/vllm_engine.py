@@ -592,7 +592,8 @@ def _sampling_params(sampling: SamplingSettings, seed: int | None):
     the sampled token's log-prob when asked for, greedy as temperature 0 with no top-k/top-p."""
     from vllm import SamplingParams
 
-    common: dict[str, Any] = dict(n=sampling.n, max_tokens=sampling.max_tokens, detokenize=False, seed=seed)
+    common: dict[str, Any] = dict(n=sampling.n, max_tokens=sampling.max_tokens, detokenize=False, seed=seed,
+                                  ignore_eos=sampling.ignore_eos)
     if sampling.logprobs:
         common["logprobs"] = 0  # the sampled token's log-prob only
     if sampling.do_sample:

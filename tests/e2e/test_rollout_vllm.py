@@ -145,6 +145,13 @@ def test_vllm_generate_is_prompt_major_stops_on_eos_and_returns_sampling_logprob
     again = vllm_engine.generate(prompts, SamplingSettings(n=n, temperature=1.0, max_tokens=max_tokens, seed=7))
     assert again.response_ids == out.response_ids
 
+    # rollout.ignore_eos: every response runs to max_tokens, past its EOS token
+    long = vllm_engine.generate(prompts, SamplingSettings(n=n, temperature=1.0, max_tokens=max_tokens, seed=7,
+                                                          ignore_eos=True))
+    assert all(len(r) == max_tokens for r in long.response_ids) and not any(long.finished_by_eos)
+    eos = set(hf_engine.eos_token_ids)
+    assert any(set(r[:-1]) & eos for r in long.response_ids)  # some responses go on after an EOS token
+
 
 @pytest.mark.parametrize("engine_name", ["vllm", "hf"])
 def test_logprobs_are_of_the_processed_distribution(engine_name, vllm_engine, hf_engine):

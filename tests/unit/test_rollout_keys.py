@@ -93,6 +93,23 @@ def test_vllm_kwargs_need_the_vllm_engine():
         cfg_of(R + "name=hf", "+" + R + "engine_kwargs.vllm.swap_space=4")
 
 
+def test_ignore_eos_reaches_every_generation_and_needs_vllm():
+    """verl's vLLM server applies rollout.ignore_eos to every request: training, validation, the baseline
+    rollout, and an agent loop's requests (through its sampling_params)."""
+    from grpo_dist.agents.runner import sampling_params_of
+    from grpo_dist.rollout.async_server import sampling_from_params
+
+    off = worker_inputs(cfg_of())
+    assert not any(off[k].ignore_eos for k in ("train", "val", "baseline"))
+    on = worker_inputs(cfg_of(R + "ignore_eos=true"))
+    assert all(on[k].ignore_eos for k in ("train", "val", "baseline"))
+    assert sampling_from_params(sampling_params_of(on["train"], seed=1), max_tokens=8).ignore_eos
+    assert not sampling_from_params(sampling_params_of(off["train"], seed=1), max_tokens=8).ignore_eos
+    assert sampling_from_params({"temperature": 0.0, "ignore_eos": True}, max_tokens=8).ignore_eos  # greedy too
+    with pytest.raises(ConfigError, match="ignore_eos = True is not valid: the hf engine stops at the end-of-sequence"):
+        cfg_of(R + "name=hf", R + "ignore_eos=true")
+
+
 # ------------------------------------------------------------------------------ pass-through to vLLM
 @pytest.fixture
 def fake_vllm(monkeypatch):

@@ -185,8 +185,8 @@ class RolloutConfig:
     over_sample_rate: float = F(0, "abort a step's last requests once (1 - this) of them finished (verl's SGLang SPMD "
                                 "rollout, removed in December 2025)", NoOp(
         "verl's trainer reads it nowhere since its SGLang SPMD rollout was removed; no request is aborted here either"))
-    ignore_eos: bool = F(False, "keep generating past the end-of-sequence token", off_feature(
-        "generating past the end-of-sequence token", "leave it false"))
+    ignore_eos: bool = F(False, "keep sampling past the end-of-sequence token, to the response length (fixed-length "
+                               "responses, for throughput measurements; training, validation and agent loops; vllm only)")
     full_determinism: bool = F(False, "deterministic engine kernels", off_feature(
         "forcing deterministic engine kernels", "leave it false"))
     quantization: Optional[str] = F(None, "quantize the engine's weights (e.g. fp8)", off_feature(
