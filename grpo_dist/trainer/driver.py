@@ -431,7 +431,8 @@ class GRPOTrainer:
         ntok = token_count(batch)
         self.summary.tokens += ntok
         m.update(data_metrics(batch, p.response_length))
-        self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
+        if not p.train_sampling.ignore_eos:  # (with it, every response runs to the limit by request)
+            self.clip_warning.observe(m["response_length/clip_ratio"], step=self.global_step + 1)
         self.no_signal.observe(m, step=self.global_step + 1)
         if "values" in batch:
             m.update(critic_data_metrics(batch))

@@ -258,3 +258,16 @@ def test_pf_ppo_resamples_the_step_after_its_advantages_for_both_updates(tmp_pat
     # the draws are the step's own: the same run resamples the same rows
     again, _ = gae_step(tmp_path / "again", "algorithm.use_pf_ppo=true")
     assert torch.equal(again.actor.update_rows["advantages"], pf.actor.update_rows["advantages"])
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_responses_cut_at_the_limit_are_not_warned_about_when_ignore_eos_asked_for_it(tmp_path, ignore_eos):
+    cfg = config(f"actor_rollout_ref.rollout.ignore_eos={str(ignore_eos).lower()}")
+    trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
+                          val_data=None, device="cpu", out_dir=str(tmp_path))
+    trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
+    trainer.scored_rollout, trainer.sync = scored_rollout(cfg), NoSync()
+    seen: list[str] = []
+    trainer.clip_warning.emit, trainer.clip_warning.threshold = seen.append, 0.0  # (2 of the 4 stand-ins are cut)
+    trainer.train_step([{}, {}])
+    assert len(seen) == (0 if ignore_eos else 1)
