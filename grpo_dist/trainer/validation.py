@@ -1,6 +1,6 @@
 """Validation: the held-out prompts generated with the validation sampling and scored by the
 rule-based verifier (never by a learned reward model), reduced to verl's ``val-core/<source>/acc/mean@n`` and
-its other validation metrics (:mod:`grpo_dist.trainer.val_metrics`);
+its other validation metrics (:mod:`grpo_dist.trainer.val_metrics`; with agent loops also ``val-aux/num_turns/*``);
 with ``trainer.log_val_generations`` N > 0 also N samples (input, output, score; verl's fixed-seed
 choice) logged to the tracker as a table, and with ``trainer.validation_data_dir`` every response written to
 ``<folder>/<step>.jsonl`` (:mod:`grpo_dist.trainer.dumps`).
@@ -31,6 +31,7 @@ def validate(val_data: Any, *, generate: Callable[[list[dict], str], Batch], sco
         return {}
     bs = batch_size or len(val_data)
     sources, uids, scores, extras, rows = [], [], [], [], []  # rows: decoded only when logged or dumped
+    turns: list[float] = []  # agent-loop trajectories' turns
     for start in range(0, len(val_data), bs):
         batch = generate([val_data[i] for i in range(start, min(start + bs, len(val_data)))], f"v{start}")
         sources += [str(x) for x in batch["data_source"]]
@@ -38,6 +39,7 @@ def validate(val_data: Any, *, generate: Callable[[list[dict], str], Batch], sco
         batch_scores = score(batch).tolist()
         scores += batch_scores
         extras += list(batch["reward_extra_info"]) if "reward_extra_info" in batch else [{}] * len(batch)
+        turns += [float(t) for t in batch["num_turns"]] if "num_turns" in batch else []
         if log_generations > 0 or dump is not None:
             rows += batch_rows(batch, tokenizer, batch_scores, step)
     if dump is not None:
@@ -48,4 +50,8 @@ def validate(val_data: Any, *, generate: Callable[[list[dict], str], Batch], sco
     variables: dict[str, list] = {"reward": scores}
     for key in sorted({k for e in extras for k in e}):
         variables.setdefault(key, [e.get(key) for e in extras])
-    return validation_metrics(sources, uids, variables)
+    out = validation_metrics(sources, uids, variables)
+    if turns:  # verl's val-aux/num_turns/* of agent-loop trajectories
+        out.update({"val-aux/num_turns/min": min(turns), "val-aux/num_turns/max": max(turns),
+                    "val-aux/num_turns/mean": sum(turns) / len(turns)})
+    return out

@@ -56,4 +56,5 @@ def test_the_calculator_recipe_calls_its_tool_and_trains_on_model_tokens_only(tm
     for r in steps:  # the engine's log-probs of the model's tokens are the actor's (tool tokens masked out)
         assert 0 <= r["training/rollout_probs_diff_max"] < 1e-3, r["training/rollout_probs_diff_max"]
     assert "val-core/grpo_dist/calculator/acc/mean@1" in m[3]
+    assert 2 <= m[3]["val-aux/num_turns/min"] <= m[3]["val-aux/num_turns/mean"] <= m[3]["val-aux/num_turns/max"]
     assert (out / "report" / "agents.png").exists()

@@ -138,3 +138,17 @@ def test_the_folders_are_off_by_default_and_may_not_be_the_same():
     assert cfg_of("trainer.rollout_data_dir=/tmp/r", "trainer.validation_data_dir=/tmp/v").trainer.rollout_data_dir == "/tmp/r"
     msg = refused("trainer.rollout_data_dir=/tmp/same", "trainer.validation_data_dir=/tmp/same/")
     assert "trainer.validation_data_dir" in msg and "also trainer.rollout_data_dir" in msg and "different folders" in msg
+
+
+def test_validation_of_agent_trajectories_reports_their_turns_as_verl():
+    def generate(items, tag):
+        b = scored_batch([it["p"] for it in items], [it["p"] for it in items], ["a"] * len(items))
+        b["num_turns"] = [it["turns"] for it in items]
+        return b
+
+    data = [{"p": [1], "turns": 2}, {"p": [2], "turns": 4}, {"p": [3], "turns": 6}]
+    out = validate(data, generate=generate, score=lambda b: torch.zeros(len(b)), batch_size=2, tokenizer=Tok())
+    assert (out["val-aux/num_turns/min"], out["val-aux/num_turns/max"], out["val-aux/num_turns/mean"]) == (2, 6, 4)
+    plain = validate(data[:1], generate=lambda items, tag: scored_batch([[1]], [[1]], ["a"]),
+                     score=lambda b: torch.zeros(len(b)), batch_size=2, tokenizer=Tok())
+    assert not any("num_turns" in k for k in plain)
