@@ -54,20 +54,31 @@ def _draws(m: int, k: int) -> np.ndarray:
     return np.random.RandomState(BOOTSTRAP_SEED).choice(m, size=(BOOTSTRAP_DRAWS, k), replace=True)
 
 
+def _vote(pred: Any) -> Any:
+    """``pred`` as a vote: itself, or its repr when it cannot be a dict key (a list)."""
+    try:
+        hash(pred)
+        return pred
+    except TypeError:
+        return repr(pred)
+
+
 def majority_picks(preds: Sequence[Any]) -> dict[int, np.ndarray]:
     """For each bootstrap size k of the m responses, [D] indices: in each draw, the first response whose pred is
-    the draw's most common one (ties: the pred seen first in the draw). The same for every variable."""
+    the draw's most common one (ties: the pred seen first in the draw). The same for every variable.
+
+    In a draw, the first position whose pred has the top count holds the first-seen of the most common preds,
+    and it is that pred's first occurrence, so it is the pick."""
+    codes: dict[Any, int] = {}
+    code_M = np.array([codes.setdefault(_vote(p), len(codes)) for p in preds])
     picks = {}
     for k in _sizes(len(preds)):
-        rows = []
-        for draw in _draws(len(preds), k):
-            counts: dict[Any, int] = {}
-            first: dict[Any, int] = {}
-            for j in draw:
-                counts[preds[j]] = counts.get(preds[j], 0) + 1
-                first.setdefault(preds[j], int(j))
-            rows.append(first[max(counts, key=counts.get)])  # max keeps the first of equal counts
-        picks[k] = np.asarray(rows)
+        idx_DK = _draws(len(preds), k)
+        c_DK = code_M[idx_DK]
+        counts_DC = (c_DK[:, :, None] == np.arange(len(codes))).sum(axis=1)
+        count_at_DK = np.take_along_axis(counts_DC, c_DK, axis=1)
+        first_D = np.argmax(count_at_DK == counts_DC.max(axis=1, keepdims=True), axis=1)
+        picks[k] = idx_DK[np.arange(len(idx_DK)), first_D]
     return picks
 
 
