@@ -476,17 +476,23 @@ def save_config(spec: RunSpec, out_dir: Path) -> None:
     write_text_atomic(out_dir / "config.yaml", yaml.safe_dump(spec.as_dict(), sort_keys=False))
 
 
+def _summarised(key: str) -> bool:
+    """The validation metrics the summary shows: verl's val-core means (mean@n, best@k/mean, maj@k/mean); their
+    spreads and the val-aux metrics are in metrics.jsonl."""
+    return key.startswith("val-core/") and not key.endswith("/std")
+
+
 def _print_summary(s, total_s: float) -> None:
     if s.val_only:
         lines = ["", f"grpo_dist: validation finished (trainer.val_only), at step {s.steps}"]
-        lines += [f"  {k:<16} {v:.3f}" for k, v in sorted(s.val_after.items()) if k.startswith("val-core/")]
+        lines += [f"  {k:<16} {v:.3f}" for k, v in sorted(s.val_after.items()) if _summarised(k)]
         lines.append(f"  wall time        {total_s:.0f} s (validation {s.wall_s:.0f} s)")
         lines.append(f"  metrics          {s.out_dir}/metrics.jsonl")
         print("\n".join(lines), flush=True)
         return
     lines = ["", "grpo_dist: training finished"]
     lines.append(f"  steps            {s.first_step} -> {s.steps}")
-    for k in sorted(k for k in set(s.val_before) | set(s.val_after) if k.startswith("val-core/")):  # (val-aux: metrics.jsonl)
+    for k in sorted(k for k in set(s.val_before) | set(s.val_after) if _summarised(k)):
         b, a = s.val_before.get(k), s.val_after.get(k)
         fb = f"{b:.3f}" if b is not None else "-"
         fa = f"{a:.3f}" if a is not None else "-"

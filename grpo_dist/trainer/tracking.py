@@ -145,7 +145,7 @@ class ConsoleLogger:
         self.quiet = quiet_when_progress_bar
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        val = {k: v for k, v in metrics.items() if k.startswith("val-core/")}
+        val = {k: v for k, v in metrics.items() if k.startswith("val-core/") and not k.endswith("/std")}
         if self.quiet and not val:
             return
         keys = [k for k in self.KEYS if k in metrics] + sorted(val)

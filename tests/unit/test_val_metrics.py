@@ -80,3 +80,21 @@ def test_names_core_and_aux_per_data_source_averaged_over_prompts():
     assert out["val-core/a/reward/mean@2"] == pytest.approx(0.75)  # prompt p; prompt q had one response, ...
     assert out["val-aux/a/reward/mean@1"] == 0.0  # ... so its mean@1 is a metric of its own (verl's names)
     assert out["val-aux/a/hits/mean@1"] == pytest.approx(2.0)  # p: 3 (its None left out), q: 1
+
+
+def test_the_summary_and_the_console_line_show_the_val_core_means(capsys):
+    """Their spreads (std) and the val-aux metrics stay in metrics.jsonl; the progress bar takes mean@n."""
+    from grpo_dist.trainer.run import _print_summary
+    from grpo_dist.trainer.summary import RunSummary
+    from grpo_dist.trainer.tracking import ConsoleLogger, is_headline_validation
+
+    val = {"val-core/s/acc/mean@4": 0.5, "val-core/s/acc/best@4/mean": 0.75, "val-core/s/acc/best@4/std": 0.1,
+           "val-aux/s/reward/mean@4": 0.4}
+    _print_summary(RunSummary(steps=2, out_dir="/o", val_before=val, val_after=val), 10.0)
+    out = capsys.readouterr().out
+    assert "val-core/s/acc/mean@4 0.500 -> 0.500" in out and "val-core/s/acc/best@4/mean 0.750 -> 0.750" in out
+    assert "/std" not in out and "val-aux" not in out
+    ConsoleLogger(quiet_when_progress_bar=False).log(val, step=3)
+    line = capsys.readouterr().out
+    assert "val-core/s/acc/mean@4=0.5" in line and "best@4/mean=0.75" in line and "/std" not in line and "val-aux" not in line
+    assert [k for k in val if is_headline_validation(k)] == ["val-core/s/acc/mean@4"]
