@@ -32,7 +32,8 @@ class RewardResult:
         first_error: with ``reward_model.on_error=zero``, the message of the batch's first failed
             sample (function, file and line, sample); None when none failed.
         extra: the scorer's extra values (verl's ``reward_extra_info``): for each key other than ``score``
-            that a dict result had, B values (None where a sample's result had no such key).
+            that a dict result had, and ``acc`` for number results, B values (None where a sample had no such
+            key; :meth:`~grpo_dist.rewards.manager.RewardScorer.score_batch`).
     """
 
     scores_B: torch.Tensor

@@ -326,7 +326,10 @@ class GRPOTrainer:
     def next_items(self) -> list[dict]:
         return [self.train_data[i] for i in next(self.sampler)]
 
-    def advantages(self, batch: Batch) -> None:
+    def advantages(self, batch: Batch) -> Batch:
+        """``advantages`` and ``returns`` [B, R] in ``batch`` by the run's estimator; returned as it is, or with
+        PF-PPO (``algorithm.use_pf_ppo``) its rows resampled by reward, with replacement, drawn with the step's seed
+        (:mod:`grpo_dist.core.pf_ppo`)."""
         def optional(key: str) -> Any:
             return batch[key] if key in batch else None
 
@@ -336,6 +339,10 @@ class GRPOTrainer:
             reward_baselines_B=optional("reward_baselines"),
         )
         batch["advantages"], batch["returns"] = self.estimator(inputs, self.adv_params)
+        if self.plan.pf_ppo is None:
+            return batch
+        weights_B = pf_ppo_weights(batch["token_level_scores"].sum(-1), *self.plan.pf_ppo)
+        return batch.reorder(pf_ppo_indices(weights_B, torch.Generator().manual_seed(self.step_seed())))
 
     def update_critic(self, batch: Batch) -> tuple[dict[str, float], float]:
         """One value-loss update on the critic ranks: its metrics and the slowest rank's busy seconds."""
@@ -398,10 +405,7 @@ class GRPOTrainer:
             with timer("adv"):
                 m.update(token_level_rewards(batch, kl_ctrl=self.kl_ctrl, use_kl_in_reward=p.use_kl_in_reward,
                                              kl_penalty=p.kl_penalty, rc=self.rc))
-                self.advantages(batch)
-                if p.pf_ppo is not None:  # PF-PPO: the step's responses resampled by reward (with replacement)
-                    batch = batch.reorder(pf_ppo_indices(pf_ppo_weights(batch["token_level_scores"].sum(-1), *p.pf_ppo),
-                                                         torch.Generator().manual_seed(self.step_seed())))
+                batch = self.advantages(batch)
             if self.critic is not None:
                 with timer("update_critic"):
                     critic_metrics, busy_s = self.update_critic(batch)

@@ -130,8 +130,8 @@ class RewardStage:
     def score(self, batch: Batch, *, token_level: bool = True, timer: Timer | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores [B]; with ``token_level`` also ``token_level_scores`` in the batch (and
         ``step_end_mask`` with process supervision, ``rm_targets`` with iterative RL). The batch also gets
-        ``reward_extra_info``: per row, the reward function's extra values (a dict; empty when the function
-        returned a number, or did not score the batch)."""
+        ``reward_extra_info``: per row, the reward function's extra values (a dict: the keys of its dict result,
+        or ``acc`` for a number it returned; empty when it did not score the batch)."""
         batch["reward_extra_info"] = [{} for _ in range(len(batch))]
         if not self.models or not token_level:
             return self._rule_only(batch, token_level)

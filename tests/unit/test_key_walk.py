@@ -21,7 +21,7 @@ from grpo_dist.config.validate import validate_config
 MATRIX = {
     "grpo": [],
     "ppo_critic": ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive",
-                   "actor_rollout_ref.actor.use_kl_loss=false", "trainer.critic_warmup=2",
+                   "actor_rollout_ref.actor.use_kl_loss=false", "trainer.critic_warmup=2", "algorithm.use_pf_ppo=true",
                    "actor_rollout_ref.actor.shuffle=true", "critic.ppo_micro_batch_size=2",
                    "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]"],
     "dynamic_bsz": ["actor_rollout_ref.actor.use_dynamic_bsz=true", "algorithm.adv_estimator=gae",
