@@ -83,10 +83,13 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def _series(rows: list[dict], prefixes: list[str]) -> dict[str, tuple[list[int], list[float]]]:
+    """The metrics named in ``prefixes`` (a name, or a prefix ending in "/" whose spreads, ``.../std``, are left
+    out: verl's ``val-core/.../best@k/std`` is not an accuracy), as (steps, values) by name."""
     out: dict[str, tuple[list[int], list[float]]] = {}
     for r in rows:
         for k, v in r.items():
-            if v is None or k == "step" or not any(k == p or (p.endswith("/") and k.startswith(p)) for p in prefixes):
+            if v is None or k == "step" or not any(
+                    k == p or (p.endswith("/") and k.startswith(p) and not k.endswith("/std")) for p in prefixes):
                 continue
             xs, ys = out.setdefault(k, ([], []))
             xs.append(int(r["step"]))

@@ -98,3 +98,13 @@ def test_the_summary_and_the_console_line_show_the_val_core_means(capsys):
     line = capsys.readouterr().out
     assert "val-core/s/acc/mean@4=0.5" in line and "best@4/mean=0.75" in line and "/std" not in line and "val-aux" not in line
     assert [k for k in val if is_headline_validation(k)] == ["val-core/s/acc/mean@4"]
+
+
+def test_the_reports_accuracy_panel_draws_the_val_core_values_without_their_spreads():
+    from grpo_dist.report import _series
+
+    rows = [{"step": 0, "val-core/s/acc/mean@4": 0.25, "val-core/s/acc/best@4/mean": 0.5, "val-core/s/acc/best@4/std": 0.1,
+             "val-aux/s/reward/mean@4": 0.2}, {"step": 5, "val-core/s/acc/mean@4": 0.5}]
+    series = _series(rows, ["val-core/"])
+    assert sorted(series) == ["val-core/s/acc/best@4/mean", "val-core/s/acc/mean@4"]
+    assert series["val-core/s/acc/mean@4"] == ([0, 5], [0.25, 0.5])
