@@ -105,15 +105,6 @@ def throughput_metrics(num_tokens: int, step_seconds: float, n_devices: int) -> 
     }
 
 
-def reduce_validation(data_sources, scores, n: int) -> dict[str, float]:
-    """val-core/<data_source>/acc/mean@n: mean score per data source."""
-    by_src: dict[str, list[float]] = defaultdict(list)
-    for src, s in zip(data_sources, scores):
-        by_src[str(src)].append(float(s))
-    out = {f"val-core/{src}/acc/mean@{n}": sum(v) / len(v) for src, v in by_src.items()}
-    return out
-
-
 #: verl's seed for choosing the validation samples it logs (``trainer.log_val_generations``).
 VAL_GENERATIONS_SEED = 42
 
