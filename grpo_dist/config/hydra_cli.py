@@ -35,6 +35,7 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from grpo_dist.config.schema import ConfigError, GRPOConfig
+from grpo_dist.config.schema.trainer import DUMP_DIR_FIELDS
 from grpo_dist.utils.disk import StartFiles, write_failure, write_text_atomic
 
 JOB_NAME = "main"
@@ -59,8 +60,6 @@ HONOURED_HYDRA = {
     "hydra.mode": "RUN or MULTIRUN (as --multirun)",
     "hydra.sweeper.params": "sweeps declared in a config or on the command line",
 }
-#: Folders of generation dumps (:mod:`grpo_dist.trainer.dumps`): made absolute as the output folder is.
-DUMP_DIR_KEYS = ("trainer.rollout_data_dir", "trainer.validation_data_dir")
 HONOURED_GROUPS = {"hydra/job_logging", "hydra/hydra_logging"}
 BASIC_ONLY_GROUPS = {"hydra/launcher": "basic", "hydra/sweeper": "basic"}
 #: Fields of the schema holding paths; with hydra.job.chdir they are anchored to the launch directory.
@@ -342,8 +341,7 @@ def prepare_job(full: DictConfig, overrides: list[str], *, num: int | None, swee
     cfg = to_typed(job_raw, overrides)
     if not chdir:
         cfg.trainer.default_local_dir = os.path.abspath(cfg.trainer.default_local_dir)
-    for key in DUMP_DIR_KEYS:  # relative: where the command was typed, or with hydra.job.chdir the job's directory
-        name = key.split(".")[-1]
+    for name in DUMP_DIR_FIELDS:  # relative: where the command was typed, or with hydra.job.chdir the job's directory
         if getattr(cfg.trainer, name):
             setattr(cfg.trainer, name, _abs(getattr(cfg.trainer, name), output_dir if chdir else os.getcwd()))
     return Job(num=num or 0, overrides=list(overrides), full=full, cfg=cfg, output_dir=output_dir, chdir=chdir)
@@ -362,15 +360,15 @@ def check_distinct_outputs(jobs: list[Job]) -> None:
                 "(each job then writes to its own folder under hydra.sweep.dir) or make it depend on a swept key, "
                 "e.g. trainer.default_local_dir=runs/${trainer.experiment_name}")
         seen[d] = job
-    for key in DUMP_DIR_KEYS:
+    for name in DUMP_DIR_FIELDS:
         writers: dict[str, Job] = {}
         for job in jobs:
-            d = getattr(job.cfg.trainer, key.split(".")[-1])
+            d = getattr(job.cfg.trainer, name)
             if d and d in writers:
                 raise ConfigError(
-                    f"{key} = {d!r} is the same for sweep jobs #{writers[d].num} ({writers[d].label}) and #{job.num} "
-                    f"({job.label}): the later job would overwrite the earlier one's <step>.jsonl files. Put it inside "
-                    f"each job's folder, e.g. {key}=${{trainer.default_local_dir}}/{key.split('.')[-1]}")
+                    f"trainer.{name} = {d!r} is the same for sweep jobs #{writers[d].num} ({writers[d].label}) and "
+                    f"#{job.num} ({job.label}): the later job would overwrite the earlier one's <step>.jsonl files. Put "
+                    f"it inside each job's folder, e.g. trainer.{name}=${{trainer.default_local_dir}}/{name}")
             writers[d] = job
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from grpo_dist.config.roles import bundles
 from grpo_dist.config.schema import GRPOConfig
+from grpo_dist.config.schema.trainer import DUMP_DIR_FIELDS
 from grpo_dist.config.states import setting
 
 __all__ = ["LaunchPlan", "ResumeSettings", "launch_plan"]
@@ -97,7 +98,7 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         custom_reward=(rf, setting(cfg, "custom_reward_function.name") or "compute_score") if rf else None,
         reward_trial=dict(timeout_s=cfg.reward_model.timeout_s, on_error=cfg.reward_model.on_error),
         out_dir=t.default_local_dir,
-        dump_dirs={f"trainer.{k}": getattr(t, k) for k in ("rollout_data_dir", "validation_data_dir") if getattr(t, k)},
+        dump_dirs={f"trainer.{k}": getattr(t, k) for k in DUMP_DIR_FIELDS if getattr(t, k)},
         ray_init=dict(address=ri.address, num_cpus=ri.num_cpus, include_dashboard=ri.include_dashboard,
                       min_cpus=bundles(cfg),  # a bundle of one CPU per rank of every pool
                       runtime_env=dict(py_executable=env.py_executable, env_vars=dict(env.env_vars),

@@ -15,6 +15,11 @@ from grpo_dist.config.sections.features import TrainerV1Config
 from grpo_dist.tasks.reverse import DEFAULT_JOB_STEPS
 
 
+#: The ``trainer`` fields naming folders of generation dumps (:mod:`grpo_dist.trainer.dumps`): made absolute like
+#: the output folder, made at start, and never shared by sweep jobs.
+DUMP_DIR_FIELDS = ("rollout_data_dir", "validation_data_dir")
+
+
 @dataclass
 class TrainerConfig:
     total_epochs: int = F(30, "passes over the training data (total_training_steps, when set, wins)")
