@@ -23,9 +23,10 @@ all of them at the same iteration.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from grpo_dist.agents.collect import to_rollout_output
@@ -47,6 +48,15 @@ class _AgentChunk:
     sampling: SamplingSettings
     settings: AgentSettings
     version: int  # the policy version when the chunk started
+    groups: int  # its rows
+    finished: dict[int, list[Any]] = field(default_factory=dict)  # (streaming) rows whose trajectories all ended
+    taken: set[int] = field(default_factory=set)  # (streaming) rows handed over
+
+    def output(self, i: int, outs: list[Any]) -> RolloutOutput:
+        """Row ``i``'s trajectories as one output."""
+        n = self.sampling.n
+        return to_rollout_output(outs, logprobs=self.sampling.logprobs, response_length=self.settings.response_length,
+                                 versions=self.versions[i * n:(i + 1) * n], default_version=self.version)
 
 
 class AgentChunks:
@@ -68,6 +78,8 @@ class AgentChunks:
         self._tokenizer = tokenizer
         self._chunks: dict[str, _AgentChunk] = {}
         self._started = 0  # chunks started so far
+        self._group_ended = threading.Condition()  # (streaming) a row's trajectories all ended
+        self._busy_handed_s = 0.0  # the server's busy seconds up to the last take_groups
         self._loop = asyncio.new_event_loop()
         self._thread = start_stepping_thread(self._loop.run_forever, "agent-chunks")  # the engine steps on it
 
@@ -89,15 +101,25 @@ class AgentChunks:
         group = self._started  # (a tensor-parallel engine's processes add a chunk's requests by its number)
         self._started += 1
 
+        def group_done(i: int, outs: list[Any]) -> None:
+            with self._group_ended:
+                self._chunks[chunk_id].finished[i] = outs
+                self._group_ended.notify_all()
+
         async def chunk() -> tuple[list[Any], float]:
             request_group.set(group)  # for every task of this chunk's loops
             busy_at_start = self.server.busy_s
-            outs = await run_trajectories(rows, sampling, server=self.server, tokenizer=self._tokenizer,
-                                          settings=settings, versions_out=versions)
+            try:
+                outs = await run_trajectories(rows, sampling, server=self.server, tokenizer=self._tokenizer,
+                                              settings=settings, versions_out=versions, group_done=group_done)
+            finally:
+                with self._group_ended:  # (a take_groups waiting on a chunk that failed hears of it)
+                    self._group_ended.notify_all()
             return outs, self.server.busy_s - busy_at_start
 
-        future = asyncio.run_coroutine_threadsafe(chunk(), self._loop)
-        self._chunks[chunk_id] = _AgentChunk(future, versions, sampling, settings, self.server.version)
+        with self._group_ended:  # (registered before any of its rows can end)
+            self._chunks[chunk_id] = _AgentChunk(None, versions, sampling, settings, self.server.version, len(rows))
+            self._chunks[chunk_id].future = asyncio.run_coroutine_threadsafe(chunk(), self._loop)
 
     def pause(self) -> int:
         """Interrupt the engine's requests after its current iteration (a tensor-parallel engine: the iteration its
@@ -134,6 +156,43 @@ class AgentChunks:
         outs, busy_s = c.future.result()
         return to_rollout_output(outs, logprobs=c.sampling.logprobs, response_length=c.settings.response_length,
                                  versions=c.versions, default_version=c.version), busy_s
+
+    def take_groups(self, groups: list[tuple[str, int]] | None = None, *, wait_s: float = 0.0
+                    ) -> tuple[list[tuple[str, int, RolloutOutput]], float]:
+        """Streaming: hand over the rows whose trajectories all ended, forgotten here, as ``(chunk id, row
+        index in the chunk, output)``, oldest chunk first; and the engine's seconds since the last call. The same
+        contract as :meth:`~grpo_dist.rollout.partial.PartialRollouts.take_groups` (``groups=None``: every ended
+        row, waiting up to ``wait_s`` for one; a list: exactly those, waiting for them).
+
+        Raises:
+            RuntimeError: a loop of a chunk failed (its message).
+        """
+        deadline = time.monotonic() + wait_s
+        with self._group_ended:
+            while True:
+                for cid, c in self._chunks.items():
+                    if c.future.done() and not c.future.cancelled() and c.future.exception() is not None:
+                        c.future.result()  # the loop's error, as collect raises it
+                ready = ([(cid, i) for cid, c in self._chunks.items() for i in sorted(c.finished) if i not in c.taken]
+                         if groups is None else list(groups))
+                left = deadline - time.monotonic()
+                if groups is None and (ready or left <= 0 or self.server.paused):
+                    break
+                if groups is not None and all(i in self._chunks[cid].finished for cid, i in ready):
+                    break
+                self._group_ended.wait(timeout=max(0.001, min(left, 1.0)) if groups is None else 1.0)
+            out = []
+            for cid, i in ready:
+                c = self._chunks[cid]
+                if i in c.taken:
+                    raise ValueError(f"row {i} of chunk {cid!r} was handed over already")
+                c.taken.add(i)
+                out.append((cid, i, c.output(i, c.finished.pop(i))))
+                if len(c.taken) == c.groups:
+                    del self._chunks[cid]
+        busy = self.server.busy_s
+        busy_s, self._busy_handed_s = busy - self._busy_handed_s, busy
+        return out, busy_s
 
     @property
     def active(self) -> bool:

@@ -13,6 +13,7 @@ the policy version of every token the server answered it with, in order: ``versi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +81,13 @@ async def _one(index: int, row_index: int, name: str, entry: AgentLoopEntry, row
 
 async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSettings, *, server: Server,
                            tokenizer: Any, settings: AgentSettings,
-                           versions_out: list[list[int]] | None = None) -> list[AgentLoopOutput]:
+                           versions_out: list[list[int]] | None = None,
+                           group_done: Callable[[int, list[AgentLoopOutput]], None] | None = None
+                           ) -> list[AgentLoopOutput]:
     """All trajectories of ``rows`` (``len(rows) * sampling.n``, prompt-major), run concurrently; with
-    ``versions_out`` (an empty list), it gets each trajectory's token versions (see the module doc).
+    ``versions_out`` (an empty list), it gets each trajectory's token versions (see the module doc); with
+    ``group_done``, ``group_done(i, outputs)`` is called (on the event loop) as soon as row ``i``'s ``n``
+    trajectories have all ended well.
 
     Raises:
         ValueError: a row names an unregistered loop, or the agent-loop config cannot be used (before any
@@ -109,6 +114,9 @@ async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSetting
                 versions=None if versions_out is None else versions_out[i * n + j])))
     if not tasks:
         return []
+    if group_done is not None:
+        for i in range(len(rows)):
+            _on_group_done(tasks[i * n:(i + 1) * n], lambda outs, i=i: group_done(i, outs))
     started = getattr(server, "trajectories_started", None)
     if started is not None:
         started(len(tasks))
@@ -121,6 +129,20 @@ async def run_trajectories(rows: list[dict[str, Any]], sampling: SamplingSetting
     if failed:
         raise failed[0].exception()
     return [t.result() for t in tasks]
+
+
+def _on_group_done(group: list[asyncio.Future], call: Callable[[list[Any]], None]) -> None:
+    """``call(results)`` once every task of ``group`` ended without an error (never when one failed or was
+    cancelled)."""
+    left = [len(group)]
+
+    def one_ended(_: asyncio.Future) -> None:
+        left[0] -= 1
+        if left[0] == 0 and all(not t.cancelled() and t.exception() is None for t in group):
+            call([t.result() for t in group])
+
+    for task in group:
+        task.add_done_callback(one_ended)
 
 
 def run_trajectories_sync(rows: list[dict[str, Any]], sampling: SamplingSettings, *, server: Server,

@@ -171,13 +171,35 @@ class TensorParallelAgreement(Agreement):
 
 @dataclass
 class _Chunk:
-    responses: list[Unfinished]
+    responses: list[Unfinished]  # prompt-major, ``n`` per prompt
     logprobs: bool
+    n: int
     busy_s: float = 0.0  # engine iterations that worked on this chunk
+    taken: set[int] = field(default_factory=set)  # (streaming) prompts whose group was handed over
 
     @property
     def done(self) -> bool:
         return all(r.finish_reason is not None for r in self.responses)
+
+    @property
+    def groups(self) -> int:
+        return len(self.responses) // self.n if self.n else 0
+
+    def group(self, i: int) -> list[Unfinished]:
+        return self.responses[i * self.n:(i + 1) * self.n]
+
+    def group_done(self, i: int) -> bool:
+        return all(r.finish_reason is not None for r in self.group(i))
+
+
+def rollout_output(responses: list[Unfinished], logprobs: bool) -> RolloutOutput:
+    """Finished responses as an engine call's output, each token's version in ``token_versions``."""
+    return RolloutOutput(
+        response_ids=[r.tokens for r in responses],
+        logprobs=[r.logprobs for r in responses] if logprobs else None,
+        finished_by_eos=[r.finish_reason == "stop" for r in responses],
+        token_versions=[r.versions for r in responses],
+    )
 
 
 class PartialRollouts:
@@ -215,6 +237,7 @@ class PartialRollouts:
         self._next_id = 0
         self._callers = 0  # callers waiting for the lock: the stepping thread stands aside
         self._callers_lock = threading.Lock()
+        self._busy_s = self._busy_handed_s = 0.0  # engine seconds so far, and up to the last take_groups
 
     @contextmanager
     def _held(self) -> Iterator[None]:
@@ -242,7 +265,7 @@ class PartialRollouts:
             Unfinished(list(p), replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + i * n + j))
             for i, p in enumerate(prompt_ids) for j in range(n)
         ]
-        chunk = _Chunk(responses, logprobs=sampling.logprobs)
+        chunk = _Chunk(responses, logprobs=sampling.logprobs, n=n)
         with self._held():
             self._raise_error()
             if self._max_running is None and responses:
@@ -302,14 +325,43 @@ class PartialRollouts:
                     raise TimeoutError(f"chunk {chunk_id!r} not finished within {timeout_s} s")
                 self._lock.wait(timeout=1.0 if left is None else min(left, 1.0))
             del self._chunks[chunk_id]
-        rs = chunk.responses
-        out = RolloutOutput(
-            response_ids=[r.tokens for r in rs],
-            logprobs=[r.logprobs for r in rs] if chunk.logprobs else None,
-            finished_by_eos=[r.finish_reason == "stop" for r in rs],
-            token_versions=[r.versions for r in rs],
-        )
-        return out, chunk.busy_s
+        return rollout_output(chunk.responses, chunk.logprobs), chunk.busy_s
+
+    def take_groups(self, groups: list[tuple[str, int]] | None = None, *, wait_s: float = 0.0
+                    ) -> tuple[list[tuple[str, int, RolloutOutput]], float]:
+        """Streaming: hand over finished groups (a prompt's ``n`` responses), forgotten here, as
+        ``(chunk id, prompt index in the chunk, output)``, oldest chunk first; and the seconds the engine worked
+        since the last call.
+
+        ``groups=None``: every finished group not handed over yet, waiting up to ``wait_s`` seconds for one when
+        none is; a list of ``(chunk id, prompt index)``: exactly those, waiting until they are finished here (the
+        other processes of a tensor-parallel engine take what its first process took: the same iterations
+        finish them on every process). A chunk whose groups were all handed over is forgotten."""
+        deadline = time.monotonic() + wait_s
+        with self._held():
+            while True:
+                self._raise_error()
+                ready = self._finished_groups() if groups is None else list(groups)
+                if groups is None and (ready or time.monotonic() >= deadline or self._paused):
+                    break
+                if groups is not None and all(self._chunks[c].group_done(i) for c, i in ready):
+                    break
+                self._lock.wait(timeout=max(0.001, min(deadline - time.monotonic(), 1.0)) if groups is None else 1.0)
+            out = []
+            for chunk_id, i in ready:
+                chunk = self._chunks[chunk_id]
+                if i in chunk.taken:
+                    raise ValueError(f"group {i} of chunk {chunk_id!r} was handed over already")
+                chunk.taken.add(i)
+                out.append((chunk_id, i, rollout_output(chunk.group(i), chunk.logprobs)))
+                if len(chunk.taken) == chunk.groups:
+                    del self._chunks[chunk_id]
+            busy_s, self._busy_handed_s = self._busy_s - self._busy_handed_s, self._busy_s
+        return out, busy_s
+
+    def _finished_groups(self) -> list[tuple[str, int]]:
+        return [(cid, i) for cid, c in self._chunks.items() for i in range(c.groups)
+                if i not in c.taken and c.group_done(i)]
 
     def __repr__(self) -> str:
         return (f"PartialRollouts(chunks={list(self._chunks)}, running={len(self._running)}, waiting={len(self._waiting)}, "
@@ -388,6 +440,7 @@ class PartialRollouts:
         t0 = time.perf_counter()
         outputs = self._engine.step_deltas()
         seconds = time.perf_counter() - t0
+        self._busy_s += seconds
         for chunk in {id(c): c for c, _ in self._running.values()}.values():
             chunk.busy_s += seconds
         for request_id, ids, lps, reason in outputs:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from grpo_dist.config.fully_async import fully_async_note
 from grpo_dist.config.spec import RunSpec
 from grpo_dist.config.validate import logger_names
 from grpo_dist.core.advantages import AdvantageInputs, AdvantageParams, get_adv_estimator
-from grpo_dist.core.diagnostics import off_policy_metrics, partial_metrics
 from grpo_dist.core.kl import make_kl_controller
 from grpo_dist.core.pf_ppo import pf_ppo_indices, pf_ppo_weights
 from grpo_dist.data.dataset import PromptDataset, collate_prompts
@@ -44,7 +44,7 @@ from grpo_dist.trainer import checkpoint, validation
 from grpo_dist.trainer.dumps import GenerationDump, batch_rows
 from grpo_dist.trainer.dynamic_sampling import step_sampler
 from grpo_dist.trainer.iterative import IterativeRL
-from grpo_dist.trainer.fully_async import Admission, load_chunks, save_chunks
+from grpo_dist.trainer.fully_async import Admission, check_sample_age, chunk_metrics, load_chunks, save_chunks
 from grpo_dist.trainer.one_step_off import RolloutAhead
 from grpo_dist.trainer.metrics import (NonfiniteGuard, NoSignalWarning, ResponseClipWarning, Timer, critic_data_metrics,
                                        data_metrics, throughput_metrics, token_count)
@@ -55,6 +55,7 @@ from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
 from grpo_dist.trainer.step_rewards import token_level_rewards
+from grpo_dist.trainer.streaming import StreamedChunk, StreamedRollout
 from grpo_dist.trainer.updates import sharded_forward_cat, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, update_keys
@@ -105,6 +106,10 @@ class GRPOTrainer:
         """Fully asynchronous training: the chunks the engines may still start before the next weight sync."""
         if self.admission is not None:
             self.admission.synced(0)  # the engines start with the initial policy
+        self.chunks_started = 0
+        """Fully asynchronous training: the chunks started so far (the last one's is this step's prompts)."""
+        self.stream: StreamedRollout | None = None
+        """With partial rollouts: groups trained as they finish (:mod:`grpo_dist.trainer.streaming`)."""
         self.stale_samples = 0
         """Fully asynchronous training: prompts trained on with a sample age above 0 so far (verl's
         ``fully_async/count/stale_samples_processed``)."""
@@ -134,6 +139,10 @@ class GRPOTrainer:
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")
         p = self.plan
+        if self.partial_rollout:
+            to_batch = partial(responses_to_batch, n=self.shape.n, pad_id=self.pad_id, response_length=p.response_length)
+            self.stream = StreamedRollout(self.rollout, tp=p.rollout_tp, to_batch=to_batch,
+                                          per_step=self.shape.train_batch_size, due_age=p.fully_async.max_ahead - 1)
         self.rewards = RewardStage.from_plan(self.spec, p, self.reward, w.groups, tokenizer=self.tokenizer,
                                              tokenizer_path=self.tokenizer_path)
         self.summary.rewards = self.rewards.counts
@@ -186,19 +195,18 @@ class GRPOTrainer:
         return batch, busy_s
 
     # ================================================================ one-step-off-policy
-    def start_ahead(self, items: list[dict], step: int, epoch: int) -> RolloutAhead:
+    def start_ahead(self, items: list[dict], step: int, epoch: int) -> RolloutAhead | None:
         """Start generating the batch of ``step`` (1-based) from ``items`` with the engines' current weights, with
-        that step's sampling seed; returns at once (:mod:`grpo_dist.trainer.one_step_off`)."""
+        that step's sampling seed; returns at once (:mod:`grpo_dist.trainer.one_step_off`). With partial rollouts
+        its groups are streamed instead (:mod:`grpo_dist.trainer.streaming`; returns None)."""
         sampling = replace(self.plan.train_sampling,
                            seed=rollout_step_seed(self.plan.rollout_seed, step - 1, self.shape.responses))
         prompts, method, per_rank = self._generation_call(items, f"s{step - 1}", sampling)
-        if self.partial_rollout:  # on the engines' background generators, which a weight sync interrupts
-            chunk = f"s{step - 1}"
-            start = "start_agent_chunk" if method == "run_agents" else "start_chunk"
-            self.rollout.call(start, per_rank=[(chunk, *args, self.engine_version) for args in per_rank])
-            wait = lambda: self.rollout.call("collect_chunk", chunk)  # noqa: E731 - called when the step needs it
-        else:
-            wait = self.rollout.call_later(method, per_rank=per_rank)
+        if self.stream is not None:  # on the engines' background generators, which a weight sync interrupts
+            chunk = StreamedChunk(step=step, epoch=epoch, version=self.engine_version, prompts=prompts, offsets=[])
+            self.stream.start(f"s{step - 1}", chunk, method, per_rank)
+            return None
+        wait = self.rollout.call_later(method, per_rank=per_rank)
         return RolloutAhead(step=step, epoch=epoch, version=self.engine_version,
                             finish=lambda: self._generated(prompts, wait(), sampling))
 
@@ -248,46 +256,50 @@ class GRPOTrainer:
         """Wait until the engines finished every batch started (they are then idle)."""
         for chunk in self.queue:
             chunk.result()
+        if self.stream is not None:
+            self.stream.drain()
 
     # ================================================================ fully asynchronous
-    def start_chunks(self, taken: int) -> None:
+    def start_chunks(self) -> None:
         """Start generating every chunk the freshness rule admits (:class:`~grpo_dist.trainer.fully_async.Admission`),
-        up to the last step's, with the engines' current weights, when ``taken`` steps have taken their chunks;
-        returns at once (the engines run them in order)."""
+        up to the last step's, with the engines' current weights; returns at once (the engines run them in order)."""
         while self.admission.may_start():
-            step = taken + len(self.queue) + 1
+            step = self.chunks_started + 1
             if step > self.total_steps:
                 return
-            self.queue.append(self.start_ahead(self.next_items(), step, self.sampler.epoch))
+            chunk = self.start_ahead(self.next_items(), step, self.sampler.epoch)
+            if chunk is not None:
+                self.queue.append(chunk)
+            self.chunks_started = step
             self.admission.started()
 
-    def scored_chunk(self, timer: Timer, m: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """Fully asynchronous training: this step's chunk (the oldest generated ahead), scored. ``m`` gets its
-        sample age, the queue's depth and the count of stale samples (verl's ``fully_async/count/*``)."""
-        step = self.global_step + 1
-        self.start_chunks(self.global_step)  # the first step, or after a resume (what the admission still allows)
+    def chunks_ahead(self) -> int:
+        """Chunks started and not yet trained (streamed groups: their chunks' worth, rounded up)."""
+        return len(self.queue) if self.stream is None else self.stream.groups.chunks_ahead()
+
+    def next_chunk(self) -> tuple[Batch, float, torch.Tensor]:
+        """Fully asynchronous training: this step's batch (waiting for it), the engines' busy seconds, and each
+        row's chunk version ``[B]``: the oldest chunk generated ahead, or the streamed groups."""
+        if self.stream is not None:
+            return self.stream.next_batch(self.policy_version)
         chunk = self.queue.popleft()
-        assert chunk.step == step, (chunk.step, step)
+        assert chunk.step == self.global_step + 1, (chunk.step, self.global_step + 1)
+        batch, busy_s = chunk.result()
+        return batch, busy_s, torch.full((len(batch),), chunk.version, dtype=torch.long)
+
+    def scored_chunk(self, timer: Timer, m: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Fully asynchronous training: this step's chunk (the oldest generated ahead, or the streamed groups),
+        scored. ``m`` gets its sample age, the queue's depth and the count of stale samples (verl's
+        ``fully_async/count/*``)."""
+        self.start_chunks()  # the first step, or after a resume (what the admission still allows)
         with timer("wait_prev_gen"):  # the trainer's idle time
-            batch, busy_s = chunk.result()
+            batch, busy_s, started_B = self.next_chunk()
         timer.add("gen/worker", busy_s)
-        age = self.policy_version - chunk.version
-        limit = self.plan.fully_async.age_limit
-        if limit is not None and age > limit:
-            raise RuntimeError(f"the chunk of step {step} was sampled {age} updates ago, beyond "
-                               f"trainer.v1.sampler.max_off_policy_threshold={limit}; no group is dropped here: raise "
-                               "the threshold, or resume with the settings that wrote the checkpoint")
-        if age > 0:
-            self.stale_samples += len(batch) // self.shape.n
-        m.update({"training/sample_age": float(age), "fully_async/queue_size": float(len(self.queue)),
-                  "fully_async/count/stale_samples_processed": float(self.stale_samples),
-                  "fully_async/count/current_param_version": float(self.policy_version)})
-        versions = batch["rollout_versions"] if "rollout_versions" in batch else None
-        if versions is not None:  # partial rollouts: responses whose tokens more than one version sampled
-            m.update(partial_metrics(versions))
-        else:  # every token sampled by the chunk's version
-            versions = torch.full((len(batch), 1), chunk.version, dtype=torch.long)
-        m.update(off_policy_metrics(versions.long(), current=self.policy_version, started=chunk.version))
+        check_sample_age(self.policy_version - int(started_B.min()), self.plan.fully_async.age_limit,
+                         step=self.global_step + 1)
+        self.stale_samples += int((started_B < self.policy_version).sum()) // self.shape.n
+        m.update(chunk_metrics(batch, started_B, policy_version=self.policy_version, chunks_ahead=self.chunks_ahead(),
+                               stale_samples=self.stale_samples))
         with timer("reward"):
             batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats
@@ -300,8 +312,8 @@ class GRPOTrainer:
         if step % self.plan.fully_async.trigger or step >= self.total_steps:
             return
         self.sync_engines(timer, m)
-        self.admission.synced(carried=len(self.queue))
-        self.start_chunks(step)
+        self.admission.synced(carried=self.chunks_ahead())
+        self.start_chunks()
 
     def scored_rollout(self, items: list[dict], k: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Generation batch ``k`` of the step, scored (``scores``: the reward function's; ``reward_baselines``:
@@ -447,6 +459,12 @@ class GRPOTrainer:
         m.update(throughput_metrics(ntok, step_s, self.shape.world_size))
         return m
 
+    def training_epoch(self) -> int:
+        """The sampler's epoch of the prompts the next step trains on."""
+        if self.stream is not None and self.stream.groups.epoch is not None:
+            return self.stream.groups.epoch
+        return self.sampler.epoch if self.ahead is None else self.ahead.epoch
+
     # ================================================================ validation
     def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
         """Scores of the validation set by the verifier (:func:`grpo_dist.trainer.validation.validate`)."""
@@ -480,7 +498,8 @@ class GRPOTrainer:
             if self.iterative is not None:
                 self.iterative.save(tmp)
             if p.fully_async is not None:  # the chunks generated ahead, trained on first after a resume
-                save_chunks(list(self.queue), tmp)
+                self.wait_generated()  # (streamed groups: every group started finishes first)
+                save_chunks(list(self.queue) if self.stream is None else self.stream.groups.saved_chunks(), tmp)
             elif self.ahead is not None:  # one-step-off: the batch generated for the next step, trained on after a resume
                 self.ahead.save(tmp)
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
@@ -507,9 +526,13 @@ class GRPOTrainer:
         self.policy_version = self.engine_version = int(state.get("policy_version", self.global_step))
         self.sync()
         self.queue = deque(load_chunks(point.path))  # the batches a one-step-off or fully asynchronous run generated ahead
+        self.chunks_started = max([c.step for c in self.queue], default=self.global_step)
+        if self.stream is not None:  # streamed groups: the checkpoint's go to the pool
+            self.stream.groups.load(list(self.queue), self.shape.n)
+            self.queue.clear()
         if self.admission is not None:
             saved = state.get("fully_async")
-            self.admission.synced(carried=len(self.queue))  # (a checkpoint of another mode: as after a sync)
+            self.admission.synced(carried=self.chunks_ahead())  # (a checkpoint of another mode: as after a sync)
             if saved is not None:
                 self.admission.allowed, self.stale_samples = int(saved["allowed"]), int(saved["stale_samples"])
         print(f"grpo_dist: resumed from {point.path} (step {self.global_step})", flush=True)
@@ -545,7 +568,7 @@ class GRPOTrainer:
                 tracker.log(self.summary.val_before, step=0)
             last_val: dict[str, float] = {}
             while self.global_step < self.total_steps:
-                epoch = self.sampler.epoch if self.ahead is None else self.ahead.epoch
+                epoch = self.training_epoch()
                 self.stop.step_begins(self.global_step + 1)
                 drawn = self.ahead is not None or t.fully_async is not None  # (the schedule draws the prompts)
                 metrics = self.train_step(None if drawn else self.next_items())

@@ -29,9 +29,11 @@ from pathlib import Path
 
 import torch
 
+from grpo_dist.batch import Batch
+from grpo_dist.core.diagnostics import off_policy_metrics, partial_metrics
 from grpo_dist.trainer.one_step_off import RolloutAhead, load_ahead
 
-__all__ = ["QUEUE_FILE", "Admission", "load_chunks", "save_chunks"]
+__all__ = ["QUEUE_FILE", "Admission", "check_sample_age", "chunk_metrics", "load_chunks", "save_chunks"]
 
 QUEUE_FILE = "rollout_queue.pt"
 """The checkpoint's file holding the chunks generated ahead (fully asynchronous training)."""
@@ -59,6 +61,35 @@ class Admission:
     def started(self) -> None:
         assert self.allowed > 0, "a chunk was started beyond the staleness bound"
         self.allowed -= 1
+
+
+def check_sample_age(age: int, limit: int | None, *, step: int) -> None:
+    """Refuse to train step ``step`` on samples ``age`` updates old when that passes ``limit`` (verl v1's
+    ``trainer.v1.sampler.max_off_policy_threshold``; None: no limit but the freshness rule's)."""
+    if limit is not None and age > limit:
+        raise RuntimeError(f"the chunk of step {step} was sampled {age} updates ago, beyond "
+                           f"trainer.v1.sampler.max_off_policy_threshold={limit}; no group is dropped here: raise "
+                           "the threshold, or resume with the settings that wrote the checkpoint")
+
+
+def chunk_metrics(batch: Batch, started_B: torch.Tensor, *, policy_version: int, chunks_ahead: int,
+                  stale_samples: int) -> dict[str, float]:
+    """The metrics of a trained chunk (or of streamed groups) whose rows' chunks began at versions ``started_B``
+    ``[B]``, trained by ``policy_version``: ``training/sample_age`` (the oldest row's updates since), verl's
+    ``fully_async/queue_size`` (here ``chunks_ahead``: chunks started and not trained) and
+    ``fully_async/count/*``, and from each token's version (``rollout_versions`` with partial rollouts, else
+    its chunk's) verl's ``fully_async/partial/*`` and ``training/off_policy/*``."""
+    oldest = int(started_B.min())
+    m = {"training/sample_age": float(policy_version - oldest), "fully_async/queue_size": float(chunks_ahead),
+         "fully_async/count/stale_samples_processed": float(stale_samples),
+         "fully_async/count/current_param_version": float(policy_version)}
+    versions = batch["rollout_versions"] if "rollout_versions" in batch else None
+    if versions is not None:  # partial rollouts: responses whose tokens more than one version sampled
+        m.update(partial_metrics(versions))
+    else:  # every token sampled by its chunk's version
+        versions = started_B.unsqueeze(1)
+    m.update(off_policy_metrics(versions.long(), current=policy_version, started=oldest))
+    return m
 
 
 def save_chunks(chunks: list[RolloutAhead], directory: str | os.PathLike) -> None:

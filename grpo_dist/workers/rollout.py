@@ -11,7 +11,8 @@ otherwise the constructor builds it.
 Partial rollouts (fully asynchronous training, ``async_training.partial_rollout=true``): ``start_chunk``
 queues a chunk on a background generator (:mod:`grpo_dist.rollout.partial`; with ``rollout.mode=async``,
 ``start_agent_chunk`` runs its agent loops in the background, :mod:`grpo_dist.agents.chunks`) and returns at
-once, ``pause_generation`` / ``resume_generation`` bracket a weight sync, ``collect_chunk`` waits for a chunk.
+once, ``pause_generation`` / ``resume_generation`` bracket a weight sync, and ``take_groups`` hands over the
+groups (a prompt's responses) that have finished, whatever their chunk.
 A ``generate`` or ``run_agents`` call meanwhile (validation) pauses the background generation around itself.
 """
 
@@ -126,14 +127,16 @@ class RolloutWorker:
         if self._partial is not None:
             self._partial.resume(version)
 
-    def collect_chunk(self, chunk_id: str):
-        """Partial rollouts: chunk ``chunk_id`` once finished, with the seconds the engine worked on it."""
+    def take_groups(self, groups: list[tuple[str, int]] | None = None, wait_s: float = 0.0):
+        """Streaming partial rollouts: the finished groups (a prompt's responses) of the chunks started, handed over
+        as ``(chunk id, prompt index in this engine's share, output)``, with the engine's seconds since the last
+        call (:meth:`grpo_dist.rollout.partial.PartialRollouts.take_groups`)."""
         from grpo_dist.workers.common import Timed
 
         if self._partial is None:
-            raise RuntimeError(f"collect_chunk({chunk_id!r}) before any start_chunk")
-        output, busy_s = self._partial.collect(chunk_id)
-        return Timed(output, busy_s)
+            raise RuntimeError("take_groups before any start_chunk")
+        taken, busy_s = self._partial.take_groups(groups, wait_s=wait_s)
+        return Timed(taken, busy_s)
 
     @timed
     def run_agents(self, rows: list[dict], sampling: Any, settings: Any, tokenizer_path: str):

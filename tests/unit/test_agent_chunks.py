@@ -278,3 +278,33 @@ def test_the_leaders_pause_reaching_the_other_process_first_returns_the_same_cou
         for g in (leader, other):
             g.close()
     assert outs[0].response_ids == outs[1].response_ids and engines[0].added == engines[1].added
+
+
+def test_agent_rows_are_handed_over_as_their_trajectories_end_the_same_as_the_whole_chunk():
+    """Streaming: a row's trajectories are handed over as soon as they all ended, each row once, and together
+    they are the chunk that ``collect`` returns whole (the same seeds); a failing loop reaches the taker."""
+    sampling = SamplingSettings(n=2, temperature=1.0, max_tokens=8, seed=10)
+    whole = AgentChunks(ServedEngine(), max_model_len=16, tokenizer=None, version=2)
+    streamed = AgentChunks(ServedEngine(), max_model_len=16, tokenizer=None, version=2)
+    try:
+        whole.start("c0", ROWS, sampling, SETTINGS)
+        out, _ = whole.collect("c0", timeout_s=10)
+        streamed.start("c0", ROWS, sampling, SETTINGS)
+        rows: dict[int, object] = {}
+        deadline = time.monotonic() + 10
+        while len(rows) < len(ROWS) and time.monotonic() < deadline:
+            taken, _ = streamed.take_groups(wait_s=1.0)
+            for chunk_id, i, group in taken:
+                assert chunk_id == "c0" and i not in rows
+                rows[i] = group
+        assert sorted(rows) == [0, 1] and not streamed.active
+        for i, group in rows.items():
+            assert group.response_ids == out.response_ids[2 * i:2 * i + 2]
+            assert group.token_versions == out.token_versions[2 * i:2 * i + 2] == [[2] * 8] * 2
+            assert group.logprobs == out.logprobs[2 * i:2 * i + 2]
+        streamed.start("bad", [{"index": 0}], SamplingSettings(n=1, temperature=1.0, max_tokens=8), SETTINGS)
+        with pytest.raises(RuntimeError, match="'two_turn_test_agent' failed on row 0"):
+            streamed.take_groups(wait_s=10)
+    finally:
+        whole.close()
+        streamed.close()

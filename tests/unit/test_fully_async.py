@@ -140,24 +140,12 @@ def test_staleness_0_and_trigger_1_is_the_synchronous_loop(tmp_path):
                                trainer.actor.update_rows["response_mask"][0] * math.log(0.5))
 
 
-def test_with_partial_rollouts_a_sync_interrupts_the_engines_instead_of_waiting_for_them(tmp_path):
-    trainer, eng = make(tmp_path, *fully_async(1.0, 1, partial=True), steps=3)
-    metrics = run_steps(trainer, 3)
-    # the chunk started ahead is not waited for at a sync: paused, the weights sent, resumed with their version
-    assert eng.events == [("start", 1, 0), ("start", 2, 0), ("wait", 1), ("pause_generation",), ("sync", 1),
-                          ("resume_generation", 1), ("start", 3, 1), ("wait", 2), ("pause_generation",), ("sync", 2),
-                          ("resume_generation", 2), ("wait", 3)]
-    assert [m.get("fully_async/partial/interrupted") for m in metrics] == [3.0, 3.0, None]
-    assert [m["training/sample_age"] for m in metrics] == [0.0, 1.0, 1.0]  # counted from the version a chunk began with
-
-
 @pytest.mark.parametrize("staleness,trigger", [(0.0, 1), (1.0, 1), (0.5, 2), (0.1, 4), (2.0, 2), (0.0, 3)])
 @pytest.mark.parametrize("slow", ["rollout", "trainer"])
-@pytest.mark.parametrize("partial", [False, True])
-def test_the_chunks_ahead_and_the_sample_age_never_pass_the_bound(tmp_path, staleness, trigger, slow, partial):
+def test_the_chunks_ahead_and_the_sample_age_never_pass_the_bound(tmp_path, staleness, trigger, slow):
     bound = math.floor((1 + staleness) * trigger)
     speeds = {"gen_s": 0.01} if slow == "rollout" else {"train_s": 0.005}
-    trainer, eng = make(tmp_path, *fully_async(staleness, trigger, partial), steps=10, **speeds)
+    trainer, eng = make(tmp_path, *fully_async(staleness, trigger), steps=10, **speeds)
     metrics = run_steps(trainer, 10)
     assert max(eng.ahead_at_start) <= bound
     ages = [m["training/sample_age"] for m in metrics]

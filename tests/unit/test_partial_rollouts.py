@@ -300,3 +300,30 @@ def test_an_agreed_pause_hands_its_count_to_the_first_call_only():
     p.paused(2)
     p.resumed()  # resumed before this process's call came: that call finds the engine running, not paused
     assert p.claim() == 0
+
+
+def test_groups_are_handed_over_as_they_finish_whatever_their_chunk():
+    """Streaming (fully asynchronous training with partial rollouts): a short chunk started after a long one hands
+    its groups over first; each group is the chunk's rows of that prompt, handed over once; a chunk whose groups
+    are all taken is forgotten; a named group is waited for."""
+    gate = threading.Semaphore(0)
+    engine = SteppedEngine(gate=gate)
+    gen = PartialRollouts(engine, max_running=8)
+    try:
+        gen.start("long", [[1], [2]], SamplingSettings(n=2, temperature=1.0, max_tokens=12, seed=1))
+        gen.start("short", [[3], [4]], SamplingSettings(n=2, temperature=1.0, max_tokens=3, seed=2))
+        gate.release(3)  # three iterations: the short chunk's responses end, the long ones have 3 of 12 tokens
+        wait_until(lambda: engine.steps == 3)
+        first, busy_s = gen.take_groups(wait_s=10)
+        assert [(c, i) for c, i, _ in first] == [("short", 0), ("short", 1)] and busy_s > 0
+        assert [out.response_ids for _, _, out in first] == [[[1, 2, 3]] * 2] * 2  # (token: position after the prompt)
+        assert all(out.token_versions == [[0, 0, 0]] * 2 for _, _, out in first)
+        assert gen.take_groups(wait_s=0)[0] == []  # the long chunk is not done: nothing waits
+        gate.release(1000)
+        named, _ = gen.take_groups([("long", 1)])  # waits for it
+        assert [(c, i) for c, i, _ in named] == [("long", 1)] and named[0][2].response_ids == [list(range(1, 13))] * 2
+        assert gen.active
+        rest, _ = gen.take_groups(wait_s=10)
+        assert [(c, i) for c, i, _ in rest] == [("long", 0)] and not gen.active
+    finally:
+        gen.close()
