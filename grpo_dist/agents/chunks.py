@@ -34,7 +34,7 @@ from grpo_dist.agents.runner import run_trajectories
 from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.rollout.async_server import AsyncRolloutServer, request_group
 from grpo_dist.rollout.base import RolloutOutput, SamplingSettings
-from grpo_dist.rollout.partial import Agreement, start_stepping_thread
+from grpo_dist.rollout.partial import Agreement, hand_over, start_stepping_thread
 
 __all__ = ["AgentChunks"]
 
@@ -181,15 +181,7 @@ class AgentChunks:
                 if groups is not None and all(i in self._chunks[cid].finished for cid, i in ready):
                     break
                 self._group_ended.wait(timeout=max(0.001, min(left, 1.0)) if groups is None else 1.0)
-            out = []
-            for cid, i in ready:
-                c = self._chunks[cid]
-                if i in c.taken:
-                    raise ValueError(f"row {i} of chunk {cid!r} was handed over already")
-                c.taken.add(i)
-                out.append((cid, i, c.output(i, c.finished.pop(i))))
-                if len(c.taken) == c.groups:
-                    del self._chunks[cid]
+            out = hand_over(self._chunks, ready, lambda c, i: c.output(i, c.finished.pop(i)))
         busy = self.server.busy_s
         busy_s, self._busy_handed_s = busy - self._busy_handed_s, busy
         return out, busy_s

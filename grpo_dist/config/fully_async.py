@@ -151,8 +151,9 @@ def fully_async_note(fa: FullyAsyncSettings) -> str:
         exact = ("as with verl's v1 client" if fa.spelling == V1_SEPARATE_ASYNC
                  else "partial_rollout=false for a run a resume repeats exactly")
         partial = ("partial rollouts: a sync interrupts the responses being generated and the new weights finish "
-                   f"them (each token keeps the version and log-prob it was sampled with; results then depend on "
-                   f"timing: {exact})")
+                   f"them (each token keeps the version and log-prob it was sampled with), and a step trains the groups "
+                   f"as they finish, oldest first, waiting only for those of a chunk at the bound (results then depend "
+                   f"on timing: {exact})")
     elif fa.partial_off is not None:
         partial = f"partial_rollout has no effect {fa.partial_off}: a sync waits for the chunks being generated"
     else:

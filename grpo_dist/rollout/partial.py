@@ -202,6 +202,22 @@ def rollout_output(responses: list[Unfinished], logprobs: bool) -> RolloutOutput
     )
 
 
+def hand_over(chunks: dict[str, Any], ready: list[tuple[str, int]], output: Any) -> list[tuple[str, int, Any]]:
+    """Streaming: groups ``ready`` (``(chunk id, index)``) of ``chunks`` (each with ``taken``, a set, and ``groups``,
+    a count) handed over as ``(chunk id, index, output(chunk, index))``; a chunk whose groups are all taken is
+    dropped from ``chunks``."""
+    out = []
+    for chunk_id, i in ready:
+        chunk = chunks[chunk_id]
+        if i in chunk.taken:
+            raise ValueError(f"group {i} of chunk {chunk_id!r} was handed over already")
+        chunk.taken.add(i)
+        out.append((chunk_id, i, output(chunk, i)))
+        if len(chunk.taken) == chunk.groups:
+            del chunks[chunk_id]
+    return out
+
+
 class PartialRollouts:
     """Chunks generated in the background on ``engine``, interruptible by :meth:`pause` / :meth:`resume`.
 
@@ -347,15 +363,7 @@ class PartialRollouts:
                 if groups is not None and all(self._chunks[c].group_done(i) for c, i in ready):
                     break
                 self._lock.wait(timeout=max(0.001, min(deadline - time.monotonic(), 1.0)) if groups is None else 1.0)
-            out = []
-            for chunk_id, i in ready:
-                chunk = self._chunks[chunk_id]
-                if i in chunk.taken:
-                    raise ValueError(f"group {i} of chunk {chunk_id!r} was handed over already")
-                chunk.taken.add(i)
-                out.append((chunk_id, i, rollout_output(chunk.group(i), chunk.logprobs)))
-                if len(chunk.taken) == chunk.groups:
-                    del self._chunks[chunk_id]
+            out = hand_over(self._chunks, ready, lambda chunk, i: rollout_output(chunk.group(i), chunk.logprobs))
             busy_s, self._busy_handed_s = self._busy_s - self._busy_handed_s, self._busy_s
         return out, busy_s
 

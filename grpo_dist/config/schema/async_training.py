@@ -1,5 +1,6 @@
-"""``async_training.*``: verl's fully asynchronous trainer (its ``fully_async_ppo_trainer.yaml``), built here at
-chunk granularity on the one-step-off machinery (docs/async.md, :mod:`grpo_dist.trainer.fully_async`).
+"""``async_training.*``: verl's fully asynchronous trainer (its ``fully_async_ppo_trainer.yaml``), built here on the
+one-step-off machinery: chunks admitted under the staleness bound, their groups streamed to the trainer with partial
+rollouts (docs/async.md, :mod:`grpo_dist.trainer.fully_async`, :mod:`grpo_dist.trainer.streaming`).
 
 Every key defaults to null, meaning "not given": the mode is on as soon as any ``async_training.*`` key is
 given (verl users change only the module name, so verl's config name, which would select the mode, is lost),
@@ -52,8 +53,10 @@ class AsyncTrainingConfig:
         None, "interrupt the responses being generated at a weight sync and finish them with the new weights, each "
               "token keeping the version and log-prob it was sampled with; results then depend on timing (where a "
               "sync lands); in agent loops (rollout.mode=async) the trajectories' requests are interrupted and their "
-              "tool calls go on; needs the vLLM engine (rollout tensor parallelism included), else a sync waits "
-              "for the chunks being generated, as with false (verl: true)")
+              "tool calls go on; a step then trains on the groups (a prompt's rollout.n responses) as they finish, "
+              "oldest first, waiting only for those of a chunk at the staleness bound; needs the vLLM engine (rollout "
+              "tensor parallelism included), else a sync waits for the chunks being generated and a step trains its "
+              "own chunk, as with false (verl: true)")
     use_rollout_log_probs: Optional[bool] = F(
         None, "train with the engines' sampling log-probs as the old log-probs (requested from the engines by "
               "itself); false: the actor recomputes them (verl: true)")
@@ -69,7 +72,7 @@ class AsyncTrainingConfig:
         Refused("advantages are computed by the driver when a chunk is trained; leave it false", accept=(None, False)))
 
 
-_NO_FILTER = ("verl's sample filters of fully asynchronous training are not built here (a chunk is trained whole); "
+_NO_FILTER = ("verl's sample filters of fully asynchronous training are not built here (every finished group is trained); "
               "leave verl's default, its dummy filter that keeps every sample")
 
 
@@ -82,7 +85,7 @@ class AsyncFilterConfig:
                                    Refused(_NO_FILTER))
     filter_function_name: str = F("dummy_filter", "the filter function's name", Refused(_NO_FILTER))
     trajectories_per_request: Optional[int] = F(None, "trajectories the trainer takes per request",
-                                                NoOp("a step takes one whole chunk"))
+                                                NoOp("a step takes a chunk's worth of groups: require_batches x ppo_mini_batch_size prompts"))
     avg_trajectories_per_sample: Optional[int] = F(None, "expected trajectories per prompt (verl: rollout.n)",
                                                    NoOp("a chunk's prompts each have rollout.n responses"))
 
