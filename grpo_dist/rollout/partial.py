@@ -183,7 +183,7 @@ class _Chunk:
 
     @property
     def groups(self) -> int:
-        return len(self.responses) // self.n if self.n else 0
+        return len(self.responses) // self.n
 
     def group(self, i: int) -> list[Unfinished]:
         return self.responses[i * self.n:(i + 1) * self.n]

@@ -55,7 +55,7 @@ from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
 from grpo_dist.trainer.step_rewards import token_level_rewards
-from grpo_dist.trainer.streaming import StreamedChunk, StreamedRollout
+from grpo_dist.trainer.streaming import StreamedRollout
 from grpo_dist.trainer.updates import sharded_forward_cat, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, update_keys
@@ -203,8 +203,8 @@ class GRPOTrainer:
                            seed=rollout_step_seed(self.plan.rollout_seed, step - 1, self.shape.responses))
         prompts, method, per_rank = self._generation_call(items, f"s{step - 1}", sampling)
         if self.stream is not None:  # on the engines' background generators, which a weight sync interrupts
-            chunk = StreamedChunk(step=step, epoch=epoch, version=self.engine_version, prompts=prompts, offsets=[])
-            self.stream.start(f"s{step - 1}", chunk, method, per_rank)
+            self.stream.start(f"s{step - 1}", step=step, epoch=epoch, version=self.engine_version, prompts=prompts,
+                              method=method, per_rank=per_rank)
             return None
         wait = self.rollout.call_later(method, per_rank=per_rank)
         return RolloutAhead(step=step, epoch=epoch, version=self.engine_version,

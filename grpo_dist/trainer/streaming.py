@@ -176,14 +176,15 @@ class StreamedRollout:
         self.rollout, self.tp, self.to_batch, self.poll_s = rollout, tp, to_batch, poll_s
         self.groups = GroupStream(per_step, due_age)
 
-    def start(self, chunk_id: str, chunk: StreamedChunk, method: str, per_rank: list[tuple]) -> None:
-        """Start ``chunk`` on the engines (``per_rank``: the generation call's arguments, one share per engine);
-        returns at once."""
+    def start(self, chunk_id: str, *, step: int, epoch: int, version: int, prompts: Batch, method: str,
+              per_rank: list[tuple]) -> None:
+        """Start the chunk of ``step`` (its ``prompts``; ``per_rank``: the generation call's arguments, one share per
+        engine) on the engines, which hold policy ``version``; returns at once."""
         start = "start_agent_chunk" if method == "run_agents" else "start_chunk"
-        self.rollout.call(start, per_rank=[(chunk_id, *args, chunk.version) for args in per_rank])
+        self.rollout.call(start, per_rank=[(chunk_id, *args, version) for args in per_rank])
         shares = [len(args[0]) for args in per_rank[::self.tp]]
-        chunk.offsets = [sum(shares[:e]) for e in range(len(shares))]
-        self.groups.started(chunk_id, chunk)
+        offsets = [sum(shares[:e]) for e in range(len(shares))]
+        self.groups.started(chunk_id, StreamedChunk(step, epoch, version, prompts, offsets))
 
     def fetch(self, wait_s: float) -> float:
         """Move the groups finished on the engines into the pool, waiting up to ``wait_s`` for one when none has;
