@@ -19,6 +19,7 @@ from grpo_dist.config.agents import default_agent_loop
 from grpo_dist.config.roles import (GLOBAL, ROLLOUT_POOL, Pool, active_specs, describe, device_shares, placement,
                                     rank_processes, rollout_pool_ranks)
 from grpo_dist.config.fully_async import fully_async_note, fully_async_settings, rollout_total_steps
+from grpo_dist.config.profiling import profile_plan
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.reward_sources import reward_model_spec, reward_sources
 from grpo_dist.config.validate import critic_enabled, data_parallel_size
@@ -353,6 +354,9 @@ def build_plan(cfg: GRPOConfig, *, count_rows: bool = True) -> Plan:
             notes.append(f"every response of each {what} written to {folder}/<step>.jsonl")
     if rollout.mode == "async":
         notes.append(agents_note(cfg))
+    profiling = profile_plan(cfg)
+    if profiling is not None:
+        notes.append(f"profiler: {profiling.line()}")
     noop, noop_total = noop_keys(cfg)
     return Plan(
         nnodes=t.nnodes, ranks_per_node=t.n_gpus_per_node, device=t.device, roles=roles, pools=pools, tp=tp, engines=engines,

@@ -28,6 +28,7 @@ from grpo_dist.agents.settings import AgentSettings
 from grpo_dist.config import agents, engine, facts, memory, preflight, role_settings
 from grpo_dist.config.facts import StepShape
 from grpo_dist.config.launch import LaunchPlan, launch_plan
+from grpo_dist.config.profiling import ProfilePlan, profile_plan
 from grpo_dist.config.reward_sources import RewardSource, reward_sources
 from grpo_dist.config.roles import Pool, RoleSpec, active_specs, placement
 from grpo_dist.config.schema import GRPOConfig
@@ -76,6 +77,9 @@ class RunSpec:
     """``trainer.worker_call_timeout_s`` / ``_factor`` / ``_min_s``."""
     launch: LaunchPlan
     """What start-up reads before its workers start."""
+    profiling: ProfilePlan | None
+    """Which worker processes run torch's profiler, in which steps (:mod:`grpo_dist.config.profiling`); None:
+    none."""
     _cfg: GRPOConfig = field(repr=False, compare=False)
     """The validated configuration, for the ``config/`` functions the methods below call; nothing outside
     ``config/`` reads it."""
@@ -201,6 +205,7 @@ def resolve(cfg: GRPOConfig) -> RunSpec:
         nccl_timeout_s=float(cfg.actor_rollout_ref.nccl_timeout),
         call_deadlines=(t.worker_call_timeout_s, t.worker_call_timeout_factor, t.worker_call_timeout_min_s),
         launch=launch_plan(cfg),
+        profiling=profile_plan(cfg),
         _cfg=cfg,
     )
 

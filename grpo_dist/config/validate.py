@@ -568,6 +568,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     from grpo_dist.core.kl import canonical_kl_kind
     from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
     from grpo_dist.core.policy_loss import get_policy_loss, list_policy_losses
+    from grpo_dist.config.profiling import profile_plan
     from grpo_dist.utils.run_log import log_level
 
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
@@ -576,6 +577,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     check_states(cfg)  # every key's state: refused features, values with no effect, two spellings
     _check_fully_async(cfg)
     _validate_verl_extras(cfg)
+    profile_plan(cfg)  # the profiler's steps, contents and modes (the run reads the same plan)
     for model in LORA_MODELS:
         _check_lora(cfg, model)
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)

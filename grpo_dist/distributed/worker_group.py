@@ -578,6 +578,11 @@ def collect_together(*waits: Callable[[], list]) -> list[list]:
     return results
 
 
+def wait_results(refs: list, timeout_s: float) -> list:
+    """The results of calls sent to workers outside a group (``ray.get``), waiting at most ``timeout_s``."""
+    return ray.get(refs, timeout=timeout_s)
+
+
 def cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 1.0))
 

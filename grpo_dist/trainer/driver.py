@@ -125,10 +125,6 @@ class GRPOTrainer:
         """The oldest batch generated ahead (the next step's), or None."""
         return self.queue[0] if self.queue else None
 
-    @ahead.setter
-    def ahead(self, batch: RolloutAhead | None) -> None:
-        self.queue = deque([] if batch is None else [batch])
-
     # ================================================================ set-up / tear-down
     def start_workers(self, workers: Workers | None = None) -> None:
         """Start the run's workers, or finish starting those ``workers`` (:func:`~grpo_dist.trainer.roles.create_workers`)."""
@@ -218,7 +214,7 @@ class GRPOTrainer:
         step = self.global_step + 1
         if self.ahead is None:
             assert items is not None, "the loop draws a step's prompts when no batch was started for it"
-            self.ahead = self.start_ahead(items, step, self.sampler.epoch)
+            self.queue.append(self.start_ahead(items, step, self.sampler.epoch))
         ahead = self.queue.popleft()
         assert ahead.step == step, (ahead.step, step)
         with timer("wait_prev_gen"):  # verl's name: the part of generation the step still waits for
@@ -570,6 +566,7 @@ class GRPOTrainer:
             while self.global_step < self.total_steps:
                 epoch = self.training_epoch()
                 self.stop.step_begins(self.global_step + 1)
+                self.workers.profile_step(self.global_step + 1)
                 drawn = self.ahead is not None or t.fully_async is not None  # (the schedule draws the prompts)
                 metrics = self.train_step(None if drawn else self.next_items())
                 self.global_step += 1

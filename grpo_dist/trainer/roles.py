@@ -47,6 +47,7 @@ from grpo_dist.distributed.worker_group import (
 )
 from grpo_dist.rollout.tp import engine_of as tp_engine_of
 from grpo_dist.rollout.tp import init_args as tp_init_args
+from grpo_dist.trainer.profiling import StepProfiler
 from grpo_dist.utils import startup
 
 #: glibc malloc settings of CPU worker processes: keep freed memory in the process instead of handing
@@ -299,6 +300,8 @@ class Workers:
         self._timeouts = ctx.spec.call_deadlines
         self.model_notes: dict[str, str] = {}
         """Per role, the line its workers' ``init_model`` returned (the auto memory choices)."""
+        self.profiler: StepProfiler | None = None
+        """With verl's profiler keys on: the traces' begin and end in the processes (set by :meth:`start`)."""
 
     def _deadlines(self) -> CallDeadlines:
         """Each group's own call deadlines (``trainer.worker_call_timeout_s`` / ``_factor`` / ``_min_s``)."""
@@ -334,6 +337,17 @@ class Workers:
         if reward_decoder is not None:
             self.ctx = replace(self.ctx, reward_decoder=reward_decoder)
         self._load()
+        if self.ctx.spec.profiling is not None:
+            held = [(g, [name for name, v in self.groups.items() if v.shares_processes_with(g)])
+                    for g in self.process_groups]  # each process group with the roles it holds
+            self.profiler = StepProfiler(self.ctx.spec.profiling, held, self.ctx.device)
+            self.model_notes["profiler"] = self.ctx.spec.profiling.line()  # (said with the start-up lines)
+
+    def profile_step(self, step: int) -> None:
+        """Step ``step`` (from 1) begins: the profiled processes begin or end their traces
+        (:meth:`~grpo_dist.trainer.profiling.StepProfiler.step_begins`)."""
+        if self.profiler is not None:
+            self.profiler.step_begins(step)
 
     def create(self) -> None:
         """Place every active role and create its workers. Ray runs their constructors (the heavy imports:
@@ -422,6 +436,9 @@ class Workers:
                 startup.add_process(group.role if group.single else f"{group.role} rank {rank}", moments)
 
     def close(self) -> None:
+        if self.profiler is not None:  # the last trace is written before the processes go
+            self.profiler, profiler = None, self.profiler
+            profiler.finish()
         for group in self.groups.values():
             group.kill()
         self.groups, self.process_groups = {}, []

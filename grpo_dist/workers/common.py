@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Generic, ParamSpec, Sequence, TypeVar
 
+from grpo_dist.utils import profiling
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -26,12 +28,15 @@ class Timed(Generic[T]):
 
 def timed(method: Callable[P, T]) -> Callable[P, Timed[T]]:
     """Decorate a worker method so that it returns ``Timed(result, busy seconds)`` (``perf_counter``
-    around the body; argument and result (de)serialisation by Ray are outside it)."""
+    around the body; argument and result (de)serialisation by Ray are outside it). In a profiled step the
+    body is a stage of the process's trace, labelled ``<role>.<method>`` (the shell's ``role``)
+    (:func:`grpo_dist.utils.profiling.stage`)."""
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Timed[T]:
         t0 = time.perf_counter()
-        value = method(*args, **kwargs)
+        with profiling.stage(f"{getattr(args[0], 'role', 'worker')}.{method.__name__}"):
+            value = method(*args, **kwargs)
         return Timed(value, time.perf_counter() - t0)
 
     return wrapper

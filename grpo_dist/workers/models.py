@@ -27,6 +27,7 @@ from typing import Any
 import ray
 
 from grpo_dist.utils import startup
+from grpo_dist.utils.profiling import Profiled
 
 
 def shell_class(cls: type | str) -> type:
@@ -38,7 +39,7 @@ def shell_class(cls: type | str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-class ModelWorker:
+class ModelWorker(Profiled):
     """The rank's model roles, each built from ``parts[role] = (shell class or "module:QualName",
     constructor kwargs)`` in the given order."""
 

@@ -24,12 +24,16 @@ import numpy as np
 import ray
 
 from grpo_dist.utils import startup
+from grpo_dist.utils.profiling import Profiled
 from grpo_dist.workers.common import (current_node_id, node_ip, process_memory_gb, release_free_heap, setup_process,
                                       timed)
 
 
 @ray.remote
-class RolloutWorker:
+class RolloutWorker(Profiled):
+    role = "rollout"
+    """(the label of its calls in a profiled step's trace)"""
+
     def __init__(self, *, rank: int, device: str, num_threads: int, engine: str, engine_kwargs: dict[str, Any],
                  tp: int = 1) -> None:
         startup.mark("constructor")

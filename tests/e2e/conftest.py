@@ -31,12 +31,20 @@ def shared_ray(tmp_path_factory):
 RESUME_ARGS = [f"custom_reward_function.path={HERE / 'reward_digits.py'}", "trainer.save_freq=2", "trainer.test_freq=2"]
 
 
+#: ``full_run``'s profiler: one trace per process of rank 1 for steps 2 and 3 (the rollout follows the actor).
+PROFILED = ["global_profiler.tool=torch", "global_profiler.steps=[2,3]", "global_profiler.profile_continuous_steps=true",
+            "actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.ranks=[1]",
+            "actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cpu]",
+            "actor_rollout_ref.rollout.profiler.tool_config.torch.contents=[cpu]"]  # ([]: all, stacks too: 120 MB)
+
+
 @pytest.fixture(scope="session")
 def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     """4 GRPO steps, 2 actor ranks, vLLM rollout, reference, reward; checkpoints at steps 2 and 4.
-    The rollout also returns its log-probs (calculate_log_probs); the resume test's runs do not, so
-    its comparison also shows that asking for them leaves training as it was (as do the generation dumps,
-    rollout_data_dir and validation_data_dir). Every validation logs 3 samples (log_val_generations)."""
+    The rollout also returns its log-probs (calculate_log_probs) and rank 1's processes run torch's profiler
+    in steps 2-3 (verl's profiler keys); the resume test's runs do neither, so its comparison also shows that
+    both leave training as it was (as do the generation dumps, rollout_data_dir and validation_data_dir).
+    Every validation logs 3 samples (log_val_generations)."""
     out = tmp_path_factory.mktemp("full_run") / "run"
     reverse_data = epoch_data(reverse_data, out.parent)
     # A secret in the environment (as a wandb key would be) must never reach logs, configs or checkpoints.
@@ -44,7 +52,8 @@ def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     # its own Ray instance: the workers inherit the driver's environment (with the secret), as in a user's run
     proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS
                     + ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=3",
-                       f"trainer.rollout_data_dir={out / 'rollouts'}", f"trainer.validation_data_dir={out.parent / 'val'}"],
+                       f"trainer.rollout_data_dir={out / 'rollouts'}", f"trainer.validation_data_dir={out.parent / 'val'}"]
+                    + PROFILED + [f"global_profiler.save_path={out.parent / 'profile'}"],
                     env=LOCAL_RAY)
     return out, proc
 

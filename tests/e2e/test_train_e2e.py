@@ -203,3 +203,22 @@ def test_val_only_validates_the_checkpoint_and_stops(full_run, val_only_run):
     assert not list(out.glob("global_step_*"))
     assert generations(out)[4] == generations(full_out)[4]
     print(f"val_only run: {seconds:.0f} s")
+
+
+def test_profiled_steps_leave_one_trace_per_process_of_the_profiled_rank(full_run):
+    """verl's profiler keys (conftest's ``PROFILED``): torch's profiler ran in rank 1's model process (actor and
+    reference) and rollout process for steps 2-3, one trace each, with every call of the steps marked."""
+    out, proc = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traces = out.parent / "profile"
+    assert sorted(p.name for p in traces.iterdir()) == ["models_rank1_step2-3.json", "rollout_rank1_step2-3.json"]
+    assert f"grpo_dist: profiler: torch.profiler in the actor, rollout workers at steps [2, 3]" in proc.stdout
+
+    def names(path):
+        return [e.get("name") for e in json.loads(path.read_text())["traceEvents"]]
+
+    models, rollout = names(traces / "models_rank1_step2-3.json"), names(traces / "rollout_rank1_step2-3.json")
+    # two steps: one update each; the validation after step 2 generates inside the window too
+    assert models.count("actor.update_policy") == 2 and "reference.compute_ref_log_prob" in models
+    assert "aten::mm" in models or "aten::addmm" in models
+    assert rollout.count("rollout.generate") >= 3 and "rollout.load_bucket" in rollout

@@ -57,8 +57,8 @@ def test_every_key_of_verls_generated_trainer_configs_has_a_state(layout):
     ("reward_model.launch_reward_fn_async", "no-op"), ("reward_model.sandbox_fusion.url", "refused"),
     ("reward_model.sandbox_fusion.max_concurrent", "no-op"), ("reward_model.sandbox_fusion.memory_limit_mb", "no-op"),
     ("reward_model.reward_loop_source", "no-op"), ("reward_model.reward_loop_module_path", "refused"),
-    ("reward_model.reward_loop_class_name", "refused"), ("reward_model.profiler.enable", "refused"),
-    ("reward_model.profiler.tool", "no-op"), ("reward_model.ulysses_sequence_parallel_size", "no-op"),
+    ("reward_model.reward_loop_class_name", "refused"), ("reward_model.profiler.enable", "honoured"),
+    ("reward_model.profiler.tool", "honoured"), ("reward_model.profiler.finish_hook_cmd", "refused"), ("reward_model.ulysses_sequence_parallel_size", "no-op"),
     ("reward_model.model.external_lib", "refused"), ("reward_model.model.use_shm", "no-op"),
     ("reward_model.model.use_fused_kernels", "no-op"),
     ("global_profiler.global_tool_config.nsys.controller_nsight_options.trace", "no-op"),
@@ -74,7 +74,7 @@ def test_verls_reward_model_and_profiler_keys_have_the_state_of_their_neighbours
     ("reward_model.reward_loop_source=importlib", ["reward_loop_source", "'importlib'", "custom_reward_function.path"]),
     ("reward_model.reward_loop_module_path=/x.py", ["reward_loop_module_path", "custom_reward_function.path"]),
     ("reward_model.sandbox_fusion.url=http://x", ["reward_model.sandbox_fusion.url", "custom_reward_function"]),
-    ("reward_model.profiler.enable=true", ["reward_model.profiler.enable", "timing_s"]),
+    ("reward_model.profiler.finish_hook_cmd=ls", ["reward_model.profiler.finish_hook_cmd", "save_path"]),
     ("reward_model.model.external_lib=mylib", ["reward_model.model.external_lib", "trust_remote_code"]),
     ("critic.nccl_timeout=60", ["critic.nccl_timeout", "actor_rollout_ref.nccl_timeout"]),
 ])
@@ -111,8 +111,8 @@ def test_states_that_accept_only_the_default_have_plain_defaults():
     ("critic.model.lora.type=loha", ["lora.type", "'loha'", "LoRA"]),
     ("trainer.v1.trainer_mode=colocate_async", ["trainer_mode", "'colocate_async'", "separate_async"]),
     ("actor_rollout_ref.rollout.name=sglang", ["rollout.name", "'sglang'", "vllm"]),
-    ("global_profiler.tool=nsys", ["global_profiler.tool", "'nsys'", "timing_s"]),
-    ("actor_rollout_ref.actor.profiler.enable=true", ["profiler.enable", "True"]),
+    ("global_profiler.tool=nsys", ["global_profiler.tool", "'nsys'", "tool=torch"]),
+    ("actor_rollout_ref.actor.profiler.tool=npu", ["actor.profiler.tool", "'npu'", "torch"]),
     ("algorithm.use_pf_ppo=true", ["use_pf_ppo", "PF-PPO"]),
     ("sandbox_fusion.url=http://x", ["sandbox_fusion.url", "custom_reward_function"]),
     ("reward.sandbox_fusion.url=http://x", ["reward.sandbox_fusion.url"]),
@@ -148,7 +148,8 @@ def test_the_off_values_of_refused_features_are_accepted():
 def test_knobs_with_no_effect_are_accepted_at_any_value_and_noted_once():
     cfg = load("actor_rollout_ref.actor.use_torch_compile=false", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
                "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true", "actor_rollout_ref.actor.use_fused_kernels=true",
-               "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "global_profiler.steps=[1,2]",
+               "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+               "actor_rollout_ref.actor.profiler.tool_config.torch.schedule.active=2",
                "critic.model.lora.dtype=bfloat16", "trainer.use_legacy_worker_impl=disable")
     notes = noop_notes(cfg)
     assert len(notes) == 8, notes

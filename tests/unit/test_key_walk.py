@@ -54,6 +54,10 @@ MATRIX = {
                           "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
                           "trainer.v1.separate_async.parameter_sync_step=2", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
                           "data.train_batch_size=32", "trainer.v1.separate_async.num_warmup_batches=2"],
+    "profiler": ["global_profiler.tool=torch", "global_profiler.steps=[1,3]", "algorithm.adv_estimator=gae",
+                 "reward_model.enable=true", "reward_model.model.path=/rm", "reward_model.model.input_tokenizer=null"]
+                + [f"{role}.profiler.enable=true" for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref",
+                                                               "actor_rollout_ref.rollout", "critic", "reward_model")],
     "epochs": ["trainer.total_epochs=2", "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
                "actor_rollout_ref.rollout.val_kwargs.temperature=0.7", "actor_rollout_ref.rollout.val_kwargs.n=2",
                "reward.reward_kwargs.overlong_buffer_cfg.enable=true", "reward.reward_kwargs.overlong_buffer_cfg.len=4"],
@@ -103,7 +107,7 @@ def test_validation_checks_do_not_count_as_reads():
     cfg = load([])
     with recording(cfg) as seen:
         validate_config(cfg, check_paths=False)
-    assert "global_profiler.tool" not in seen and "actor_rollout_ref.model.lora_rank" not in seen
+    assert "distillation.enabled" not in seen and "actor_rollout_ref.model.lora_rank" not in seen
 
 
 # ---- the walk itself, on a synthetic schema --------------------------------------------------------

@@ -5,6 +5,8 @@ the configuration around it (the rollout's own pool, what the overlapped step ca
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 import torch
 
@@ -145,7 +147,7 @@ def test_a_saved_batch_is_trained_on_after_a_resume(tmp_path):
     trainer.ahead.save(tmp_path)
     resumed, rec2 = make(tmp_path / "resumed", steps=4)
     resumed.global_step, resumed.policy_version, resumed.engine_version = 2, 2, 2
-    resumed.ahead = load_ahead(tmp_path)
+    resumed.queue = deque([load_ahead(tmp_path)])
     (m,) = run_steps(resumed, 1)
     # nothing regenerated for step 3: its saved batch (of policy 1) is trained on, then step 4's is started
     assert rec2.events == [("start", 4, 2)]

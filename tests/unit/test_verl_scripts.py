@@ -143,3 +143,15 @@ def test_the_v1_separate_async_script_runs_its_schedule():
     notes = " ".join(noop_notes(cfg))
     assert "transfer_queue.enable" in notes and "checkpoint_engine.backend" not in notes
     assert plan.sync_backend == "nccl"
+
+
+def test_the_torch_profile_script_profiles_rank_0_of_the_actor_whole_and_of_the_rollout_per_call():
+    from grpo_dist.config.profiling import profile_plan
+
+    plan = profile_plan(load(verl_scripts.script_args(verl_scripts.SCRIPTS["torch_profile"], cpu=False, **PATHS)))
+    assert plan.steps == (1, 2) and not plan.continuous and sorted(plan.roles) == ["actor", "rollout"]
+    actor, rollout = plan.roles["actor"], plan.roles["rollout"]
+    assert actor.ranks == rollout.ranks == (0,) and actor.contents == rollout.contents == ("cpu", "cuda")
+    assert not actor.discrete and rollout.discrete
+    assert actor.save_path == rollout.save_path == PATHS["out"] + "/profile_data"
+    assert "(actor: one trace per step; rollout: one trace per call per process)" in plan.line()

@@ -23,7 +23,7 @@ from grpo_dist.config.sections.engine import (
     off_feature,
     qat_section,
 )
-from grpo_dist.config.sections.profiler import ProfilerConfig, profiler_section
+from grpo_dist.config.sections.profiler import RolloutProfilerConfig, rollout_profiler_section
 from grpo_dist.rollout import ENGINES
 
 
@@ -208,7 +208,7 @@ class RolloutConfig:
     trace: TraceConfig = S(TraceConfig, "tracing of agent loops (not built here)", NoOp(
         "tracing of agent loops is not built; the run's metrics and the logged validation generations "
         "(trainer.log_val_generations) are the record of what was generated"))
-    profiler: ProfilerConfig = profiler_section("rollout")
+    profiler: RolloutProfilerConfig = rollout_profiler_section()
     mtp: MTPConfig = mtp_section()
     layer_name_map: LayerNameMapConfig = layer_name_map_section()
     qat: QATConfig = qat_section()
