@@ -7,10 +7,11 @@ that it exists (checks that need the model or the data run later, in the trainer
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import fields
-from typing import Any
+from typing import Any, Iterator
 
 from grpo_dist.config.schema import (
     ConfigError,
@@ -431,6 +432,27 @@ def optimizer_overrides(optim: Any) -> dict:
     return dict(OmegaConf.to_container(extra) if OmegaConf.is_config(extra) else (extra or {}))
 
 
+@contextlib.contextmanager
+def _compiler_left_unloaded() -> Iterator[None]:
+    """Inside, building a torch optimizer does not import torch's compiler (``torch._dynamo``: 1.5-3 s of a CPU,
+    the largest part of validating a configuration). ``Optimizer.add_param_group``, which every optimizer's
+    constructor calls, is wrapped by torch so that its first call imports the compiler, to keep compiled code out
+    of it; the wrapper skips that import when the function already carries its compiler-disabled version. The
+    check's throwaway optimizer compiles nothing, so for its duration the plain function stands in for that
+    version. With a torch whose wrapper differs, the import simply happens as before."""
+    import torch
+
+    fn = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+    if fn is None or hasattr(fn, "__dynamo_disable"):
+        yield
+        return
+    fn.__dynamo_disable = fn
+    try:
+        yield
+    finally:
+        del fn.__dynamo_disable
+
+
 def check_optimizer(key: str, optim: Any) -> None:
     """An ``optim`` section's optimizer (``key`` names it): the class imports and takes the arguments it
     would be built with (tried on one dummy parameter), before any worker starts."""
@@ -446,7 +468,8 @@ def check_optimizer(key: str, optim: Any) -> None:
     args = optimizer_arguments(optim.optimizer, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay,
                                extra=extra)
     try:
-        cls([torch.nn.Parameter(torch.zeros(1))], **args)
+        with _compiler_left_unloaded():
+            cls([torch.nn.Parameter(torch.zeros(1))], **args)
     except (TypeError, ValueError) as e:
         where, value = (f"{key}.override_optimizer_config", extra) if extra else (f"{key}.optimizer", optim.optimizer)
         raise _bad(where, value, f"{optim.optimizer_impl}.{optim.optimizer} refuses the arguments {sorted(args)} "

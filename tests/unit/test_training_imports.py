@@ -59,3 +59,19 @@ def test_the_driver_process_does_not_load_the_fsdp_training_modules():
             "grpo_dist.training.model_builder", "grpo_dist.training.checkpoint_io", "grpo_dist.training.policy")
     heavy = sorted(m for m in loaded if any(m == h or m.startswith(h + ".") for h in fsdp))
     assert heavy == [], heavy
+
+
+def test_validating_a_configuration_does_not_load_torchs_compiler():
+    """Validation builds the optimizer once on a dummy parameter; torch's compiler (torch._dynamo, 1.5-3 s of a CPU,
+    once the largest part of a run's configuration phase) stays unloaded, and torch is left as it was."""
+    code = (
+        "import sys, torch\n"
+        "from tests.configs import cfg_of, refused\n"
+        "cfg_of('actor_rollout_ref.actor.optim.lr=3e-4')\n"
+        "assert 'refuses the arguments' in refused('+actor_rollout_ref.actor.optim.override_optimizer_config.foo=1')\n"
+        "print('torch._dynamo' in sys.modules, hasattr(torch.optim.Optimizer.add_param_group.__wrapped__, "
+        "'__dynamo_disable'))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["False", "False"]
