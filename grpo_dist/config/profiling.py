@@ -50,7 +50,7 @@ class ProcessProfile:
     """What one worker process records: sent with every ``profile_begin`` call."""
 
     name: str
-    """The process in file names: ``<process>_rank<r>`` (``model_rank0``, ``rollout_rank1``)."""
+    """The process in file names: ``<process>_rank<r>`` (``models_rank0``, ``rollout_rank1``)."""
     save_path: str
     contents: tuple[str, ...]
     discrete: bool

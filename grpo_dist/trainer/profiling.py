@@ -10,6 +10,7 @@ be written is a warning, not a failed run.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,9 @@ class StepProfiler:
         for group, roles in groups:
             for i, rank in enumerate(group.ranks):
                 settings = plan.process(group.role, roles, rank, device)
-                if settings is not None:
-                    path = str(Path(settings.save_path).expanduser().resolve())  # the driver's folder, not a worker's
-                    self.targets.append((group.workers[i], ProcessProfile(settings.name, path, settings.contents,
-                                                                          settings.discrete, device)))
+                if settings is not None:  # (the folder as the driver names it, not relative to a worker's)
+                    path = str(Path(settings.save_path).expanduser().resolve())
+                    self.targets.append((group.workers[i], replace(settings, save_path=path)))
         self.open_from: int | None = None
         """The first step of the trace being recorded; None: none is."""
         self.step = 0
