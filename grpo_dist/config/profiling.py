@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_dist.config.fields import ConfigError
+from grpo_dist.config.states import get
 
 __all__ = ["CONTENTS", "ProcessProfile", "ProfilePlan", "RoleProfile", "profile_plan"]
 
@@ -92,15 +93,9 @@ class ProfilePlan:
                 f"({how} per process), traces in {', '.join(paths)}")
 
 
-def _sections(cfg: Any) -> dict[str, Any]:
-    a = cfg.actor_rollout_ref
-    return {"actor": a.actor.profiler, "reference": a.ref.profiler, "rollout": a.rollout.profiler,
-            "critic": cfg.critic.profiler, "reward_model": cfg.reward_model.profiler}
-
-
-def _keys(role: str) -> str:
-    return {"actor": "actor_rollout_ref.actor", "reference": "actor_rollout_ref.ref",
-            "rollout": "actor_rollout_ref.rollout"}.get(role, role) + ".profiler"
+_SECTIONS = {"actor": "actor_rollout_ref.actor", "reference": "actor_rollout_ref.ref",
+             "rollout": "actor_rollout_ref.rollout", "critic": "critic", "reward_model": "reward_model"}
+"""The section holding each role's ``profiler`` keys, by role name."""
 
 
 def _steps(value: Any) -> tuple[int, ...]:
@@ -134,8 +129,9 @@ def profile_plan(cfg: Any) -> ProfilePlan | None:
     g = cfg.global_profiler
     steps, continuous, default_path = _steps(g.steps), bool(g.profile_continuous_steps), g.save_path
     roles: dict[str, RoleProfile] = {}
-    for role, p in _sections(cfg).items():
-        key = _keys(role)
+    for role, section in _SECTIONS.items():
+        key = f"{section}.profiler"
+        p = get(cfg, key)
         tool = p.tool if p.tool is not None else g.tool
         if not p.enable or tool is None:
             continue
