@@ -8,8 +8,9 @@ One step, as data::
             -> reward-model update and reference reset (iterative RL, every N steps)
             -> metrics, validation, checkpoint
 
-The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync and iterative RL
-are protocol objects of their own (:mod:`grpo_dist.trainer.weight_sync`, :mod:`grpo_dist.trainer.iterative`),
+The workers come from the role table (:mod:`grpo_dist.trainer.roles`), the weight sync, iterative RL and the
+engines' schedule of batches generated ahead are protocol objects of their own (:mod:`grpo_dist.trainer.weight_sync`,
+:mod:`grpo_dist.trainer.iterative`, :mod:`grpo_dist.trainer.engines`),
 the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch is assembled by
 :mod:`grpo_dist.rollout.assemble`; what remains here is the recipe. Each phase is timed on the driver
 (``timing_s/<phase>``); phases done by workers also log the workers' own busy time
@@ -19,9 +20,7 @@ the reward stage scores (:mod:`grpo_dist.trainer.reward_stage`), and the batch i
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,8 @@ from grpo_dist.rollout.tp import engine_outputs, engine_shares
 from grpo_dist.trainer import checkpoint, validation
 from grpo_dist.trainer.dumps import GenerationDump, batch_rows
 from grpo_dist.trainer.dynamic_sampling import step_sampler
+from grpo_dist.trainer.engines import Engines
 from grpo_dist.trainer.iterative import IterativeRL
-from grpo_dist.trainer.fully_async import Admission, check_sample_age, chunk_metrics, load_chunks, save_chunks
-from grpo_dist.trainer.one_step_off import RolloutAhead
 from grpo_dist.trainer.metrics import (NonfiniteGuard, NoSignalWarning, ResponseClipWarning, Timer, critic_data_metrics,
                                        data_metrics, throughput_metrics, token_count)
 from grpo_dist.trainer.reward_stage import RewardStage
@@ -55,7 +53,6 @@ from grpo_dist.trainer.tracking import Progress, Tracker
 from grpo_dist.trainer.stop import StopSignal
 from grpo_dist.trainer.summary import RunSummary, TrainingError
 from grpo_dist.trainer.step_rewards import token_level_rewards
-from grpo_dist.trainer.streaming import StreamedRollout
 from grpo_dist.trainer.updates import sharded_forward_cat, sharded_update
 from grpo_dist.trainer.weight_sync import WeightSync, choose_transport
 from grpo_dist.training.settings import CRITIC_UPDATE_KEYS, update_keys
@@ -96,34 +93,12 @@ class GRPOTrainer:
         self.rc, self.sampling = p.rollout_correction, step_sampler(p.step_sampling)
         # one optimizer step on fresh samples is on-policy (ratio 1): no old-log-prob forward unless compared with the rollout's
         self.on_policy, self.old_logp_forward = p.on_policy, p.old_logp_forward
-        self.policy_version = self.engine_version = 0
-        """The actor's updates so far, and the version the rollout engines hold (they differ between an update
-        and the next sync)."""
-        self.queue: deque[RolloutAhead] = deque()
-        """The batches generated ahead, first in first out: one-step-off-policy's next step's
-        (:mod:`grpo_dist.trainer.one_step_off`), fully asynchronous training's chunks (:mod:`grpo_dist.trainer.fully_async`)."""
-        self.admission = Admission(p.fully_async.max_ahead) if p.fully_async is not None else None
-        """Fully asynchronous training: the chunks the engines may still start before the next weight sync."""
-        if self.admission is not None:
-            self.admission.synced(0)  # the engines start with the initial policy
-        self.chunks_started = 0
-        """Fully asynchronous training: the chunks started so far (the last one's is this step's prompts)."""
-        self.stream: StreamedRollout | None = None
-        """With partial rollouts: groups trained as they finish (:mod:`grpo_dist.trainer.streaming`)."""
-        self.stale_samples = 0
-        """Fully asynchronous training: prompts trained on with a sample age above 0 so far (verl's
-        ``fully_async/count/stale_samples_processed``)."""
-
-    @property
-    def partial_rollout(self) -> bool:
-        """Fully asynchronous training's chunks are generated in the background and a sync interrupts them
-        (:mod:`grpo_dist.rollout.partial`)."""
-        return self.plan.fully_async is not None and self.plan.fully_async.partial_rollout
-
-    @property
-    def ahead(self) -> RolloutAhead | None:
-        """The oldest batch generated ahead (the next step's), or None."""
-        return self.queue[0] if self.queue else None
+        self.policy_version = 0
+        """The actor's updates so far (the engines' own version trails it between an update and the next sync)."""
+        self.engines = Engines(p, self.total_steps, sampler=self.sampler, next_items=lambda: self.next_items(),
+                               generation_call=lambda *a: self._generation_call(*a),
+                               generated=lambda *a: self._generated(*a))
+        """The engines' version and what they generate ahead (:mod:`grpo_dist.trainer.engines`)."""
 
     # ================================================================ set-up / tear-down
     def start_workers(self, workers: Workers | None = None) -> None:
@@ -135,10 +110,6 @@ class GRPOTrainer:
         self.actor, self.rollout, self.ref, self.reward = w["actor"], w["rollout"], w.get("reference"), w["reward"]
         self.critic = w.get("critic")
         p = self.plan
-        if self.partial_rollout:
-            to_batch = partial(responses_to_batch, n=self.shape.n, pad_id=self.pad_id, response_length=p.response_length)
-            self.stream = StreamedRollout(self.rollout, tp=p.rollout_tp, to_batch=to_batch,
-                                          per_step=self.shape.train_batch_size, due_age=p.fully_async.max_ahead - 1)
         self.rewards = RewardStage.from_plan(self.spec, p, self.reward, w.groups, tokenizer=self.tokenizer,
                                              tokenizer_path=self.tokenizer_path)
         self.summary.rewards = self.rewards.counts
@@ -148,6 +119,7 @@ class GRPOTrainer:
                                transport=choose_transport(self.actor, self.rollout, dev, p.sync_backend),
                                dtype=p.sync_dtype, bucket_bytes=p.sync_bucket_bytes, device=dev,
                                timeout_s=p.sync_timeout_s)
+        self.engines.attach(self.rollout, self.sync, pad_id=self.pad_id)
         if self.sync.prepare():  # LoRA, adapters only: the engines serve the policy's adapter from the first step
             self.sync()
         placement = w.write_placement(self.out_dir / "placement.json", weight_sync=self.sync.transport)
@@ -190,126 +162,11 @@ class GRPOTrainer:
                                    response_length=self.plan.response_length)
         return batch, busy_s
 
-    # ================================================================ one-step-off-policy
-    def start_ahead(self, items: list[dict], step: int, epoch: int) -> RolloutAhead | None:
-        """Start generating the batch of ``step`` (1-based) from ``items`` with the engines' current weights, with
-        that step's sampling seed; returns at once (:mod:`grpo_dist.trainer.one_step_off`). With partial rollouts
-        its groups are streamed instead (:mod:`grpo_dist.trainer.streaming`; returns None)."""
-        sampling = replace(self.plan.train_sampling,
-                           seed=rollout_step_seed(self.plan.rollout_seed, step - 1, self.shape.responses))
-        prompts, method, per_rank = self._generation_call(items, f"s{step - 1}", sampling)
-        if self.stream is not None:  # on the engines' background generators, which a weight sync interrupts
-            self.stream.start(f"s{step - 1}", step=step, epoch=epoch, version=self.engine_version, prompts=prompts,
-                              method=method, per_rank=per_rank)
-            return None
-        wait = self.rollout.call_later(method, per_rank=per_rank)
-        return RolloutAhead(step=step, epoch=epoch, version=self.engine_version,
-                            finish=lambda: self._generated(prompts, wait(), sampling))
-
-    def scored_ahead(self, items: list[dict] | None, timer: Timer, m: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """One-step-off-policy: this step's batch (started during the previous step; at the first step from
-        ``items``, now), scored; before scoring, the next step's batch is started with the current policy.
-        ``m`` gets ``training/sample_age`` (the policy's updates since the engines' weights sampled it) and
-        the sync's bytes."""
-        step = self.global_step + 1
-        if self.ahead is None:
-            assert items is not None, "the loop draws a step's prompts when no batch was started for it"
-            self.queue.append(self.start_ahead(items, step, self.sampler.epoch))
-        ahead = self.queue.popleft()
-        assert ahead.step == step, (ahead.step, step)
-        with timer("wait_prev_gen"):  # verl's name: the part of generation the step still waits for
-            batch, busy_s = ahead.result()
-        timer.add("gen/worker", busy_s)
-        m["training/sample_age"] = float(self.policy_version - ahead.version)
-        if step < self.total_steps and self.plan.one_step_off and not self.queue:  # (else a checkpoint's are next)
-            self.sync_engines(timer, m)  # the engines are idle: the current policy, then the next batch
-            self.queue.append(self.start_ahead(self.next_items(), step + 1, self.sampler.epoch))
+    def scored(self, batch: Batch, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """``batch`` with ``scores`` from the reward stage, and the reward stats."""
         with timer("reward"):
             batch["scores"], stats = self.rewards.score(batch, timer=timer)
         return batch, stats
-
-    def sync_engines(self, timer: Timer, m: dict[str, float] | None = None) -> None:
-        """Send the engines the current policy unless they hold it, after the batch they are generating;
-        its timings go to ``timer`` and its bytes to ``m`` (``perf/weight_sync_bytes``) when given."""
-        if self.engine_version == self.policy_version:
-            return
-        if self.partial_rollout:  # the engines stop after their current iteration; the new weights finish the responses
-            interrupted = sum(self.rollout.call("pause_generation"))
-        else:
-            self.wait_generated()  # the engines finish the batches of the version they started them with
-        with timer("update_weights"):
-            for name, seconds in self.sync().items():
-                timer.add(name, seconds)
-        if m is not None:
-            m["perf/weight_sync_bytes"] = float(self.sync.last_bytes)
-        self.engine_version = self.policy_version
-        if self.partial_rollout:
-            self.rollout.call("resume_generation", self.engine_version)
-            if m is not None:
-                m["fully_async/partial/interrupted"] = float(interrupted)
-
-    def wait_generated(self) -> None:
-        """Wait until the engines finished every batch started (they are then idle)."""
-        for chunk in self.queue:
-            chunk.result()
-        if self.stream is not None:
-            self.stream.drain()
-
-    # ================================================================ fully asynchronous
-    def start_chunks(self) -> None:
-        """Start generating every chunk the freshness rule admits (:class:`~grpo_dist.trainer.fully_async.Admission`),
-        up to the last step's, with the engines' current weights; returns at once (the engines run them in order)."""
-        while self.admission.may_start():
-            step = self.chunks_started + 1
-            if step > self.total_steps:
-                return
-            chunk = self.start_ahead(self.next_items(), step, self.sampler.epoch)
-            if chunk is not None:
-                self.queue.append(chunk)
-            self.chunks_started = step
-            self.admission.started()
-
-    def chunks_ahead(self) -> int:
-        """Chunks started and not yet trained (streamed groups: their chunks' worth, rounded up)."""
-        return len(self.queue) if self.stream is None else self.stream.groups.chunks_ahead()
-
-    def next_chunk(self) -> tuple[Batch, float, torch.Tensor]:
-        """Fully asynchronous training: this step's batch (waiting for it), the engines' busy seconds, and each
-        row's chunk version ``[B]``: the oldest chunk generated ahead, or the streamed groups."""
-        if self.stream is not None:
-            return self.stream.next_batch(self.policy_version)
-        chunk = self.queue.popleft()
-        assert chunk.step == self.global_step + 1, (chunk.step, self.global_step + 1)
-        batch, busy_s = chunk.result()
-        return batch, busy_s, torch.full((len(batch),), chunk.version, dtype=torch.long)
-
-    def scored_chunk(self, timer: Timer, m: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """Fully asynchronous training: this step's chunk (the oldest generated ahead, or the streamed groups),
-        scored. ``m`` gets its sample age, the queue's depth and the count of stale samples (verl's
-        ``fully_async/count/*``)."""
-        self.start_chunks()  # the first step, or after a resume (what the admission still allows)
-        with timer("wait_prev_gen"):  # the trainer's idle time
-            batch, busy_s, started_B = self.next_chunk()
-        timer.add("gen/worker", busy_s)
-        check_sample_age(self.policy_version - int(started_B.min()), self.plan.fully_async.age_limit,
-                         step=self.global_step + 1)
-        self.stale_samples += int((started_B < self.policy_version).sum()) // self.shape.n
-        m.update(chunk_metrics(batch, started_B, policy_version=self.policy_version, chunks_ahead=self.chunks_ahead(),
-                               stale_samples=self.stale_samples))
-        with timer("reward"):
-            batch["scores"], stats = self.rewards.score(batch, timer=timer)
-        return batch, stats
-
-    def sync_due(self, timer: Timer, m: dict[str, float]) -> None:
-        """Fully asynchronous training, after step ``global_step + 1``'s update: every ``trigger`` steps, the
-        engines finish the chunks they generate and get the current policy; then the chunks the freshness rule
-        admits start."""
-        step = self.global_step + 1
-        if step % self.plan.fully_async.trigger or step >= self.total_steps:
-            return
-        self.sync_engines(timer, m)
-        self.admission.synced(carried=self.chunks_ahead())
-        self.start_chunks()
 
     def scored_rollout(self, items: list[dict], k: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """Generation batch ``k`` of the step, scored (``scores``: the reward function's; ``reward_baselines``:
@@ -321,9 +178,7 @@ class GRPOTrainer:
         if self.estimator.needs_baseline_rollout:
             with timer("gen_max"):
                 batch["reward_baselines"] = self.greedy_rewards(items, tag + "b")
-        with timer("reward"):
-            batch["scores"], stats = self.rewards.score(batch, timer=timer)
-        return batch, stats
+        return self.scored(batch, timer)
 
     def greedy_rewards(self, items: list[dict], tag: str) -> torch.Tensor:
         """The reward of one greedy response per prompt, repeated for the prompt's ``n`` rows [B] (ReMax's baseline)."""
@@ -384,10 +239,11 @@ class GRPOTrainer:
         p, timer, m, W = self.plan, Timer(), {}, self.shape.world_size
         t0 = time.perf_counter()
         with timer("step"):
+            step, version = self.global_step + 1, self.policy_version
             if p.fully_async is not None:
-                batch, reward_stats = self.scored_chunk(timer, m)
-            elif p.one_step_off or self.ahead is not None:  # (a one-step-off checkpoint's batch is trained on in any mode)
-                batch, reward_stats = self.scored_ahead(items, timer, m)
+                batch, reward_stats = self.scored(self.engines.take_chunk(step, version, timer, m), timer)
+            elif p.one_step_off or self.engines.ahead is not None:  # (a one-step-off checkpoint's batch: in any mode)
+                batch, reward_stats = self.scored(self.engines.take_ahead(step, items, version, timer, m), timer)
             else:
                 batch, reward_stats = self.sampling.collect(items, self.next_items,
                                                             lambda it, k: self.scored_rollout(it, k, timer))
@@ -426,13 +282,13 @@ class GRPOTrainer:
                 m.update(actor_metrics)
                 self.policy_version += 1
                 if not p.one_step_off and p.fully_async is None:  # else the engines are generating: see their schedules
-                    self.sync_engines(timer, m)
+                    self.engines.sync_to(self.policy_version, timer, m)
             elif p.free_cache_engine:
                 # critic warm-up: the policy did not change, so there is nothing to send; the engine
                 # only gets its memory back
                 self.rollout.call("wake_up")
             if p.fully_async is not None:
-                self.sync_due(timer, m)
+                self.engines.sync_due(self.global_step + 1, self.policy_version, timer, m)
             if self.iterative is not None:  # iterative RL: every N steps, the reward-model update and reference reset
                 m.update(self.iterative.after_step(batch, self.global_step + 1, timer))
             if self.rollout_dump is not None:
@@ -457,16 +313,14 @@ class GRPOTrainer:
 
     def training_epoch(self) -> int:
         """The sampler's epoch of the prompts the next step trains on."""
-        if self.stream is not None and self.stream.groups.epoch is not None:
-            return self.stream.groups.epoch
-        return self.sampler.epoch if self.ahead is None else self.ahead.epoch
+        return self.engines.epoch(self.sampler.epoch)
 
     # ================================================================ validation
     def validate(self, tracker: Tracker | None = None) -> dict[str, float]:
         """Scores of the validation set by the verifier (:func:`grpo_dist.trainer.validation.validate`)."""
         p = self.plan
-        self.wait_generated()  # the engines finish the batches generated ahead, then hold the current policy
-        self.sync_engines(Timer())  # its time is validation's (timing_s/testing)
+        self.engines.wait_generated()  # the engines finish the batches generated ahead, then hold the current policy
+        self.engines.sync_to(self.policy_version, Timer())  # its time is validation's (timing_s/testing)
         with self.workers.calls_labelled("validation"):  # its calls' sizes are not the step's: own deadlines
             return validation.validate(
                 self.val_data, generate=lambda items, tag: self.generate(items, tag, self.val_sampling)[0],
@@ -493,15 +347,9 @@ class GRPOTrainer:
             self.workers.save(tmp, export_hf=export_hf)
             if self.iterative is not None:
                 self.iterative.save(tmp)
-            if p.fully_async is not None:  # the chunks generated ahead, trained on first after a resume
-                self.wait_generated()  # (streamed groups: every group started finishes first)
-                save_chunks(list(self.queue) if self.stream is None else self.stream.groups.saved_chunks(), tmp)
-            elif self.ahead is not None:  # one-step-off: the batch generated for the next step, trained on after a resume
-                self.ahead.save(tmp)
+            self.engines.save(tmp)  # what was generated ahead, trained on first after a resume
         state = {"global_step": self.global_step, "sampler": self.sampler.state_dict(), "kl_coef": self.kl_ctrl.value,
-                 "total_steps": self.total_steps, "policy_version": self.policy_version}
-        if self.admission is not None:
-            state["fully_async"] = {"allowed": self.admission.allowed, "stale_samples": self.stale_samples}
+                 "total_steps": self.total_steps, "policy_version": self.policy_version, **self.engines.state()}
         final = checkpoint.save(p.checkpoint_root, self.global_step, state, max_keep=p.max_ckpt_to_keep,
                                 write_shards=write_shards, newest=self.stop.last_checkpoint,
                                 root_key="trainer.default_local_dir", resume_settings=self.stop.resume_settings)
@@ -519,18 +367,8 @@ class GRPOTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.global_step = point.step
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
-        self.policy_version = self.engine_version = int(state.get("policy_version", self.global_step))
-        self.sync()
-        self.queue = deque(load_chunks(point.path))  # the batches a one-step-off or fully asynchronous run generated ahead
-        self.chunks_started = max([c.step for c in self.queue], default=self.global_step)
-        if self.stream is not None:  # streamed groups: the checkpoint's go to the pool
-            self.stream.groups.load(list(self.queue), self.shape.n)
-            self.queue.clear()
-        if self.admission is not None:
-            saved = state.get("fully_async")
-            self.admission.synced(carried=self.chunks_ahead())  # (a checkpoint of another mode: as after a sync)
-            if saved is not None:
-                self.admission.allowed, self.stale_samples = int(saved["allowed"]), int(saved["stale_samples"])
+        self.policy_version = int(state.get("policy_version", self.global_step))
+        self.engines.load(point.path, state, step=self.global_step, policy_version=self.policy_version)
         print(f"grpo_dist: resumed from {point.path} (step {self.global_step})", flush=True)
 
     def _check_finite(self, metrics: dict[str, float], tracker: Tracker) -> None:
@@ -567,7 +405,7 @@ class GRPOTrainer:
                 epoch = self.training_epoch()
                 self.stop.step_begins(self.global_step + 1)
                 self.workers.profile_step(self.global_step + 1)
-                drawn = self.ahead is not None or t.fully_async is not None  # (the schedule draws the prompts)
+                drawn = self.engines.ahead is not None or t.fully_async is not None  # (the schedule draws the prompts)
                 metrics = self.train_step(None if drawn else self.next_items())
                 self.global_step += 1
                 metrics["training/global_step"], metrics["training/epoch"] = self.global_step, epoch

@@ -110,7 +110,7 @@ def step(tmp_path, *overrides):
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
     trainer.scored_rollout = scored_rollout(cfg)
-    trainer.sync = NoSync()
+    trainer.engines.sync = NoSync()
     metrics = trainer.train_step([{}, {}])
     return trainer, metrics
 
@@ -191,7 +191,7 @@ def test_remax_takes_one_greedy_response_per_prompt_as_the_baseline_of_its_respo
     trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
-    trainer.rewards, trainer.sync = Rewards(), NoSync()
+    trainer.rewards, trainer.engines.sync = Rewards(), NoSync()
     sampled = scored_rollout(cfg)
     asked = []
 
@@ -234,7 +234,7 @@ def gae_step(tmp_path, *overrides):
     trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, CriticGroup()
-    trainer.scored_rollout, trainer.sync = scored_rollout(cfg), NoSync()
+    trainer.scored_rollout, trainer.engines.sync = scored_rollout(cfg), NoSync()
     return trainer, trainer.train_step([{}, {}])
 
 
@@ -266,7 +266,7 @@ def test_responses_cut_at_the_limit_are_not_warned_about_when_ignore_eos_asked_f
     trainer = GRPOTrainer(resolve(cfg), model_path="unused", tokenizer=None, tokenizer_path="unused", train_data=TrainData(),
                           val_data=None, device="cpu", out_dir=str(tmp_path))
     trainer.actor, trainer.rollout, trainer.ref, trainer.critic = ActorGroup(), RolloutGroup(), None, None
-    trainer.scored_rollout, trainer.sync = scored_rollout(cfg), NoSync()
+    trainer.scored_rollout, trainer.engines.sync = scored_rollout(cfg), NoSync()
     seen: list[str] = []
     trainer.clip_warning.emit, trainer.clip_warning.threshold = seen.append, 0.0  # (2 of the 4 stand-ins are cut)
     trainer.train_step([{}, {}])

@@ -65,15 +65,15 @@ class Engines:
 
     def start(self, items, step, epoch):
         t = self.trainer
-        self.events.append(("start", step, t.engine_version))
-        self.ahead_at_start.append(len(t.queue) + 1)  # this one, and those started and not yet taken by a step
+        self.events.append(("start", step, t.engines.version))
+        self.ahead_at_start.append(len(t.engines.queue) + 1)  # this one, and those started and not yet taken by a step
         self.prompts = getattr(self, "prompts", []) + [[row["index"] for row in items]]
 
         def finish():
             time.sleep(self.gen_s)
             self.events.append(("wait", step))
             return self.batch_of(step), 0.5
-        return RolloutAhead(step=step, epoch=epoch, version=t.engine_version, finish=finish)
+        return RolloutAhead(step=step, epoch=epoch, version=t.engines.version, finish=finish)
 
     def sync(self):
         self.events.append(("sync", self.trainer.policy_version))
@@ -107,7 +107,8 @@ def make(tmp_path, *overrides, steps: int = 6, gen_s: float = 0.0, train_s: floa
         batch.non_tensors["uid"] = [f"s{step}p{i // 2}" for i in range(4)]
         return batch
     engines = Engines(trainer, batch_of, gen_s)
-    trainer.start_ahead, trainer.sync, trainer.rollout = engines.start, SyncRecorder(engines), engines
+    trainer.engines.start, trainer.engines.sync = engines.start, SyncRecorder(engines)
+    trainer.rollout = trainer.engines.rollout = engines
     return trainer, engines
 
 
@@ -130,7 +131,7 @@ def test_staleness_0_and_trigger_1_is_the_synchronous_loop(tmp_path):
     assert eng.events == [("start", 1, 0), ("wait", 1), ("sync", 1), ("start", 2, 1), ("wait", 2), ("sync", 2),
                           ("start", 3, 2), ("wait", 3)]
     assert [m["training/sample_age"] for m in metrics] == [0.0, 0.0, 0.0]
-    assert trainer.policy_version == 3 and not trainer.queue
+    assert trainer.policy_version == 3 and not trainer.engines.queue
     # the prompts of each step are the ones the synchronous loop draws for it
     sync_trainer, _ = make(tmp_path / "sync", steps=3)
     assert eng.prompts == [[row["index"] for row in sync_trainer.next_items()] for _ in range(3)]
@@ -178,7 +179,7 @@ def test_a_resume_trains_the_saved_chunks_first_each_exactly_once(tmp_path):
     first, eng1 = make(tmp_path / "a", *overrides, steps=8)
     order = trained_chunks(first)
     ages1 = [m["training/sample_age"] for m in run_steps(first, 3)]
-    assert len(first.queue) >= 2  # chunks 4.. generated ahead, not yet trained
+    assert len(first.engines.queue) >= 2  # chunks 4.. generated ahead, not yet trained
     first.workers = SimpleNamespace(save=lambda tmp, export_hf: None, load=lambda path: None)
     saved = first.save()
     point = checkpoint.ResumePoint(path=Path(saved), state=checkpoint.read_state(saved))
@@ -187,7 +188,8 @@ def test_a_resume_trains_the_saved_chunks_first_each_exactly_once(tmp_path):
     order2 = trained_chunks(second)
     second.workers = first.workers
     second.resume(point)
-    assert [c.step for c in second.queue] == [c.step for c in first.queue] and all(c.done for c in second.queue)
+    assert [c.step for c in second.engines.queue] == [c.step for c in first.engines.queue]
+    assert all(c.done for c in second.engines.queue)
     ages2 = [m["training/sample_age"] for m in run_steps(second, 5)]
     # nothing regenerated: the resumed run starts only chunks the first never started
     started1 = [e[1] for e in eng1.events if e[0] == "start"]
@@ -353,7 +355,7 @@ def test_v1_separate_async_refuses_a_chunk_older_than_its_threshold(tmp_path):
     from dataclasses import replace
 
     trainer, _ = make(tmp_path, *v1(2), steps=5)
-    trainer.plan = replace(trainer.plan, fully_async=replace(trainer.plan.fully_async, age_limit=1))
+    trainer.plan = trainer.engines.plan = replace(trainer.plan, fully_async=replace(trainer.plan.fully_async, age_limit=1))
     with pytest.raises(RuntimeError, match=r"max_off_policy_threshold=1"):
         run_steps(trainer, 5)
 

@@ -37,12 +37,12 @@ class Recorder:
 
     def start(self, items, step, epoch):
         t = self.trainer
-        self.events.append(("start", step, t.engine_version))
+        self.events.append(("start", step, t.engines.version))
 
         def finish():
             self.events.append(("wait", step))
             return self.batch_of(step), 0.5
-        return RolloutAhead(step=step, epoch=epoch, version=t.engine_version, finish=finish)
+        return RolloutAhead(step=step, epoch=epoch, version=t.engines.version, finish=finish)
 
     def sync(self):
         self.events.append(("sync", self.trainer.policy_version))
@@ -56,14 +56,14 @@ def make(tmp_path, *overrides, steps: int = 3):
     trainer.actor, trainer.ref, trainer.critic, trainer.rewards = ActorGroup(), None, None, Rewards()
     fake = scored_rollout(cfg)
     rec = Recorder(trainer, lambda step: fake([{}, {}], 0, None)[0])
-    trainer.start_ahead, trainer.sync = rec.start, SyncRecorder(rec)
+    trainer.engines.start, trainer.engines.sync = rec.start, SyncRecorder(rec)
     return trainer, rec
 
 
 def run_steps(trainer: GRPOTrainer, n: int) -> list[dict]:
     out = []
     for _ in range(n):
-        items = trainer.next_items() if trainer.ahead is None else None
+        items = trainer.next_items() if trainer.engines.ahead is None else None
         out.append(trainer.train_step(items))
         trainer.global_step += 1
     return out
@@ -86,7 +86,7 @@ def test_the_next_batch_starts_before_the_update_with_the_policy_one_update_behi
                           ("wait", 2), ("sync", 1), ("start", 3, 1),      # step 2 trains on samples of policy 0
                           ("wait", 3)]                                    # the last step starts nothing
     assert [m["training/sample_age"] for m in metrics] == [0.0, 1.0, 1.0]
-    assert trainer.policy_version == 3 and trainer.engine_version == 1 and trainer.ahead is None
+    assert trainer.policy_version == 3 and trainer.engines.version == 1 and trainer.engines.ahead is None
     # the samples are not the current policy's: the old log-probs are computed (no on-policy shortcut)
     assert trainer.actor.calls == ["compute_log_prob", "update_policy"] * 3
     assert "old_log_probs" in trainer.actor.update_rows
@@ -112,7 +112,7 @@ def test_the_sampler_draws_prompts_in_the_synchronous_order(tmp_path):
 def test_validation_and_checkpoints_wait_for_the_batch_being_generated(tmp_path):
     trainer, rec = make(tmp_path, steps=4)
     run_steps(trainer, 2)
-    assert trainer.ahead is not None and not trainer.ahead.done  # step 3's batch, being generated
+    assert trainer.engines.ahead is not None and not trainer.engines.ahead.done  # step 3's batch, being generated
     trainer.val_data = [{}]
     trainer.workers = type("W", (), {"calls_labelled": lambda self, label: __import__("contextlib").nullcontext()})()
     import grpo_dist.trainer.driver as driver
@@ -131,10 +131,10 @@ def test_validation_and_checkpoints_wait_for_the_batch_being_generated(tmp_path)
     assert rec.events[events:] == [("start", 4, 2)]
 
     # a checkpoint saves the batch being generated; a resume trains on it next
-    trainer.ahead.save(tmp_path)
+    trainer.engines.ahead.save(tmp_path)
     loaded = load_ahead(tmp_path)
     assert (loaded.step, loaded.version, loaded.done) == (4, 2, True)
-    a, b = trainer.ahead.result()[0], loaded.result()[0]
+    a, b = trainer.engines.ahead.result()[0], loaded.result()[0]
     assert sorted(a.tensors.keys()) == sorted(b.tensors.keys()) and len(a) == len(b) == 4
     assert all(torch.equal(a[k], b[k]) for k in a.tensors.keys())
     assert list(a["uid"]) == list(b["uid"])
@@ -144,10 +144,10 @@ def test_validation_and_checkpoints_wait_for_the_batch_being_generated(tmp_path)
 def test_a_saved_batch_is_trained_on_after_a_resume(tmp_path):
     trainer, rec = make(tmp_path, steps=4)
     run_steps(trainer, 2)
-    trainer.ahead.save(tmp_path)
+    trainer.engines.ahead.save(tmp_path)
     resumed, rec2 = make(tmp_path / "resumed", steps=4)
-    resumed.global_step, resumed.policy_version, resumed.engine_version = 2, 2, 2
-    resumed.queue = deque([load_ahead(tmp_path)])
+    resumed.global_step, resumed.policy_version, resumed.engines.version = 2, 2, 2
+    resumed.engines.queue = deque([load_ahead(tmp_path)])
     (m,) = run_steps(resumed, 1)
     # nothing regenerated for step 3: its saved batch (of policy 1) is trained on, then step 4's is started
     assert rec2.events == [("start", 4, 2)]

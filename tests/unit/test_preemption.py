@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import time
-from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -180,7 +179,8 @@ def trainer_at_step(root: Path, step: int, workers) -> "GRPOTrainer":  # noqa: F
     t.plan = SimpleNamespace(checkpoint_root=str(root), max_ckpt_to_keep=None, export_hf_every_checkpoint=False,
                              fully_async=None)
     t.global_step, t.total_steps, t.workers, t.iterative = step, 10, workers, None
-    t.policy_version, t.queue, t.admission = step, deque(), None  # nothing generated ahead
+    t.policy_version = step
+    t.engines = SimpleNamespace(save=lambda tmp: None, state=lambda: {})  # nothing generated ahead
     t.sampler = SimpleNamespace(state_dict=lambda: {"epoch": 0})
     t.kl_ctrl = SimpleNamespace(value=0.0)
     t.summary, t.stop = RunSummary(out_dir=str(root)), StopSignal(0, str(root))

@@ -43,7 +43,7 @@ class ClockEngines:
         if method == "start_chunk":
             (chunk_id, prompt_ids, _sampling, version), = per_rank
             step = int(chunk_id[1:]) + 1
-            self.events.append(("start", step, version, self.trainer.chunks_ahead() + 1))
+            self.events.append(("start", step, version, self.trainer.engines.chunks_ahead() + 1))
             self.done_at.update({(chunk_id, i): self.clock + self.cost(step, i) for i in range(len(prompt_ids))})
             return [None]
         if method == "take_groups":
@@ -88,7 +88,8 @@ def make(tmp_path, staleness: float, trigger: int, cost, *, steps: int = 8, trai
                           train_data=Prompts(), val_data=None, device="cpu", out_dir=str(tmp_path))
     engines = ClockEngines(trainer, cost)
     trainer.actor, trainer.ref, trainer.critic, trainer.rewards = TickingActor(engines, train_ticks), None, None, Rewards()
-    trainer.rollout, trainer.sync = engines, SyncRecorder(engines)
+    trainer.rollout = trainer.engines.rollout = engines
+    trainer.engines.sync = SyncRecorder(engines)
     rows = scored_rollout(cfg)([{}, {}], 0, None)[0]
 
     def generation_call(items, prefix, sampling):
@@ -101,7 +102,7 @@ def make(tmp_path, staleness: float, trigger: int, cost, *, steps: int = 8, trai
         group["uid"] = [prompt["uid"][0]] * 2
         return group
     trainer._generation_call = generation_call
-    trainer.stream = StreamedRollout(engines, tp=1, to_batch=to_batch, per_step=2,
+    trainer.engines.stream = StreamedRollout(engines, tp=1, to_batch=to_batch, per_step=2,
                                      due_age=trainer.plan.fully_async.max_ahead - 1, poll_s=0.01)
     return trainer, engines
 
@@ -182,20 +183,20 @@ def test_a_resume_trains_every_group_once_the_checkpoints_first(tmp_path):
     run_steps(first, 3)
     first.workers = SimpleNamespace(save=lambda tmp, export_hf: None, load=lambda path: None)
     saved = first.save()  # waits for every group started: they are all in the pool
-    assert first.stream.groups.pending == 0 and first.stream.groups.pool
-    pool = sorted(g.order for g in first.stream.groups.pool)
+    assert first.engines.stream.groups.pending == 0 and first.engines.stream.groups.pool
+    pool = sorted(g.order for g in first.engines.stream.groups.pool)
     point = checkpoint.ResumePoint(path=Path(saved), state=checkpoint.read_state(saved))
 
     second, eng2 = make(tmp_path / "b", 1.0, 2, cost, steps=8)
     seen2 = trained_groups(second)
     second.workers = first.workers
     second.resume(point)
-    assert sorted(g.order for g in second.stream.groups.pool) == pool
+    assert sorted(g.order for g in second.engines.stream.groups.pool) == pool
     run_steps(second, 5)
     trained = [g for step in seen1 + seen2 for g in step]
     assert sorted(trained) == sorted(g for step in whole_seen for g in step) == [(s, i) for s in range(1, 9) for i in (0, 1)]
     assert [g for step in seen2 for g in step][:len(pool)] == pool  # the checkpoint's groups first, oldest first
-    assert all(e[1] > first.chunks_started for e in eng2.events if e[0] == "start")  # nothing generated twice
+    assert all(e[1] > first.engines.chunks_started for e in eng2.events if e[0] == "start")  # nothing generated twice
 
 
 def group_batch(step: int, i: int) -> Batch:
