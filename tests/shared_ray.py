@@ -9,6 +9,10 @@ and stopped at the end of the session, or, when the session is killed before its
 run's own instance has (``grpo_dist/distributed/ray_watchdog.py``). The test process's own environment is
 left as it was (the tests that start Ray in-process start their own).
 
+The cluster's worker processes are forked from one process that imported torch, transformers and vLLM once for
+the session (``tests/warm_workers.py``: a run's workers then skip those imports, most of a run's start-up here);
+``GRPO_DIST_TEST_WARM_WORKERS=0`` starts them as Ray does. Runs with their own Ray instance never use it.
+
 A test that checks a run's own Ray instance (its processes as children of the driver, its listening sockets,
 a signal while it starts, the newcomer's console) runs with ``LOCAL_RAY`` in its environment, as do the runs
 a test starts itself (``subprocess.Popen``). ``GRPO_DIST_TEST_SHARED_RAY=0`` turns the shared cluster off for
@@ -88,6 +92,10 @@ class SharedCluster:
         }
         env = {**os.environ, **self.client_env, **workers, **(env or {})}
         env.pop("RAY_ADDRESS")
+        from tests import warm_workers
+
+        # the runs' worker processes forked from one that imported torch, transformers and vLLM (tests/warm_workers.py)
+        self.warm = warm_workers.WarmWorkers(log_dir, env) if warm_workers.enabled() else None
         gpus = [] if num_gpus is None else [f"--num-gpus={num_gpus}"]
         self.log = open(log_dir / "shared_ray.log", "w")  # noqa: SIM115 (open for the cluster's life)
         self.proc = subprocess.Popen(
@@ -108,9 +116,16 @@ class SharedCluster:
         # processes there are when it starts, so it starts once the raylet's agents are up too (they import much
         # and take long on a loaded 2-core machine: a process missed here would outlive a killed session)
         _wait_for_processes(self.proc.pid, _NODE_PROCESSES, timeout_s=120.0)
-        self.watchdog = ray_watchdog.start(roots=[self.proc.pid])
+        self.watchdog = ray_watchdog.start(roots=[self.proc.pid] + ([self.warm.proc.pid] if self.warm else []))
+        if self.warm is not None:
+            if self.warm.wait_ready():
+                self.client_env.update(self.warm.job_env())
+            else:
+                print(f"tests: warm worker processes not available; see {log_dir / 'warm_workers.log'}", flush=True)
 
     def stop(self) -> None:
+        if self.warm is not None:
+            self.warm.stop()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

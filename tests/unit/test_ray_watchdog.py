@@ -79,18 +79,23 @@ def test_watchdog_leaves_when_the_ray_processes_are_gone(started):
 
 def test_a_test_session_killed_before_its_teardown_leaves_no_shared_ray_cluster(tmp_path):
     """The real-stack tier's one Ray cluster (tests/shared_ray.py) is stopped by the session's teardown; a
-    session killed outright (a timeout's SIGTERM, SIGKILL) has none, and the watchdog ends the cluster."""
+    session killed outright (a timeout's SIGTERM, SIGKILL) has none, and the watchdog ends the cluster and the
+    warm worker processes' server (tests/warm_workers.py; here importing one small module)."""
+    import os
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     session = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; from tests.shared_ray import SharedCluster; "
-         "c = SharedCluster(Path(sys.argv[1])); print(c.proc.pid, flush=True); time.sleep(600)", str(tmp_path)],
-        cwd=root, stdout=subprocess.PIPE, text=True)
+         "c = SharedCluster(Path(sys.argv[1])); print(c.proc.pid, c.warm.proc.pid, flush=True); time.sleep(600)",
+         str(tmp_path)],
+        cwd=root, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "GRPO_DIST_TEST_WARM_WORKERS": "1", "GRPO_DIST_TEST_WARM_PRELOAD": "json"})
     cluster = []
     try:
-        head = psutil.Process(int(session.stdout.readline()))  # printed once the cluster is up
-        cluster = [head, *head.children(recursive=True)]
+        head_pid, warm_pid = map(int, session.stdout.readline().split())  # printed once the cluster is up
+        head = psutil.Process(head_pid)
+        cluster = [head, *head.children(recursive=True), psutil.Process(warm_pid)]
         names = sorted(p.name() for p in cluster)
     finally:
         session.kill()
