@@ -20,6 +20,8 @@ What a fork inherits that a fresh process would not, and what is done about it:
   set (vLLM's ``env_override``) are kept;
 - Ray: kept out of the server (vLLM imports it when it can; Ray's native library reads the environment when it
   loads): the modules that tried to import it are imported again in the worker, with Ray there;
+- the objects the imports made are frozen for the garbage collector (``gc.freeze``, as a server that forks should):
+  a worker's collections skip them, as the rollout engine's build does anyway (``freeze_heap_for_build``);
 - nothing else runs in the server: no torch operation (no thread pool, no device), no grpo_dist module.
 
 The worker's lifetime is the requesting program's: a signal sent to it is passed to the worker, the worker's
