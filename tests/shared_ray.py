@@ -9,9 +9,10 @@ and stopped at the end of the session, or, when the session is killed before its
 run's own instance has (``grpo_dist/distributed/ray_watchdog.py``). The test process's own environment is
 left as it was (the tests that start Ray in-process start their own).
 
-The cluster's worker processes are forked from one process that imported torch, transformers and vLLM once for
-the session (``tests/warm_workers.py``: a run's workers then skip those imports, most of a run's start-up here);
-``GRPO_DIST_TEST_WARM_WORKERS=0`` starts them as Ray does. Runs with their own Ray instance never use it.
+The cluster's worker processes, and the attached runs' drivers, are forked from one process that imported torch,
+transformers and vLLM once for the session (``tests/warm_workers.py``: a run's processes then skip those imports,
+most of a run's start-up here); ``GRPO_DIST_TEST_WARM_WORKERS=0`` starts them as Ray and Python do
+(``GRPO_DIST_TEST_WARM_DRIVERS=0``: the drivers only). Runs with their own Ray instance never use it.
 
 A test that checks a run's own Ray instance (its processes as children of the driver, its listening sockets,
 a signal while it starts, the newcomer's console) runs with ``LOCAL_RAY`` in its environment, as do the runs
@@ -90,6 +91,8 @@ class SharedCluster:
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore::FutureWarning"),
         }
+        #: how a run's driver is started: ``python`` (or, with the warm server, the program that forks it from there)
+        self.driver_command = [sys.executable]
         env = {**os.environ, **self.client_env, **workers, **(env or {})}
         env.pop("RAY_ADDRESS")
         from tests import warm_workers
@@ -120,6 +123,8 @@ class SharedCluster:
         if self.warm is not None:
             if self.warm.wait_ready():
                 self.client_env.update(self.warm.job_env())
+                if warm_workers.drivers_enabled():
+                    self.driver_command = self.warm.command()
             else:
                 print(f"tests: warm worker processes not available; see {log_dir / 'warm_workers.log'}", flush=True)
 
@@ -142,6 +147,12 @@ _cluster: SharedCluster | None = None
 def client_env() -> dict[str, str]:
     """The environment that attaches a run to the session's cluster ({} when none runs)."""
     return dict(_cluster.client_env) if _cluster is not None else {}
+
+
+def driver_command() -> list[str]:
+    """The program that runs ``-m grpo_dist.main ...`` for a run attached to the session's cluster: Python, or the
+    one that forks the driver from the warm server (its imports done: tests/warm_workers.py)."""
+    return list(_cluster.driver_command) if _cluster is not None else [sys.executable]
 
 
 def wanted() -> bool:

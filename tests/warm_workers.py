@@ -28,7 +28,14 @@ The worker's lifetime is the requesting program's: a signal sent to it is passed
 exit status is its own, and when it is killed (Ray kills a worker's process), the worker, which watches a pipe
 whose other end only that program holds, ends too.
 
-``GRPO_DIST_TEST_WARM_WORKERS=0`` turns this off (the workers then start as Ray starts them).
+The drivers of the attached runs (``python -m grpo_dist.main ...`` started by ``tests/e2e/helpers.run_main``) are
+forked the same way (``warm_worker_exec.py -m grpo_dist.main ...``): ``-m`` runs the module as Python's ``-m`` does,
+the standard streams are buffered as the requester's environment says (``PYTHONUNBUFFERED``: a test reads a run's
+lines as they come), and a forked process ends as the interpreter ends a program (non-daemon threads joined, exit
+handlers run), with ``KeyboardInterrupt`` ending it by SIGINT.
+
+``GRPO_DIST_TEST_WARM_WORKERS=0`` turns this off (the workers then start as Ray starts them, the drivers as Python
+does); ``GRPO_DIST_TEST_WARM_DRIVERS=0`` only for the drivers.
 """
 
 from __future__ import annotations
@@ -61,6 +68,11 @@ def enabled() -> bool:
     return os.environ.get("GRPO_DIST_TEST_WARM_WORKERS", "1") != "0"
 
 
+def drivers_enabled() -> bool:
+    """The attached runs' drivers forked too (``GRPO_DIST_TEST_WARM_DRIVERS=0``: started by Python)."""
+    return os.environ.get("GRPO_DIST_TEST_WARM_DRIVERS", "1") != "0"
+
+
 # ---------------------------------------------------------------------------------------------- the session's side
 class WarmWorkers:
     """The server process, started for the session with the cluster's worker environment ``env``; its socket
@@ -85,11 +97,15 @@ class WarmWorkers:
             time.sleep(0.25)
         return False
 
+    def command(self) -> list[str]:
+        """The program that asks the server for a process (what follows it: Python's arguments, ``-m`` included)."""
+        return [sys.executable, str(Path(__file__).with_name("warm_worker_exec.py"))]
+
     def job_env(self) -> dict[str, str]:
-        """The environment that makes a run's Ray job start its workers through the server."""
-        exec_path = Path(__file__).with_name("warm_worker_exec.py")
-        runtime_env = {"py_executable": f"{sys.executable} {exec_path}", "env_vars": {ENV_SOCKET: self.socket}}
-        return {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": runtime_env})}
+        """The environment that makes a run's Ray job start its workers through the server (and its driver, when
+        started with :meth:`command`)."""
+        runtime_env = {"py_executable": " ".join(self.command()), "env_vars": {ENV_SOCKET: self.socket}}
+        return {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": runtime_env}), ENV_SOCKET: self.socket}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -171,21 +187,40 @@ def _become_worker(request: dict, fds: list[int], set_by_imports: dict[str, str]
     os.environ.clear()
     os.environ.update({**request["env"], **set_by_imports})
     os.chdir(request["cwd"])
-    _fresh_sys_path(request["argv"][0])
+    argv = list(request["argv"])
+    module = argv[1] if argv[0] == "-m" else None  # ``-m module args`` (a run's driver) or ``script args``
+    _fresh_sys_path(None if module else argv[0])
+    _streams_from_env()
     _forget(without_ray)
     _library_logging_from_env()
     import runpy
 
-    sys.argv = list(request["argv"])
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    if module:
+        sys.argv = argv[1:]  # run_module sets sys.argv[0] to the module's file, as ``python -m`` does
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        runpy.run_path(sys.argv[0], run_name="__main__")
 
 
-def _fresh_sys_path(script: str) -> None:
-    """``sys.path`` as ``python <script>`` with this environment's ``PYTHONPATH`` starts with: the script's folder,
-    then ``PYTHONPATH``, then the interpreter's own entries (the server's first entry and ``PYTHONPATH`` dropped)."""
+def _fresh_sys_path(script: str | None) -> None:
+    """``sys.path`` as ``python <script>`` (``python -m``: ``script`` None) with this environment's ``PYTHONPATH``
+    starts with: the script's folder (the working directory), then ``PYTHONPATH``, then the interpreter's own
+    entries (the server's first entry and ``PYTHONPATH`` dropped)."""
     own = [p for p in sys.path[1:] if p not in _SERVER_PYTHONPATH]
     env = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *env, *own]
+    first = os.getcwd() if script is None else os.path.dirname(os.path.abspath(script))
+    sys.path[:] = [first, *env, *own]
+
+
+def _streams_from_env() -> None:
+    """Buffer the standard streams as a fresh process with this environment would: the server's were set up for
+    its log file. ``PYTHONUNBUFFERED``: every write goes out at once (a test reads a run's lines as they come);
+    a terminal: line by line; otherwise in blocks."""
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    for stream in (sys.stdout, sys.stderr):
+        lines = stream is sys.stderr or unbuffered or os.isatty(stream.fileno())
+        stream.reconfigure(line_buffering=lines, write_through=unbuffered or stream is sys.stderr)
 
 
 _SERVER_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -224,22 +259,42 @@ def _fork_worker(request: dict, fds: list[int], prepared: tuple[dict[str, str], 
         for fd in fds:
             os.close(fd)
         return pid
-    code = 1
+    code, by_signal = 1, 0
     try:
         for obj in close:
             os.close(obj) if isinstance(obj, int) else obj.close()
         _become_worker(request, fds, *prepared)
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except BaseException as exc:
         import traceback
 
         traceback.print_exc()
+        by_signal = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 0
     finally:
+        _end_as_python_does(code, by_signal)
+
+
+def _end_as_python_does(code: int, by_signal: int) -> None:
+    """End the forked process as the interpreter ends a program: wait for its non-daemon threads, run its exit
+    handlers (Ray's shutdown, logging's flush), flush the streams; a ``KeyboardInterrupt`` ends it by SIGINT."""
+    import atexit
+
+    try:
+        threading._shutdown()  # (what the interpreter calls before its exit handlers)
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+    except BaseException:  # noqa: BLE001 (ending anyway)
+        pass
+    if by_signal:
+        signal.signal(by_signal, signal.SIG_DFL)
+        os.kill(os.getpid(), by_signal)
+    os._exit(code)
 
 
 def _reap(children: dict[int, socket.socket]) -> None:

@@ -11,28 +11,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _main_env(args: list[str], env: dict | None) -> dict:
+def _main(args: list[str], env: dict | None) -> tuple[list[str], dict]:
+    """The command and environment of ``python -m grpo_dist.main args``: attached to the session's cluster, the
+    driver is forked from the session's warm process (tests/warm_workers.py), as the run's workers are."""
     from tests import shared_ray
 
     env = env or {}
     own = "RAY_ADDRESS" in env or any(a.startswith("ray_kwargs.ray_init.address=") for a in args)
     cluster = {} if own else shared_ray.client_env()
-    return dict(os.environ, PYTHONUNBUFFERED="1", **cluster, **env)
+    python = [sys.executable] if own else shared_ray.driver_command()
+    return [*python, "-m", "grpo_dist.main", *args], dict(os.environ, PYTHONUNBUFFERED="1", **cluster, **env)
 
 
 def run_main(args: list[str], timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m grpo_dist.main args``, attached to the session's Ray cluster (tests/shared_ray.py) unless
     ``env`` says where Ray is (``RAY_ADDRESS``; ``LOCAL_RAY``: a local instance of the run's own) or the
     arguments do (``ray_kwargs.ray_init.address``)."""
-    return subprocess.run([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=_main_env(args, env),
-                          capture_output=True, text=True, timeout=timeout)
+    command, env = _main(args, env)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def start_main(args: list[str], env: dict | None = None) -> subprocess.Popen:
     """``python -m grpo_dist.main args`` started and left running (its output in pipes, as text), attached to Ray
     as :func:`run_main`'s run is."""
-    return subprocess.Popen([sys.executable, "-m", "grpo_dist.main", *args], cwd=ROOT, env=_main_env(args, env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command, env = _main(args, env)
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def worker_process(out: Path, title: str):

@@ -98,6 +98,36 @@ def test_without_a_server_the_requester_runs_the_worker_itself(server):
     assert seen["pid"] == proc.pid and seen["foo"] == "from-the-requester"
 
 
+DRIVER = """
+import atexit, json, os, sys, threading, time
+atexit.register(lambda: print("exit handlers ran", flush=True))
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "name": __name__}))  # no flush: PYTHONUNBUFFERED says
+if sys.argv[1] == "wait":
+    sys.stdin.readline()
+def late():
+    time.sleep(0.5)
+    print("non-daemon thread finished", flush=True)
+threading.Thread(target=late).start()
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_a_module_run_with_dash_m_as_a_runs_driver_is_ended_as_python_ends_a_program(server):
+    """A run's driver (``-m grpo_dist.main ...``): run as ``python -m`` runs it, its lines reach the requester as
+    they are written (``PYTHONUNBUFFERED``), and its end waits for its threads and runs its exit handlers."""
+    _, tmp, env = server
+    (tmp / "lib" / "drivermod.py").write_text(DRIVER)
+    env = dict(env, PYTHONUNBUFFERED="1", GRPO_DIST_TEST_WARM_SOCKET=str(tmp / "warm.sock"))
+    proc = subprocess.Popen([sys.executable, str(EXEC), "-m", "drivermod", "wait", "5"], cwd=tmp / "lib", env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    seen = first_line(proc)  # read while the program waits: the line was not held in a buffer
+    assert seen == {"argv": [str(tmp / "lib" / "drivermod.py"), "wait", "5"], "path0": str(tmp / "lib"),
+                    "name": "__main__"}
+    out, _ = proc.communicate("go\n", timeout=30)
+    assert proc.returncode == 5
+    assert out.splitlines() == ["non-daemon thread finished", "exit handlers ran"]
+
+
 def _alive(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
