@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import pickle
 import re
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -50,10 +51,19 @@ def _register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=GRPOConfig)
 
 
-# Parsed YAML config files (the config and its header), by a digest of the file's text: parsing
+# Parsed YAML config files (the config, pickled, and its header), by a digest of the file's text: parsing
 # conf/grpo_trainer.yaml was about half of a compose, and a process composes many times (a --multirun
 # sweep, --check, the tests). Each load reads the file; a file whose text changed is parsed again.
-_parsed_files: dict[bytes, tuple[DictConfig | ListConfig, dict[str, str]]] = {}
+_parsed_files: dict[bytes, tuple[bytes, dict[str, str]]] = {}
+# The structured configs of Hydra's store, pickled: by the stored node's id (the node kept, so that the id
+# names it for as long as the entry lives; a config stored again under its name is another node).
+_pickled_nodes: dict[int, tuple[Any, bytes]] = {}
+
+
+def _fresh_copy(pickled: bytes) -> Any:
+    """A config of its own, equal to the one pickled: what ``copy.deepcopy`` of it gives, in half its time
+    (OmegaConf's containers pickle their nodes, flags, types and parents; Hydra pickles configs itself)."""
+    return pickle.loads(pickled)
 
 
 def _speed_up_hydras_sources() -> None:
@@ -71,12 +81,14 @@ def _fast_sources() -> dict[str, type]:
     keeps its own):
 
     - ``file://`` folders (conf/, --config-path, --config-dir) keep each parsed YAML file in
-      ``_parsed_files``; each load gets its own deep copy, as Hydra changes what it loads (Hydra's
+      ``_parsed_files``; each load gets its own copy, as Hydra changes what it loads (Hydra's
       source reads the header from the first 512 characters and parses the file with ``OmegaConf.load``,
       as here);
     - the structured-config source (the schema in Hydra's ConfigStore) is not deep-copied with the
       rest of the config repository at every compose: it only reads the process-wide store, whose
-      loads are deep copies already, so a copy that shares the store behaves the same.
+      loads are copies already, so a copy that shares the store behaves the same;
+    - both hand out each load's copy unpickled from bytes kept once, not ``copy.deepcopy``'d (Hydra's
+      store deep-copies the schema at every load): the same config in half the time.
     """
     import copy
     import hashlib
@@ -105,9 +117,10 @@ def _fast_sources() -> dict[str, type]:
                     raise ConfigLoadError(f"Config not found : {full_path}") from None
                 key = hashlib.blake2b(text.encode("utf-8")).digest()
                 if key not in _parsed_files:  # as Hydra's own source reads a file
-                    _parsed_files[key] = (OmegaConf.load(io.StringIO(text)), self._get_header_dict(text[:512]))
+                    parsed = OmegaConf.load(io.StringIO(text))
+                    _parsed_files[key] = (pickle.dumps(parsed), self._get_header_dict(text[:512]))
                 cfg, header = _parsed_files[key]
-                return ConfigResult(config=copy.deepcopy(cfg), path=f"{self.scheme()}://{self.path}",
+                return ConfigResult(config=_fresh_copy(cfg), path=f"{self.scheme()}://{self.path}",
                                     provider=self.provider, header=dict(header))
 
         fast["file"] = FileConfigSource
@@ -119,6 +132,15 @@ def _fast_sources() -> dict[str, type]:
                 twin = copy.copy(self)
                 memo[id(self)] = twin
                 return twin
+
+            def load_config(self, config_path: str) -> ConfigResult:  # as Hydra's, the copy from a pickle
+                stored = self.store._load(self._normalize_file_name(config_path))
+                if id(stored.node) not in _pickled_nodes:
+                    _pickled_nodes[id(stored.node)] = (stored.node, pickle.dumps(stored.node))
+                provider = stored.provider if stored.provider is not None else self.provider
+                return ConfigResult(config=_fresh_copy(_pickled_nodes[id(stored.node)][1]),
+                                    path=f"{self.scheme()}://{self.path}", provider=provider,
+                                    header={"package": stored.package})
 
         fast["structured"] = StructuredConfigSource
     return fast

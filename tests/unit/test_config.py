@@ -60,6 +60,25 @@ def test_overrides_reach_typed_config():
     assert list(cfg.trainer.logger) == ["console"]
 
 
+def test_each_compose_gets_a_config_of_its_own():
+    """The schema and the YAML file are kept parsed between composes (config/loader.py): what one compose's
+    caller changes in its config reaches neither the next compose nor a config composed before it."""
+    from omegaconf import OmegaConf
+
+    first = compose(["data.train_batch_size=8"])
+    second = compose(["data.train_batch_size=8"])
+    assert OmegaConf.to_yaml(first) == OmegaConf.to_yaml(second)
+    assert OmegaConf.is_struct(second)  # the schema's closed key set holds in every copy
+    with pytest.raises(Exception, match="no_such_key"):
+        second.data.no_such_key = 1
+    second.data.train_batch_size = 999
+    second.actor_rollout_ref.actor.optim.betas.append(0.5)
+    third = compose(["data.train_batch_size=8"])
+    assert first.data.train_batch_size == third.data.train_batch_size == 8
+    assert list(first.actor_rollout_ref.actor.optim.betas) == list(third.actor_rollout_ref.actor.optim.betas)
+    assert len(third.actor_rollout_ref.actor.optim.betas) == 2
+
+
 def test_kl_loss_agg_mode_reaches_the_actor_objective():
     from grpo_dist.config.role_settings import actor_settings
     from grpo_dist.training.objective import PolicyObjective
