@@ -17,7 +17,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from grpo_dist.config.schema import ConfigError, GRPOConfig
