@@ -115,9 +115,10 @@ class SharedCluster:
         # the raylet registers a moment after the GCS answers
         time.sleep(2.0)
         # a pytest killed without its teardown (a timeout's SIGTERM, SIGKILL) does not leave the cluster behind:
-        # the watchdog a run's own instance has ends its processes once this process is gone. It lists the
-        # processes there are when it starts, so it starts once the raylet's agents are up too (they import much
-        # and take long on a loaded 2-core machine: a process missed here would outlive a killed session)
+        # the watchdog a run's own instance has ends its processes once this process is gone. It finds the
+        # processes the cluster starts later as they come; it starts once the raylet's agents are up, which also
+        # gives the tests a cluster whose node is complete (the agents import much and take long on a loaded
+        # 2-core machine)
         _wait_for_processes(self.proc.pid, _NODE_PROCESSES, timeout_s=120.0)
         self.watchdog = ray_watchdog.start(roots=[self.proc.pid] + ([self.warm.proc.pid] if self.warm else []))
         if self.warm is not None:

@@ -63,6 +63,40 @@ def test_killed_driver_leaves_nothing_behind_and_bystanders_are_untouched(starte
     assert started[-1].is_running(), "a process that is not the listed one was touched"
 
 
+LATE_PARENT = (  # a raylet stand-in: starts its agent only once told to (after the watchdog listed it)
+    "import subprocess, sys, time\n"
+    "sys.stdin.readline()\n"
+    f"p = subprocess.Popen([sys.executable, '-c', {STUBBORN!r}], start_new_session=True, stdout=subprocess.PIPE, text=True)\n"
+    "p.stdout.readline()\n"
+    "print(p.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_process_started_after_the_listing_is_ended_too(started):
+    """Ray starts (or restarts) an agent after the driver's processes were listed, e.g. on a loaded machine:
+    the watchdog finds the listed processes' new descendants while the driver lives, and ends them too."""
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    started.append(psutil.Process(driver.pid))
+    parent = subprocess.Popen([sys.executable, "-c", LATE_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    started.append(psutil.Process(parent.pid))
+    d = psutil.Process(driver.pid)
+    watchdog = subprocess.Popen([sys.executable, ray_watchdog.__file__, str(d.pid), repr(d.create_time()),
+                                 spec(started[-1])])
+    time.sleep(1.0)  # the watchdog has listed the parent, which has no child yet
+    parent.stdin.write("go\n")
+    parent.stdin.flush()
+    agent = psutil.Process(int(parent.stdout.readline()))  # ignores SIGTERM, in a session of its own
+    started.append(agent)
+    time.sleep(ray_watchdog.POLL_S * 2.5)  # a poll or two sees it
+    driver.kill()
+    driver.wait()
+    assert watchdog.wait(timeout=30) == 0
+    assert not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE
+    assert parent.poll() is not None
+
+
 def test_watchdog_leaves_when_the_ray_processes_are_gone(started):
     driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     started.append(psutil.Process(driver.pid))
