@@ -122,8 +122,6 @@ def tool_paths(cfg: GRPOConfig) -> tuple[str | None, str | None]:
 def check_agent_files(cfg: GRPOConfig) -> None:
     """The files the agent keys name: they exist, the tools load (``ToolConfigError``'s message, prefixed by the
     key), the agent-loop YAML parses and names the default loop (unless it is a built-in one)."""
-    from grpo_dist.tools.registry import ToolConfigError, load_tools
-
     loop = default_agent_loop(cfg)
     mt, ag = cfg.actor_rollout_ref.rollout.multi_turn, cfg.actor_rollout_ref.rollout.agent
     for key, path in (("tool_config_path", mt.tool_config_path), ("function_tool_path", mt.function_tool_path)):
@@ -135,6 +133,8 @@ def check_agent_files(cfg: GRPOConfig) -> None:
     for key, files in (("tool_config_path", (tool_config, None)), ("function_tool_path", (tool_config, function_tools))):
         if not getattr(mt, key):
             continue
+        from grpo_dist.tools.registry import ToolConfigError, load_tools  # pydantic (~0.15 s): only for tools
+
         try:
             load_tools(*files)
         except ToolConfigError as exc:

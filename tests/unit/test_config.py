@@ -340,3 +340,95 @@ def test_a_config_file_is_parsed_once_until_its_text_changes(tmp_path, monkeypat
     yaml_file.write_text(yaml_file.read_text().replace("total_epochs: 30", "total_epochs: 31"))
     assert compose([], config_dir=conf).trainer.total_epochs == 31
     assert parses.count(True) == 2
+
+
+def test_the_disk_cache_is_read_back_rebuilt_on_a_new_key_and_never_needed(tmp_path, monkeypatch):
+    """config/loader's cache of the built schema and the parsed YAML: a value is built once per key, a new key
+    replaces the older file, a file that does not unpickle is built again, and a folder that cannot be written
+    only costs the build."""
+    import pickle
+
+    from grpo_dist.config import loader
+
+    monkeypatch.setenv("GRPO_DIST_CACHE", str(tmp_path / "cache"))
+    builds = []
+
+    def build(value):
+        def _build():
+            builds.append(value)
+            return pickle.dumps(value)
+        return _build
+
+    folder = tmp_path / "cache" / loader.CACHE_SUBDIR
+    assert pickle.loads(loader._disk_cached("k", b"one", build({"a": 1}))) == {"a": 1}
+    assert pickle.loads(loader._disk_cached("k", b"one", build({"a": 2}))) == {"a": 1}  # read back, not built
+    assert builds == [{"a": 1}] and len(list(folder.glob("k-*.pkl"))) == 1
+    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 3}))) == {"a": 3}
+    files = list(folder.glob("k-*.pkl"))
+    assert len(files) == 1  # the older key's file is gone
+    files[0].write_bytes(files[0].read_bytes()[:5])  # cut short
+    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 4}))) == {"a": 4}
+    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 5}))) == {"a": 4}
+    monkeypatch.setenv("GRPO_DIST_CACHE", str(tmp_path / "a_file" / "cache"))
+    (tmp_path / "a_file").write_text("not a folder")
+    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 6}))) == {"a": 6}
+
+
+def test_the_schemas_digest_changes_with_any_source_file(tmp_path):
+    from grpo_dist.config.loader import tree_digest
+
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("Y = 2\n")
+    (tmp_path / "pkg" / "notes.txt").write_text("not a source")
+    first = tree_digest(tmp_path / "pkg")
+    assert tree_digest(tmp_path / "pkg") == first and tree_digest(tmp_path / "pkg", b"lib 2") != first
+    (tmp_path / "pkg" / "notes.txt").write_text("changed")
+    assert tree_digest(tmp_path / "pkg") == first
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("Y = 3\n")
+    assert tree_digest(tmp_path / "pkg") != first
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("Y = 2\n")
+    (tmp_path / "pkg" / "sub" / "b.py").rename(tmp_path / "pkg" / "sub" / "c.py")
+    assert tree_digest(tmp_path / "pkg") != first
+
+
+COMPOSE_TWICE = (
+    "import json, sys\n"
+    "from omegaconf import OmegaConf\n"
+    "from grpo_dist.config.loader import compose\n"
+    "from grpo_dist.config.schema import ConfigError\n"
+    "cfg = compose(['data.train_batch_size=8', 'actor_rollout_ref.actor.optim.lr=3e-6'])\n"
+    "errors = []\n"
+    "for bad in (['data.train_batch_size=abc'], ['actor_rollout_ref.actor.no_such=1']):\n"
+    "    try:\n"
+    "        compose(bad)\n"
+    "    except ConfigError as exc:\n"
+    "        errors.append(str(exc))\n"
+    "c = OmegaConf.to_object(cfg)\n"
+    "print(json.dumps([OmegaConf.to_yaml(cfg), errors, type(c).__name__, type(c.actor_rollout_ref.actor).__name__]))\n"
+)
+
+
+def test_a_run_composing_from_the_disk_cache_gets_the_same_configuration_and_messages(tmp_path):
+    """The first process builds the schema and parses conf/grpo_trainer.yaml and leaves both in the cache; the
+    next one composes from the cache: the same configuration, the same typed objects, the same messages."""
+    import json
+    import os
+
+    env = {**os.environ, "GRPO_DIST_CACHE": str(tmp_path / "cache")}
+    root = Path(__file__).resolve().parents[2]
+    outs, written = [], []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", COMPOSE_TWICE], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        names = sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "config").glob("*.pkl"))
+        assert names == ["schema", "yaml"], names
+        written.append({p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "cache" / "config").iterdir()})
+    assert written[0] == written[1]  # the second process read the files, it wrote none
+    assert outs[0] == outs[1]
+    yaml_text, errors, typed, actor = outs[1]
+    assert "train_batch_size: 8" in yaml_text and "lr: 3.0e-06" in yaml_text
+    assert len(errors) == 2 and "data.train_batch_size" in errors[0] and "no_such" in errors[1]
+    assert (typed, actor) == ("GRPOConfig", "ActorConfig")
