@@ -61,6 +61,10 @@ PRELOAD = (
     "transformers.models.auto.tokenization_auto", "transformers.integrations.sdpa_attention",
     "transformers.masking_utils", "transformers.models.qwen2.modeling_qwen2", "transformers.models.llama.modeling_llama",
     "peft", "vllm", "vllm.entrypoints.llm", "vllm.inputs", "vllm.sampling_params",
+    # what vLLM's CPU engine imports while it is built (0.8 of a 1.9 s build of the tiny model's engine)
+    "vllm.v1.worker.cpu_worker", "vllm.v1.worker.cpu_model_runner", "vllm.model_executor.model_loader",
+    "vllm.model_executor.models.qwen2", "vllm.model_executor.models.llama", "vllm.v1.sample.sampler",
+    "vllm.v1.core.kv_cache_manager", "vllm.lora.worker_manager",
 )
 
 
