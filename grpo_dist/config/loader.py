@@ -194,7 +194,8 @@ def _fast_sources() -> dict[str, type]:
                 key = hashlib.blake2b(text.encode("utf-8")).digest()
                 if key not in _parsed_files:  # as Hydra's own source reads a file (parsed once per text, on disk)
                     kind = "yaml-" + hashlib.blake2b(full_path.encode(), digest_size=8).hexdigest()
-                    parsed = _disk_cached(kind, _versions() + key, lambda: pickle.dumps(OmegaConf.load(io.StringIO(text))))
+                    parsed = _disk_cached(kind, _versions() + key,
+                                          lambda: pickle.dumps(OmegaConf.load(io.StringIO(text))))
                     _parsed_files[key] = (parsed, self._get_header_dict(text[:512]))
                 cfg, header = _parsed_files[key]
                 return ConfigResult(config=_fresh_copy(cfg), path=f"{self.scheme()}://{self.path}",

@@ -14,9 +14,9 @@ in a session of its own (a Ctrl-C or a signal to the driver's process group does
 It checks the driver every second, and each time adds the listed processes' new descendants to its
 list: a process Ray starts (or restarts) later, e.g. an agent a loaded machine brings up after the
 first listing, or a worker's own subprocesses, is ended with the rest (a process that leaves its
-parent's tree, as a daemon does, is found while its parent lives). Once the driver is gone it gives Ray's own shutdown
-``GRACE_S`` seconds, then sends SIGTERM to the listed processes that still run, SIGKILL
-``KILL_AFTER_S`` seconds later, and exits. A process is matched by pid *and* start time, so a pid
+parent's tree, as a daemon does, is found while its parent lives). Once the driver is gone it gives
+Ray's own shutdown ``GRACE_S`` seconds, then sends SIGTERM to the listed processes that still run,
+SIGKILL ``KILL_AFTER_S`` seconds later, and exits. A process is matched by pid *and* start time, so a pid
 reused by an unrelated process is never touched. The watchdog also exits as soon as none of the
 listed processes is left (a normal shutdown). It needs only psutil and imports nothing of grpo_dist.
 """
