@@ -50,8 +50,7 @@ def _register_schema() -> None:
     (:func:`_disk_cached`, keyed by the package's sources and the libraries' versions)."""
     from hydra.core.config_store import ConfigNode, ConfigStore
 
-    pickled = _disk_cached("schema", _sources_digest(), lambda: pickle.dumps(OmegaConf.structured(GRPOConfig)))
-    node = pickle.loads(pickled)
+    pickled, node = _disk_cached("schema", _sources_digest(), lambda: OmegaConf.structured(GRPOConfig))
     _pickled_nodes[id(node)] = (node, pickled)  # what the structured source unpickles each load from
     store = ConfigStore.instance()
     name = f"{SCHEMA_NAME}.yaml"
@@ -95,11 +94,11 @@ def tree_digest(folder: Path, salt: bytes = b"") -> bytes:
     return h.digest()
 
 
-def _disk_cached(kind: str, key: bytes, build: Callable[[], bytes]) -> bytes:
-    """``build()``'s bytes (a pickle), kept in the configuration's cache folder as ``KIND-DIGEST.pkl``: read
-    back while ``key`` is unchanged, built and written again (replacing the older ``KIND-*.pkl``) when it
-    changed. The cache is only a shortcut: a folder that cannot be read or written, or a file that does not
-    unpickle, is the same as no cache (the value is built)."""
+def _disk_cached(kind: str, key: bytes, build: Callable[[], Any]) -> tuple[bytes, Any]:
+    """``build()``'s value and its pickle, kept in the configuration's cache folder as ``KIND-DIGEST.pkl``:
+    read back while ``key`` is unchanged, built and written again (replacing the older ``KIND-*.pkl``) when
+    it changed. The cache is only a shortcut: a folder that cannot be read or written, or a file that does
+    not unpickle, is the same as no cache (the value is built)."""
     import hashlib
     import os
 
@@ -109,11 +108,11 @@ def _disk_cached(kind: str, key: bytes, build: Callable[[], bytes]) -> bytes:
     path = folder / f"{kind}-{hashlib.blake2b(key, digest_size=16).hexdigest()}.pkl"
     try:
         data = path.read_bytes()
-        pickle.loads(data)  # a file cut short or of another Python is rebuilt
-        return data
+        return data, pickle.loads(data)  # a file cut short or of another Python is rebuilt
     except Exception:
         pass
-    data = build()
+    value = build()
+    data = pickle.dumps(value)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob(f"{kind}-*.pkl"):
@@ -124,7 +123,7 @@ def _disk_cached(kind: str, key: bytes, build: Callable[[], bytes]) -> bytes:
         os.replace(tmp, path)  # whole or not at all, also with several runs starting at once
     except OSError:
         pass
-    return data
+    return data, value
 
 
 # Parsed YAML config files (the config, pickled, and its header), by a digest of the file's text: parsing
@@ -194,8 +193,7 @@ def _fast_sources() -> dict[str, type]:
                 key = hashlib.blake2b(text.encode("utf-8")).digest()
                 if key not in _parsed_files:  # as Hydra's own source reads a file (parsed once per text, on disk)
                     kind = "yaml-" + hashlib.blake2b(full_path.encode(), digest_size=8).hexdigest()
-                    parsed = _disk_cached(kind, _versions() + key,
-                                          lambda: pickle.dumps(OmegaConf.load(io.StringIO(text))))
+                    parsed, _ = _disk_cached(kind, _versions() + key, lambda: OmegaConf.load(io.StringIO(text)))
                     _parsed_files[key] = (parsed, self._get_header_dict(text[:512]))
                 cfg, header = _parsed_files[key]
                 return ConfigResult(config=_fresh_copy(cfg), path=f"{self.scheme()}://{self.path}",

@@ -356,22 +356,27 @@ def test_the_disk_cache_is_read_back_rebuilt_on_a_new_key_and_never_needed(tmp_p
     def build(value):
         def _build():
             builds.append(value)
-            return pickle.dumps(value)
+            return value
         return _build
 
+    def cached(kind, key, make):
+        data, value = loader._disk_cached(kind, key, make)
+        assert pickle.loads(data) == value
+        return value
+
     folder = tmp_path / "cache" / loader.CACHE_SUBDIR
-    assert pickle.loads(loader._disk_cached("k", b"one", build({"a": 1}))) == {"a": 1}
-    assert pickle.loads(loader._disk_cached("k", b"one", build({"a": 2}))) == {"a": 1}  # read back, not built
+    assert cached("k", b"one", build({"a": 1})) == {"a": 1}
+    assert cached("k", b"one", build({"a": 2})) == {"a": 1}  # read back, not built
     assert builds == [{"a": 1}] and len(list(folder.glob("k-*.pkl"))) == 1
-    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 3}))) == {"a": 3}
+    assert cached("k", b"two", build({"a": 3})) == {"a": 3}
     files = list(folder.glob("k-*.pkl"))
     assert len(files) == 1  # the older key's file is gone
     files[0].write_bytes(files[0].read_bytes()[:5])  # cut short
-    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 4}))) == {"a": 4}
-    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 5}))) == {"a": 4}
+    assert cached("k", b"two", build({"a": 4})) == {"a": 4}
+    assert cached("k", b"two", build({"a": 5})) == {"a": 4}
     monkeypatch.setenv("GRPO_DIST_CACHE", str(tmp_path / "a_file" / "cache"))
     (tmp_path / "a_file").write_text("not a folder")
-    assert pickle.loads(loader._disk_cached("k", b"two", build({"a": 6}))) == {"a": 6}
+    assert cached("k", b"two", build({"a": 6})) == {"a": 6}
 
 
 def test_the_schemas_digest_changes_with_any_source_file(tmp_path):
