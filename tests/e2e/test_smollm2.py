@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before anything imports vllm
@@ -89,21 +88,15 @@ def actor(smollm2_dir):
 
 
 def greedy_in_fresh_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], list[bool]]:
-    """Greedy responses of a vLLM engine started on ``model_dir`` in a child process. A second in-process
+    """Greedy responses of a vLLM engine started on ``model_dir`` in a process of its own
+    (tests/e2e/vllm_greedy.py: forked from the session's warm process where there is one). A second in-process
     engine cannot be closed without tearing down vLLM's process-wide state, which the module's engine uses."""
-    script = (
-        "import json, os, sys\n"
-        "os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '0'\n"
-        "from grpo_dist.rollout import SamplingSettings, make_engine\n"
-        "args = json.loads(sys.argv[1])\n"
-        "e = make_engine('vllm', model_path=args['model'], dtype='float32', max_model_len=args['len'], seed=0, kv_cache_gib=0.25)\n"
-        "out = e.generate(args['prompts'], SamplingSettings.greedy(max_tokens=args['max_tokens']))\n"
-        "print('RESULT' + json.dumps([out.response_ids, out.finished_by_eos]))\n"
-        "e.close()\n"
-    )
+    from tests import shared_ray
+
     arg = json.dumps({"model": str(model_dir), "len": MAX_MODEL_LEN, "prompts": prompts, "max_tokens": max_tokens})
-    proc = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run([*shared_ray.driver_command(), str(Path(__file__).with_name("vllm_greedy.py")), arg],
+                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
+                          env=dict(os.environ, **shared_ray.client_env()))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     ids, eos = json.loads(lines[-1][len("RESULT"):])
