@@ -592,7 +592,7 @@ def _held_by_this_rank(worker) -> dict:
     return {"rank": get_tensor_model_parallel_rank(), "size": get_tensor_model_parallel_world_size(), **held}
 
 
-def _tp_engine_run(model_dir, tp, tp_rank, port, queue):
+def _tp_engine_run(model_dir, tp, tp_rank, port):
     """One process of a vLLM engine (``tp`` processes in all): greedy and seeded sampling, then a weight
     sync with full tensors (the trainer's state dict, perturbed) and the same again."""
     torch.set_num_threads(1)
@@ -612,7 +612,7 @@ def _tp_engine_run(model_dir, tp, tp_rank, port, queue):
     out["after"] = [engine.generate(PROMPTS, s) for s in (greedy, sampled)]
     out["held_after"] = engine._llm.collective_rpc(_held_by_this_rank)
     engine.close()
-    queue.put((tp, tp_rank, out))
+    return out
 
 
 def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
@@ -623,24 +623,14 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
     alone would also pass for an engine that silently ran on one rank: the engine reports a group of 2,
     and each process holds only its half of the split layers (qkv_proj's rows, o_proj's and down_proj's
     columns) as its own rank, before and after the sync."""
-    import multiprocessing as mp
-
     from grpo_dist.distributed.process_group import free_port
+    from tests.e2e.call_in_process import call_in_processes
 
     model = build_tiny_model(tmp_path / "model2h", seed=0, hidden_size=128, num_heads=2, num_kv_heads=2)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
     port = free_port("127.0.0.1")
-    procs = [ctx.Process(target=_tp_engine_run, args=(model, tp, r, port, queue)) for tp, r in ((1, 0), (2, 0), (2, 1))]
-    for p in procs:
-        p.start()
-    try:
-        results = {(tp, r): out for tp, r, out in (queue.get(timeout=600) for _ in procs)}
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    which = ((1, 0), (2, 0), (2, 1))
+    outs = call_in_processes([(_tp_engine_run, (model, tp, r, port)) for tp, r in which], tmp_path / "calls")
+    results = dict(zip(which, outs))
     one = results[(1, 0)]
     for rank in (0, 1):
         two = results[(2, rank)]
@@ -663,7 +653,7 @@ def test_tensor_parallel_engine_over_two_processes_matches_one(tmp_path):
 
 
 
-def _tp_partial_run(model_dir, tp_rank, port, queue):
+def _tp_partial_run(model_dir, tp_rank, port):
     """One process of a two-process engine: partial rollouts through the engine's calls (a chunk generated in the
     background), then through agent loops (trajectories of a model turn, a tool's tokens and another turn, in lock
     step); each paused mid-way by the leader's timing, given new weights and resumed. Then a plain call on the
@@ -718,8 +708,8 @@ def _tp_partial_run(model_dir, tp_rank, port, queue):
 
     after = engine.generate(prompts, SamplingSettings(n=1, temperature=1.0, max_tokens=12, seed=9))
     engine.close()
-    queue.put((tp_rank, {"interrupted": interrupted, "cut": cut, "interrupted_loops": interrupted_loops,
-                         "loops": loops, "after": after}))
+    return {"interrupted": interrupted, "cut": cut, "interrupted_loops": interrupted_loops, "loops": loops,
+            "after": after}
 
 
 def test_partial_rollouts_on_a_tensor_parallel_engine_pause_both_processes_at_one_iteration(tmp_path):
@@ -730,24 +720,12 @@ def test_partial_rollouts_on_a_tensor_parallel_engine_pause_both_processes_at_on
     serving plain calls (a process that stepped once more than the other would hang in the model's collectives).
     The same through agent loops (``rollout.mode=async``), which both processes run in lock step: the same
     trajectories (tokens, the tool's masked tokens, versions, log-probs) on both."""
-    import multiprocessing as mp
-
     from grpo_dist.distributed.process_group import free_port
+    from tests.e2e.call_in_process import call_in_processes
 
     model = build_tiny_model(tmp_path / "model2h", seed=0, hidden_size=128, num_heads=2, num_kv_heads=2)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
     port = free_port("127.0.0.1")
-    procs = [ctx.Process(target=_tp_partial_run, args=(model, r, port, queue)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(queue.get(timeout=600) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
+    results = call_in_processes([(_tp_partial_run, (model, r, port)) for r in (0, 1)], tmp_path / "calls")
     first, second = results[0], results[1]
     assert first["interrupted"] == second["interrupted"] > 0
     for key in ("response_ids", "token_versions", "logprobs", "finished_by_eos"):
