@@ -150,6 +150,15 @@ def client_env() -> dict[str, str]:
     return dict(_cluster.client_env) if _cluster is not None else {}
 
 
+def warm_env() -> dict[str, str]:
+    """The part of :func:`client_env` that makes a run's Ray job fork its worker processes from the session's warm
+    process (tests/warm_workers.py), for a run on a cluster of its own on this machine; {} when there is none."""
+    from tests import warm_workers
+
+    env = client_env()
+    return {k: env[k] for k in ("RAY_JOB_CONFIG_JSON_ENV_VAR", warm_workers.ENV_SOCKET) if k in env}
+
+
 def driver_command() -> list[str]:
     """The program that runs ``-m grpo_dist.main ...`` for a run attached to the session's cluster: Python, or the
     one that forks the driver from the warm server (its imports done: tests/warm_workers.py)."""

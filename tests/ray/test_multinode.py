@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests import shared_ray
 from tests.e2e.helpers import base_args, read_metrics, run_main
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ def test_two_nodes_train(two_node_cluster, tiny_model_dir, reverse_data, tmp_pat
     args = [a for a in base_args(tiny_model_dir, reverse_data, out, steps=2) if not a.startswith("trainer.n_gpus_per_node")]
     args += ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"ray_kwargs.ray_init.address={two_node_cluster.address}",
              "trainer.val_before_train=false", "trainer.test_freq=-1"]
-    proc = run_main(args)
+    proc = run_main(args, env=shared_ray.warm_env())  # its workers forked from the session's warm process, if any
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     placement = json.loads((out / "placement.json").read_text())
     nodes = placement["actor_rank_nodes"]
