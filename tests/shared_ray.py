@@ -22,6 +22,7 @@ the whole session.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -157,6 +158,15 @@ def warm_env() -> dict[str, str]:
 
     env = client_env()
     return {k: env[k] for k in ("RAY_JOB_CONFIG_JSON_ENV_VAR", warm_workers.ENV_SOCKET) if k in env}
+
+
+def warm_runtime_env() -> dict | None:
+    """The Ray runtime environment that forks a job's worker processes from the session's warm process, for a Ray
+    instance a test starts itself (``ray.init(runtime_env=...)``); None when there is none."""
+    env = warm_env()
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in env:
+        return None
+    return json.loads(env["RAY_JOB_CONFIG_JSON_ENV_VAR"])["runtime_env"]
 
 
 def driver_command() -> list[str]:
