@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import base_args, run_main
-from tests.shared_ray import LOCAL_RAY
+from tests.shared_ray import LOCAL_RAY, warm_env
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,11 +50,12 @@ def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     # A secret in the environment (as a wandb key would be) must never reach logs, configs or checkpoints.
     os.environ.setdefault("WANDB_API_KEY", "grpo-dist-test-secret-6f1c2a")
     # its own Ray instance: the workers inherit the driver's environment (with the secret), as in a user's run
+    # (their processes forked from the session's warm process, with that environment: tests/warm_workers.py)
     proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS
                     + ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=3",
                        f"trainer.rollout_data_dir={out / 'rollouts'}", f"trainer.validation_data_dir={out.parent / 'val'}"]
                     + PROFILED + [f"global_profiler.save_path={out.parent / 'profile'}"],
-                    env=LOCAL_RAY)
+                    env={**LOCAL_RAY, **warm_env()})
     return out, proc
 
 
