@@ -12,7 +12,9 @@ left as it was (the tests that start Ray in-process start their own).
 The cluster's worker processes, and the attached runs' drivers, are forked from one process that imported torch,
 transformers and vLLM once for the session (``tests/warm_workers.py``: a run's processes then skip those imports,
 most of a run's start-up here); ``GRPO_DIST_TEST_WARM_WORKERS=0`` starts them as Ray and Python do
-(``GRPO_DIST_TEST_WARM_DRIVERS=0``: the drivers only). Runs with their own Ray instance never use it.
+(``GRPO_DIST_TEST_WARM_DRIVERS=0``: the drivers only). A run or a test with a Ray instance of its own uses it
+only when it asks to (:func:`warm_env`, :func:`warm_runtime_env`): its workers then run in processes forked from
+there (children of the warm process, not of its Ray instance's processes).
 
 A test that checks a run's own Ray instance (its processes as children of the driver, its listening sockets,
 a signal while it starts, the newcomer's console) runs with ``LOCAL_RAY`` in its environment, as do the runs
