@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ def call_in_processes(calls: list[tuple[Callable[..., Any], tuple]], folder: Pat
     from tests import shared_ray
 
     folder.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **shared_ray.client_env())
+    env = dict(os.environ, **shared_ray.warm_env())
     procs = []
     for i, (fn, args) in enumerate(calls):
         call, result = folder / f"call-{i}.pkl", folder / f"result-{i}.pkl"
@@ -33,10 +34,11 @@ def call_in_processes(calls: list[tuple[Callable[..., Any], tuple]], folder: Pat
         log = open(folder / f"call-{i}.log", "w+")  # noqa: SIM115 (closed below)
         cmd = [*shared_ray.driver_command(), __file__, f"{fn.__module__}:{fn.__qualname__}", str(call)]
         procs.append((subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log, result))
+    deadline = time.monotonic() + timeout_s
     try:
         for proc, log, _ in procs:
             try:
-                proc.wait(timeout=timeout_s)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
         results = []

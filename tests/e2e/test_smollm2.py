@@ -96,7 +96,7 @@ def greedy_in_fresh_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: 
     arg = json.dumps({"model": str(model_dir), "len": MAX_MODEL_LEN, "prompts": prompts, "max_tokens": max_tokens})
     proc = subprocess.run([*shared_ray.driver_command(), str(Path(__file__).with_name("vllm_greedy.py")), arg],
                           capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
-                          env=dict(os.environ, **shared_ray.client_env()))
+                          env=dict(os.environ, **shared_ray.warm_env()))
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     ids, eos = json.loads(lines[-1][len("RESULT"):])
