@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # before anything imports vllm
@@ -87,20 +86,24 @@ def actor(smollm2_dir):
             destroy()
 
 
-def greedy_in_fresh_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], list[bool]]:
-    """Greedy responses of a vLLM engine started on ``model_dir`` in a process of its own
-    (tests/e2e/vllm_greedy.py: forked from the session's warm process where there is one). A second in-process
-    engine cannot be closed without tearing down vLLM's process-wide state, which the module's engine uses."""
-    from tests import shared_ray
+def greedy_in_fresh_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int,
+                         folder: Path) -> tuple[list[list[int]], list[bool]]:
+    """Greedy responses of a vLLM engine started on ``model_dir`` in a process of its own (forked from the
+    session's warm process where there is one: tests/e2e/call_in_process.py; ``folder`` holds the call's files).
+    A second in-process engine cannot be closed without tearing down vLLM's process-wide state, which the module's
+    engine uses."""
+    from tests.e2e.call_in_process import call_in_processes
 
-    arg = json.dumps({"model": str(model_dir), "len": MAX_MODEL_LEN, "prompts": prompts, "max_tokens": max_tokens})
-    proc = subprocess.run([*shared_ray.driver_command(), str(Path(__file__).with_name("vllm_greedy.py")), arg],
-                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
-                          env=dict(os.environ, **shared_ray.warm_env()))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    ids, eos = json.loads(lines[-1][len("RESULT"):])
-    return ids, eos
+    (out,) = call_in_processes([(_greedy_here, (str(model_dir), prompts, max_tokens))], folder)
+    return out
+
+
+def _greedy_here(model_dir: str, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], list[bool]]:
+    engine = make_engine("vllm", model_path=model_dir, dtype="float32", max_model_len=MAX_MODEL_LEN, seed=0,
+                         kv_cache_gib=0.25)
+    out = engine.generate(prompts, SamplingSettings.greedy(max_tokens=max_tokens))
+    engine.close()
+    return out.response_ids, out.finished_by_eos
 
 
 def rows(prompts: list[list[int]], output: RolloutOutput, pad_id: int, n: int = 1) -> dict[str, torch.Tensor]:
@@ -216,7 +219,7 @@ def test_eos_ids_of_generation_config_end_responses_as_verl_does(smollm2_dir, pr
     hf_two = make_engine("hf", model_path=two_eos, dtype="float32", device="cpu", seed=0)
     out = hf_two.generate(prompts[:1], greedy)
     assert out.response_ids[0] == base[:cut] and out.finished_by_eos == [True]
-    assert greedy_in_fresh_vllm(two_eos, prompts[:1], 48) == ([base[:cut]], [True])
+    assert greedy_in_fresh_vllm(two_eos, prompts[:1], 48, tmp_path / "fresh") == ([base[:cut]], [True])
     responses, mask, _ = pad_responses(out, IM_END, 48)
     assert mask[0].sum() == cut  # the EOS is a response token: it is trained on and counted
 
@@ -268,7 +271,7 @@ def test_weight_sync_with_tied_embeddings(actor, vllm_engine, hf_engine, prompts
     reloaded = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
     assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
     assert torch.equal(reloaded.model.embed_tokens.weight, embed_after)
-    assert greedy_in_fresh_vllm(export, prompts, 24)[0] == v.response_ids
+    assert greedy_in_fresh_vllm(export, prompts, 24, tmp_path / "fresh")[0] == v.response_ids
 
 
 def test_rollout_and_actor_probabilities_agree_in_float32(actor, vllm_engine, prompts):

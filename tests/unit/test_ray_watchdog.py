@@ -58,7 +58,7 @@ def test_killed_driver_leaves_nothing_behind_and_bystanders_are_untouched(starte
     driver.wait()
     assert watchdog.wait(timeout=30) == 0
     elapsed = time.monotonic() - t0
-    assert not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE
+    assert _ended(agent)
     assert elapsed < ray_watchdog.POLL_S + ray_watchdog.GRACE_S + ray_watchdog.KILL_AFTER_S + 5
     assert started[-1].is_running(), "a process that is not the listed one was touched"
 
@@ -93,7 +93,7 @@ def test_a_process_started_after_the_listing_is_ended_too(started):
     driver.kill()
     driver.wait()
     assert watchdog.wait(timeout=30) == 0
-    assert not agent.is_running() or agent.status() == psutil.STATUS_ZOMBIE
+    assert _ended(agent)
     assert parent.poll() is not None
 
 
@@ -142,6 +142,7 @@ def test_a_test_session_killed_before_its_teardown_leaves_no_shared_ray_cluster(
 
 
 def _ended(p: psutil.Process) -> bool:
+    """Gone, or a zombie (it has exited; its parent has not reaped it yet)."""
     try:
         return p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
