@@ -95,7 +95,9 @@ def watch(driver: tuple[int, float], procs: list[tuple[int, float]], *, poll_s: 
             return []
         time.sleep(poll_s)
     time.sleep(grace_s)
-    left = [p for p in (_same(*q) for q in procs) if p is not None]
+    # once more: what the listed processes started since the last check (or since the listing, when the driver
+    # was gone before the first check), while they are alive to be its parents
+    left = [p for p in (_same(*q) for q in _with_descendants(procs)) if p is not None]
     for p in left:
         try:
             p.terminate()
