@@ -11,8 +11,9 @@ from typing import Any, Iterable
 from grpo_dist.config.schema import ConfigError, GRPOConfig
 from grpo_dist.data import as_path_list
 from grpo_dist.tasks import BUILTIN_PREFIX
+from grpo_dist.training.dtypes import DTYPE_NAMES
 
-DTYPES = ("float32", "bfloat16", "float16", "fp32", "bf16", "fp16")  # verl's short names too
+DTYPES = tuple(DTYPE_NAMES)  # verl's short names too
 
 
 def bad(key: str, value: Any, valid: str) -> ConfigError:

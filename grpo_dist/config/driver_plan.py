@@ -15,7 +15,7 @@ from grpo_dist.config.role_settings import forward_batching, reference_kwargs
 from grpo_dist.config.sampling import FilterGroups, baseline_sampling, step_sampling, train_sampling, val_sampling
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.validate import lora_settings, overlong_buffer, separate_rollout, single_response_grpo
-from grpo_dist.core.rollout_correction import RolloutCorrectionParams
+from grpo_dist.core.rollout_correction_params import RolloutCorrectionParams
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.rollout.base import SamplingSettings
 

@@ -12,7 +12,7 @@ from grpo_dist.config.fully_async import fully_async_settings
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.validate import data_parallel_size, rollout_correction_params, separate_rollout
-from grpo_dist.core.rollout_correction import RolloutCorrectionParams
+from grpo_dist.core.rollout_correction_params import RolloutCorrectionParams
 from grpo_dist.training.dtypes import dtype_name
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from grpo_dist.config import preflight
 from grpo_dist.config.engine import model_shape
 from grpo_dist.config.facts import compute_dtype
@@ -16,6 +14,7 @@ from grpo_dist.config.states import raw_get
 from grpo_dist.config.validate import (CRITIC_MODEL, critic_enabled, critic_fsdp, data_parallel_size, lora_settings,
                                        needs_reference)
 from grpo_dist.training.memory import ModelShape, lora_parameter_count
+from grpo_dist.utils.devices import cuda_available
 
 
 #: Resident memory of one worker process before it holds a model (Python, torch, transformers; measured
@@ -146,7 +145,7 @@ def check_cpu_memory(cfg: GRPOConfig, params: int | None, available_gib: float |
     available now; a warning (returned) when it is above ``MEMORY_WARN_SHARE`` of it; None otherwise.
     Cluster runs, GPU runs and unknown sizes are not checked."""
     t = cfg.trainer
-    on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
+    on_cpu = t.device == "cpu" or (t.device == "auto" and not cuda_available())
     if not on_cpu or cfg.ray_kwargs.ray_init.address or not params or not available_gib:
         return None
     ranks = data_parallel_size(cfg)

@@ -7,8 +7,6 @@ import copy
 import os
 from collections.abc import Callable
 
-import torch
-
 from grpo_dist.config.facts import compute_dtype
 from grpo_dist.config.role_settings import critic_model_path, reward_model_path, reward_model_reencodes
 from grpo_dist.config.reward_sources import RewardSource, model_sources
@@ -24,6 +22,7 @@ from grpo_dist.config.validate import (
     lora_spellings,
     rollout_pool_keys,
 )
+from grpo_dist.utils.devices import cuda_available
 
 
 def cpu_half_precision_warning(cfg: GRPOConfig, device: str) -> str | None:
@@ -41,6 +40,8 @@ def cpu_half_precision_warning(cfg: GRPOConfig, device: str) -> str | None:
     half = sorted(d for d in dtypes if d in ("bfloat16", "float16"))
     if not half:
         return None
+    import torch  # only for a half-precision CPU run
+
     native = {"bfloat16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
               "float16": torch.ops.mkldnn._is_mkldnn_fp16_supported()}
     slow = [d for d in half if not native[d]]
@@ -234,7 +235,7 @@ def local_cpu_run(cfg: GRPOConfig) -> bool:
     """A run on this machine's CPUs: ``trainer.device=cpu`` (or ``auto`` without a GPU here) and no Ray
     cluster to join (``ray_kwargs.ray_init.address``)."""
     t = cfg.trainer
-    on_cpu = t.device == "cpu" or (t.device == "auto" and not torch.cuda.is_available())
+    on_cpu = t.device == "cpu" or (t.device == "auto" and not cuda_available())
     return on_cpu and not cfg.ray_kwargs.ray_init.address
 
 
@@ -306,7 +307,7 @@ def machine_notes(cfg: GRPOConfig, cores: int | None) -> list[str]:
         what = f"{ranks} CPU rank(s)" + (f" + {own} rollout rank(s)" if own else "")
         return [f"{what} x {threads_per_rank(cores, ranks + own)} thread(s) on the {cores} core(s) this process "
                 "may use (its CPU affinity)"]
-    if t.device == "cuda" and not torch.cuda.is_available():
+    if t.device == "cuda" and not cuda_available():
         return [f"this machine has no GPU: checked for the cluster the config names (trainer.nnodes x "
                 f"trainer.n_gpus_per_node = {t.nnodes} x {t.n_gpus_per_node} GPUs); the run must start where they are "
                 "(on a Ray cluster with GPUs: ray_kwargs.ray_init.address)"]

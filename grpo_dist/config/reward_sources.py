@@ -351,7 +351,7 @@ def _check_iterative(cfg: GRPOConfig, models: tuple[RewardSource, ...]) -> None:
 
 def validate_reward_sources(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     """The reward sources of a run and the ``reward_model.*`` settings its reward models share."""
-    from grpo_dist.core.advantages import get_adv_estimator
+    from grpo_dist.core.advantage_registry import get_adv_estimator
 
     sources = reward_sources(cfg)
     models = tuple(s for s in sources if s.is_model)

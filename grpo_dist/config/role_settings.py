@@ -11,7 +11,7 @@ from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.states import setting
 from grpo_dist.config.reward_sources import RewardSource
 from grpo_dist.config.validate import CRITIC_MODEL, critic_fsdp, critic_grad_clip, lora_settings, optimizer_overrides
-from grpo_dist.core.policy_loss import PolicyLossParams
+from grpo_dist.core.policy_loss_registry import PolicyLossParams
 from grpo_dist.training.dtypes import dtype_name
 from grpo_dist.training.settings import ActorSettings, CriticSettings, RewardModelSettings
 

@@ -30,14 +30,15 @@ from grpo_dist.config.checks import positive as _positive
 from grpo_dist.config.fully_async import async_training_given, chunk_prompts, fully_async_on, v1_separate_async
 from grpo_dist.config.reward_sources import validate_reward_sources
 from grpo_dist.config.states import check_states, default_of, get, raw_get, setting
-from grpo_dist.core.pf_ppo import PF_PPO_METHODS
-from grpo_dist.core.policy_loss import PolicyLossParams
-from grpo_dist.core.rollout_correction import RolloutCorrectionParams
+from grpo_dist.core.advantage_registry import get_adv_estimator, list_adv_estimators
+from grpo_dist.core.names import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES, PF_PPO_METHODS, canonical_kl_kind
+from grpo_dist.core.policy_loss_registry import PolicyLossParams, get_policy_loss, list_policy_losses
+from grpo_dist.core.rollout_correction_params import RolloutCorrectionParams
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 from grpo_dist.rewards.shaping import OverlongBuffer
 from grpo_dist.data import TRUNCATION_MODES, as_path_list
 from grpo_dist.rollout import ENGINE_NAMES, WEIGHT_SYNC_BACKENDS
-from grpo_dist.training.dtypes import to_dtype
+from grpo_dist.training.dtypes import dtype_name
 from grpo_dist.training.settings import ATTN_IMPLEMENTATIONS, LoraSettings
 
 STRATEGIES = ("fsdp2", "fsdp")
@@ -148,7 +149,6 @@ def _check_separate_rollout(cfg: GRPOConfig) -> None:
     while the step trains)."""
     if not separate_rollout(cfg):
         return
-    from grpo_dist.core.advantages import get_adv_estimator
 
     keys = rollout_pool_keys(cfg)
     for key, value in zip(("nnodes", "n_gpus_per_node"), rollout_pool_size(cfg)):
@@ -286,8 +286,6 @@ def rollout_pool_size(cfg: GRPOConfig) -> tuple[int, int]:
 def critic_enabled(cfg: GRPOConfig) -> bool:
     """Whether the run trains a critic: ``critic.enable``, or when it is null, whether the advantage
     estimator needs values (verl's rule). The one place this is decided."""
-    from grpo_dist.core.advantages import get_adv_estimator
-
     if cfg.critic.enable is not None:
         return bool(cfg.critic.enable)
     return get_adv_estimator(cfg.algorithm.adv_estimator).needs_values
@@ -453,9 +451,19 @@ def _compiler_left_unloaded() -> Iterator[None]:
         del fn.__dynamo_disable
 
 
+# torch.optim's optimizers whose arguments without override_optimizer_config (lr, betas, weight_decay) are
+# exactly what the callers check first: building one could only say yes, after importing torch (~2 s).
+_ARGUMENTS_CHECKED_HERE = {("torch.optim", "AdamW"), ("torch.optim", "Adam")}
+
+
 def check_optimizer(key: str, optim: Any) -> None:
     """An ``optim`` section's optimizer (``key`` names it): the class imports and takes the arguments it
-    would be built with (tried on one dummy parameter), before any worker starts."""
+    would be built with (tried on one dummy parameter), before any worker starts. Call it after checking
+    ``lr`` > 0, ``weight_decay`` >= 0 and ``betas`` in [0, 1): for torch's Adam and AdamW without
+    ``override_optimizer_config`` those checks are all there is."""
+    extra = optimizer_overrides(optim)
+    if (optim.optimizer_impl, optim.optimizer) in _ARGUMENTS_CHECKED_HERE and not extra:
+        return
     import torch
 
     from grpo_dist.training.optimizer_choice import optimizer_arguments, optimizer_class
@@ -464,7 +472,6 @@ def check_optimizer(key: str, optim: Any) -> None:
         cls = optimizer_class(optim.optimizer_impl, optim.optimizer)
     except ValueError as e:
         raise ConfigError(f"{key}.{e}") from None
-    extra = optimizer_overrides(optim)
     args = optimizer_arguments(optim.optimizer, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay,
                                extra=extra)
     try:
@@ -478,8 +485,6 @@ def check_optimizer(key: str, optim: Any) -> None:
 
 def validate_critic(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     """The ``critic.*`` keys and ``trainer.critic_warmup`` of a run that trains a critic."""
-    from grpo_dist.core.losses import LOSS_AGG_MODES
-
     c, d, rollout = cfg.critic, cfg.data, cfg.actor_rollout_ref.rollout
     _choice("critic.strategy", c.strategy, STRATEGIES)
     _choice("critic.loss_agg_mode", c.loss_agg_mode, LOSS_AGG_MODES)
@@ -587,10 +592,6 @@ def overlong_buffer(cfg: GRPOConfig) -> OverlongBuffer | None:
 
 def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     """Raise ConfigError on the first problem found. Order: choices, ranges, sizes, paths."""
-    from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
-    from grpo_dist.core.kl import canonical_kl_kind
-    from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
-    from grpo_dist.core.policy_loss import get_policy_loss, list_policy_losses
     from grpo_dist.config.profiling import profile_plan
     from grpo_dist.utils.run_log import log_level
 
@@ -629,7 +630,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
                    "'full' needs both models' logits over the vocabulary, which the workers do not exchange yet; use low_var_kl (k3), kl (k1), mse (k2) or abs")
     if canonical_kl_kind(alg.kl_penalty) == "full":
         raise _bad("algorithm.kl_penalty", alg.kl_penalty, "the in-reward penalty needs a per-token estimator: kl, abs, mse or low_var_kl")
-    _check_algorithm_variants(cfg, get_policy_loss)
+    _check_algorithm_variants(cfg)
     _choice("actor_rollout_ref.rollout.name", rollout.name, ENGINE_NAMES)
     _check_rollout_extras(cfg)
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
@@ -882,7 +883,7 @@ def _validate_verl_extras(cfg: GRPOConfig) -> None:
         _choice(f"{pre}.mixed_precision.reduce_dtype", mp.reduce_dtype, DTYPES)
         if mp.param_dtype is not None:
             _choice(f"{pre}.mixed_precision.param_dtype", mp.param_dtype, DTYPES)
-            if fsdp.dtype != "auto" and to_dtype(fsdp.dtype) != to_dtype(mp.param_dtype):
+            if fsdp.dtype != "auto" and dtype_name(fsdp.dtype) != dtype_name(mp.param_dtype):
                 raise _bad(f"{pre}.mixed_precision.param_dtype", mp.param_dtype,
                            f"it contradicts {pre}.dtype = {fsdp.dtype!r}, the same setting; set only one of them")
 
@@ -891,7 +892,7 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def _check_algorithm_variants(cfg: GRPOConfig, get_policy_loss) -> None:
+def _check_algorithm_variants(cfg: GRPOConfig) -> None:
     """The GRPO-family keys: policy-loss extras, rollout correction, dynamic sampling, overlong shaping."""
     alg, actor, d = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.data
     pl = actor.policy_loss

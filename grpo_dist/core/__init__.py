@@ -4,115 +4,48 @@ schedules, diagnostics (the rollout-vs-actor probability gap), and the reward mo
 replay share.
 
 Depends on torch only (no torch.distributed, Ray, vLLM or Hydra) and on nothing else in grpo_dist.
+The registries (:mod:`~grpo_dist.core.advantage_registry`, :mod:`~grpo_dist.core.policy_loss_registry`),
+the names (:mod:`~grpo_dist.core.names`), the rollout-correction settings
+(:mod:`~grpo_dist.core.rollout_correction_params`) and the schedules do not import torch: the
+configuration reads them before anything heavy is imported. So this package exports its names lazily:
+``from grpo_dist.core import X`` imports the one submodule that defines ``X``.
 """
 
-from grpo_dist.core import advantages, group_filter, kl, losses, policy_loss, value
-from grpo_dist.core.advantages import (
-    AdvantageInputs,
-    AdvantageParams,
-    AdvEstimatorFn,
-    AdvEstimatorSpec,
-    compute_gae_advantage,
-    compute_grpo_advantage,
-    compute_gpg_advantage,
-    compute_grpo_passk_advantage,
-    compute_grpo_process_advantage,
-    compute_opo_advantage,
-    compute_reinforce_plus_plus_advantage,
-    compute_reinforce_plus_plus_baseline_advantage,
-    compute_remax_advantage,
-    compute_rloo_advantage,
-    get_adv_estimator,
-    list_adv_estimators,
-    masked_whiten,
-    register_adv_estimator,
-    scores_from_token_rewards,
-)
-from grpo_dist.core.diagnostics import rollout_probs_diff
-from grpo_dist.core.group_filter import groups_with_spread
-from grpo_dist.core.kl import (
-    KL_ALIASES,
-    KL_KINDS,
-    STRAIGHT_THROUGH_KL_ALIASES,
-    STRAIGHT_THROUGH_KL_KINDS,
-    AdaptiveKLController,
-    FixedKLController,
-    KLController,
-    apply_kl_penalty,
-    canonical_kl_kind,
-    kl_full,
-    kl_penalty,
-    make_kl_controller,
-)
-from grpo_dist.core.losses import (
-    ALL_LOSS_AGG_MODES,
-    LOSS_AGG_MODES,
-    UNNORMALISED_LOSS_AGG_MODES,
-    AggSpec,
-    agg_loss,
-    entropy_from_logits,
-    global_counts,
-    logprobs_from_logits,
-    masked_mean,
-    ppo_clip_policy_loss,
-)
-from grpo_dist.core.policy_loss import (
-    RESERVED_METRIC_NAMES,
-    PolicyLossFn,
-    PolicyLossParams,
-    PolicyLossSpec,
-    bypass_mode_policy_loss,
-    cispo_policy_loss,
-    clip_cov_policy_loss,
-    dppo_kl_policy_loss,
-    dppo_tv_policy_loss,
-    dro_policy_loss,
-    geo_mean_policy_loss,
-    get_policy_loss,
-    gpg_policy_loss,
-    gspo_policy_loss,
-    kl_cov_policy_loss,
-    list_policy_losses,
-    register_policy_loss,
-    sapo_policy_loss,
-    vanilla_policy_loss,
-)
-from grpo_dist.core.reward_model import labelled_bce, replay_count, verifier_agreement
-from grpo_dist.core.rollout_correction import (
-    RejectionCriterion,
-    RolloutCorrectionParams,
-    correct,
-    importance_weights,
-    mismatch_metrics,
-    rejection_mask,
-)
-from grpo_dist.core.schedules import LR_SCHEDULER_TYPES, LRMultiplier, lr_lambda, resolve_warmup_steps
-from grpo_dist.core.value import explained_variance, value_loss
+import importlib
+from pathlib import Path
+from typing import Any
 
-# a module with its own __all__ is exported whole; the others list what the package exports of them
-__all__ = [
-    *advantages.__all__,
-    *losses.__all__,
-    *policy_loss.__all__,
-    *value.__all__,
-    *kl.__all__,
-    *group_filter.__all__,
-    # rollout correction
-    "RolloutCorrectionParams",
-    "RejectionCriterion",
-    "importance_weights",
-    "rejection_mask",
-    "mismatch_metrics",
-    "correct",
-    # learning-rate schedules
-    "LR_SCHEDULER_TYPES",
-    "LRMultiplier",
-    "lr_lambda",
-    "resolve_warmup_steps",
-    # diagnostics
-    "rollout_probs_diff",
-    # reward models
-    "labelled_bce",
-    "verifier_agreement",
-    "replay_count",
-]
+# a submodule with its own __all__ is exported whole; of the others the package exports the names listed
+_WHOLE = ("advantages", "losses", "policy_loss", "value", "kl", "group_filter")
+_NAMED: dict[str, tuple[str, ...]] = {
+    "rollout_correction": ("RolloutCorrectionParams", "RejectionCriterion", "importance_weights", "rejection_mask",
+                           "mismatch_metrics", "correct"),
+    "schedules": ("LR_SCHEDULER_TYPES", "LRMultiplier", "lr_lambda", "resolve_warmup_steps"),
+    "diagnostics": ("rollout_probs_diff",),
+    "reward_model": ("labelled_bce", "verifier_agreement", "replay_count"),
+}
+_OWNER = {name: module for module, names in _NAMED.items() for name in names}
+
+
+def _submodule(module: str) -> Any:
+    return importlib.import_module(f"{__name__}.{module}")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__all__":  # asked for by ``from grpo_dist.core import *`` and documentation tools
+        value = [n for m in _WHOLE for n in _submodule(m).__all__] + list(_OWNER)
+    elif name in _OWNER:
+        value = getattr(_submodule(_OWNER[name]), name)
+    elif name.startswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    elif (Path(__file__).parent / f"{name}.py").is_file():  # grpo_dist.core.<submodule>, not imported yet
+        value = _submodule(name)
+    else:
+        for module in _WHOLE:
+            if name in _submodule(module).__all__:
+                value = getattr(_submodule(module), name)
+                break
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -1,7 +1,9 @@
 """Advantage estimators: pure functions from rewards to per-token advantages.
 
-Every estimator is registered under a name (``algorithm.adv_estimator`` in the configuration) with
-:func:`register_adv_estimator` and looked up with :func:`get_adv_estimator`. All estimators share one
+Every estimator is registered under a name (``algorithm.adv_estimator`` in the configuration) and
+looked up with :func:`get_adv_estimator`: the built-in ``compute_<name>_advantage`` functions here by
+their rows in :mod:`grpo_dist.core.advantage_registry` (which the configuration reads without torch),
+a user's with :func:`register_adv_estimator`. All estimators share one
 signature, ``fn(inputs: AdvantageInputs, params: AdvantageParams) -> (advantages_BT, returns_BT)``,
 and are called through their registry entry, which first checks that the inputs the estimator needs
 are there::
@@ -29,7 +31,15 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grpo_dist.core.registry import add_spec, check_name, find_spec
+from grpo_dist.core.advantage_registry import (
+    _REGISTRY,
+    AdvantageParams,
+    AdvEstimatorSpec,
+    get_adv_estimator,
+    list_adv_estimators,
+    register_adv_estimator,
+)
+from grpo_dist.core.registry import bind_builtins
 
 __all__ = [
     "AdvantageInputs",
@@ -123,114 +133,7 @@ class AdvantageInputs:
         return torch.tensor(gid, dtype=torch.long, device=self.token_level_rewards_BT.device), len(dense)
 
 
-@dataclass(frozen=True)
-class AdvantageParams:
-    """The numbers advantage estimators use (``algorithm.*``). An estimator reads the fields it needs.
-
-    Attributes:
-        gamma: discount factor in [0, 1] (``gae``, ``reinforce_plus_plus``).
-        lam: GAE's lambda in [0, 1] (``gae``).
-        norm_adv_by_std: divide by the group's std (GRPO) or not (Dr. GRPO);
-            ``algorithm.norm_adv_by_std_in_grpo``.
-        epsilon: >= 0, added to the std before dividing.
-    """
-
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std: bool = True
-    epsilon: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
-        if not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
-        if not self.epsilon >= 0.0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
-
-
 AdvEstimatorFn = Callable[[AdvantageInputs, AdvantageParams], tuple[torch.Tensor, torch.Tensor]]
-
-# (capability flag, the AdvantageInputs field it needs, what that field holds)
-_NEEDED_INPUTS = (
-    ("group_based", "index_B", "the group id of each response, e.g. prompt uids"),
-    ("needs_values", "values_BT", "critic values, [B, T]"),
-    ("needs_step_rewards", "step_end_mask_BT", "[B, T], 1 on the last token of each reasoning step"),
-    ("needs_baseline_rollout", "reward_baselines_B", "the greedy response's reward per row, [B]"),
-)
-
-
-@dataclass(frozen=True)
-class AdvEstimatorSpec:
-    """A registered advantage estimator; call it as ``spec(inputs, params)``.
-
-    Attributes:
-        name: the registry name (``algorithm.adv_estimator``).
-        fn: the estimator, ``fn(inputs, params) -> (advantages_BT, returns_BT)``.
-        group_based: it compares responses within a group, so ``rollout.n`` must be > 1 to be useful
-            and ``index_B`` must be given.
-        needs_values: it needs ``values_BT`` from a critic.
-        needs_step_rewards: it needs per-step rewards and ``step_end_mask_BT`` (process supervision).
-        needs_baseline_rollout: it needs the reward of one greedy response per prompt, repeated for
-            the prompt's responses (``reward_baselines_B``, ReMax).
-    """
-
-    name: str
-    fn: AdvEstimatorFn
-    group_based: bool
-    needs_values: bool = False
-    needs_step_rewards: bool = False
-    needs_baseline_rollout: bool = False
-
-    def __call__(self, inputs: AdvantageInputs, params: AdvantageParams = AdvantageParams()
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``fn(inputs, params)`` after checking that every input the flags ask for is given
-        (``ValueError`` naming the estimator and the input otherwise)."""
-        if not isinstance(inputs, AdvantageInputs) or not isinstance(params, AdvantageParams):
-            raise TypeError(f"advantage estimator {self.name!r} is called as spec(AdvantageInputs(...), "
-                            f"AdvantageParams(...)), got {type(inputs).__name__} and {type(params).__name__}")
-        for flag, field, what in _NEEDED_INPUTS:
-            if getattr(self, flag) and getattr(inputs, field) is None:
-                raise ValueError(f"the {self.name!r} advantage estimator needs {field} ({what}); got None")
-        return self.fn(inputs, params)
-
-
-_REGISTRY: dict[str, AdvEstimatorSpec] = {}
-
-
-def register_adv_estimator(
-    name: str,
-    *,
-    group_based: bool,
-    needs_values: bool = False,
-    needs_step_rewards: bool = False,
-    needs_baseline_rollout: bool = False,
-) -> Callable[[AdvEstimatorFn], AdvEstimatorFn]:
-    """Decorator: register ``fn`` as the advantage estimator called ``name``.
-
-    Registering a second, different function under a name already taken raises ``ValueError``.
-    Returns the function unchanged.
-    """
-    check_name(name, "advantage estimator")
-
-    def decorator(fn: AdvEstimatorFn) -> AdvEstimatorFn:
-        spec = AdvEstimatorSpec(name=name, fn=fn, group_based=group_based, needs_values=needs_values,
-                                needs_step_rewards=needs_step_rewards, needs_baseline_rollout=needs_baseline_rollout)
-        add_spec(_REGISTRY, name, spec, "advantage estimator")
-        return fn
-
-    return decorator
-
-
-def get_adv_estimator(name: str) -> AdvEstimatorSpec:
-    """The registered estimator ``name``; ``ValueError`` naming the valid names if there is none."""
-    return find_spec(_REGISTRY, name, "advantage estimator", "algorithm.adv_estimator")
-
-
-def list_adv_estimators() -> list[str]:
-    """Sorted names of all registered advantage estimators."""
-    return sorted(_REGISTRY)
-
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -305,7 +208,6 @@ def _group_mean_std(
 # --------------------------------------------------------------------------------------------------
 
 
-@register_adv_estimator("grpo", group_based=True)
 @torch.no_grad()
 def compute_grpo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (DeepSeekMath), verl's ``grpo``.
@@ -334,7 +236,6 @@ def compute_grpo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> 
     return advantages_BT, advantages_BT
 
 
-@register_adv_estimator("rloo", group_based=True)
 @torch.no_grad()
 def compute_rloo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO (REINFORCE leave-one-out) outcome advantage, verl's ``rloo``.
@@ -357,7 +258,6 @@ def compute_rloo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> 
     return advantages_BT, advantages_BT
 
 
-@register_adv_estimator("reinforce_plus_plus", group_based=False)
 @torch.no_grad()
 def compute_reinforce_plus_plus_advantage(inputs: AdvantageInputs,
                                           params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -386,7 +286,6 @@ def compute_reinforce_plus_plus_advantage(inputs: AdvantageInputs,
     return advantages_BT, returns_BT
 
 
-@register_adv_estimator("gae", group_based=False, needs_values=True)
 @torch.no_grad()
 def compute_gae_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (PPO with a critic), verl's ``gae``.
@@ -425,7 +324,6 @@ def compute_gae_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> t
     return advantages_BT, returns_BT
 
 
-@register_adv_estimator("grpo_process", group_based=True, needs_step_rewards=True)
 @torch.no_grad()
 def compute_grpo_process_advantage(inputs: AdvantageInputs,
                                    params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -478,7 +376,6 @@ def compute_grpo_process_advantage(inputs: AdvantageInputs,
     return advantages_BT, advantages_BT
 
 
-@register_adv_estimator("remax", group_based=False, needs_baseline_rollout=True)
 @torch.no_grad()
 def compute_remax_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023, arXiv:2310.10505), verl's ``remax``: REINFORCE with the reward of the
@@ -500,7 +397,6 @@ def compute_remax_advantage(inputs: AdvantageInputs, params: AdvantageParams) ->
     return advantages_BT, returns_BT
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline", group_based=True)
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs,
                                                    params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,7 +418,6 @@ def compute_reinforce_plus_plus_baseline_advantage(inputs: AdvantageInputs,
     return advantages_BT, advantages_BT
 
 
-@register_adv_estimator("grpo_passk", group_based=True)
 @torch.no_grad()
 def compute_grpo_passk_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k training (Chen et al. 2025, arXiv:2503.19595), verl's ``grpo_passk``: only the best
@@ -558,7 +453,6 @@ def compute_grpo_passk_advantage(inputs: AdvantageInputs, params: AdvantageParam
     return advantages_BT, advantages_BT
 
 
-@register_adv_estimator("opo", group_based=True)
 @torch.no_grad()
 def compute_opo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO, On-Policy RL with the Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585), verl's
@@ -585,7 +479,6 @@ def compute_opo_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> t
     return advantages_BT, advantages_BT
 
 
-@register_adv_estimator("gpg", group_based=True)
 @torch.no_grad()
 def compute_gpg_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> tuple[torch.Tensor, torch.Tensor]:
     """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546), verl's ``gpg``: the group mean
@@ -604,3 +497,6 @@ def compute_gpg_advantage(inputs: AdvantageInputs, params: AdvantageParams) -> t
     _, mean_G, _ = _group_mean_std(scores_B, gid_B, num_groups)
     advantages_BT = _outcome_advantage(alpha * (scores_B - mean_G[gid_B]), inputs)
     return advantages_BT, advantages_BT
+
+
+bind_builtins(_REGISTRY, __name__)  # the registry's built-in rows name the compute_<name>_advantage functions above

@@ -30,6 +30,14 @@ import math
 
 import torch
 
+from grpo_dist.core.names import (
+    KL_ALIASES,
+    KL_KINDS,
+    STRAIGHT_THROUGH_KL_ALIASES,
+    STRAIGHT_THROUGH_KL_KINDS,
+    canonical_kl_kind,
+)
+
 __all__ = [
     "KL_KINDS",
     "KL_ALIASES",
@@ -44,29 +52,6 @@ __all__ = [
     "make_kl_controller",
     "apply_kl_penalty",
 ]
-
-KL_KINDS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl", "full")
-KL_ALIASES: dict[str, str] = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
-STRAIGHT_THROUGH_KL_KINDS: tuple[str, ...] = ("kl+", "low_var_kl+")
-"""Kinds with k1's or k3's value and k2's gradient (see the module docstring)."""
-STRAIGHT_THROUGH_KL_ALIASES: dict[str, str] = {"k1+": "kl+", "k3+": "low_var_kl+"}
-
-
-def canonical_kl_kind(name: str) -> str:
-    """The canonical KL kind for ``name`` (``"k3"`` -> ``"low_var_kl"``, ``"k3+"`` ->
-    ``"low_var_kl+"``); ``ValueError`` if unknown."""
-    if isinstance(name, str):
-        if name in KL_KINDS or name in STRAIGHT_THROUGH_KL_KINDS:
-            return name
-        if name in KL_ALIASES:
-            return KL_ALIASES[name]
-        if name in STRAIGHT_THROUGH_KL_ALIASES:
-            return STRAIGHT_THROUGH_KL_ALIASES[name]
-    valid = list(KL_KINDS) + list(STRAIGHT_THROUGH_KL_KINDS) + [
-        f"{a} (= {c})" for a, c in {**KL_ALIASES, **STRAIGHT_THROUGH_KL_ALIASES}.items()
-    ]
-    raise ValueError(f"unknown KL kind {name!r} (kl_penalty / kl_loss_type); valid kinds: {valid}")
-
 
 def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate from the log-probabilities of the sampled tokens.

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_dist.core.names import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES, UNNORMALISED_LOSS_AGG_MODES
+
 __all__ = [
     "LOSS_AGG_MODES",
     "UNNORMALISED_LOSS_AGG_MODES",
@@ -30,19 +32,6 @@ __all__ = [
     "entropy_from_logits",
     "logprobs_from_logits",
 ]
-
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-"""The aggregation modes that normalise (by a token or sequence count, or a constant)."""
-UNNORMALISED_LOSS_AGG_MODES: tuple[str, ...] = ("token-sum",)
-"""Modes without a normaliser: the loss grows with the number of tokens in the mini-batch."""
-ALL_LOSS_AGG_MODES: tuple[str, ...] = LOSS_AGG_MODES + UNNORMALISED_LOSS_AGG_MODES
-"""Every value of ``actor.loss_agg_mode``."""
-
 
 @dataclass(frozen=True)
 class AggSpec:

@@ -15,9 +15,9 @@ P(i) = w_i / sum_j w_j. The batch's rows (advantages, returns, values, log-probs
 
 import torch
 
-__all__ = ["PF_PPO_METHODS", "pf_ppo_weights", "pf_ppo_indices"]
+from grpo_dist.core.names import PF_PPO_METHODS
 
-PF_PPO_METHODS = ("pow", "max_min", "max_random")
+__all__ = ["PF_PPO_METHODS", "pf_ppo_weights", "pf_ppo_indices"]
 
 #: Added to every weight (and its floor) so that no response's probability is exactly 0.
 WEIGHT_FLOOR = 1e-8

@@ -1,7 +1,9 @@
 """Policy-loss modes: pure functions from log-probs and advantages to a scalar loss and its metrics.
 
 Every mode is registered under a name (``actor_rollout_ref.actor.policy_loss.loss_mode``, verl's key)
-with :func:`register_policy_loss` and looked up with :func:`get_policy_loss`. All modes share one
+and looked up with :func:`get_policy_loss`: the built-in ``<name>_policy_loss`` functions here by their
+rows in :mod:`grpo_dist.core.policy_loss_registry` (which the configuration reads without torch), a
+user's with :func:`register_policy_loss`. All modes share one
 call, so the actor calls every mode the same way::
 
     spec = get_policy_loss("vanilla")
@@ -52,7 +54,7 @@ return the same metric names on every call, and none of the names the actor repo
 
 A new loss with a parameter
 ---------------------------
-Add the field to :class:`PolicyLossParams` with its metadata (``_param(default, help)``: a
+Add the field to :class:`PolicyLossParams` (in :mod:`grpo_dist.core.policy_loss_registry`) with its metadata (``_param(default, help)``: a
 default, a one-line help text, and the config key's place, ``"policy_loss"`` by default), and
 register the function; nothing else. From that one declaration the parameter becomes the key
 ``actor_rollout_ref.actor.policy_loss.<name>`` (default and help in the schema, conf/ and
@@ -73,15 +75,25 @@ docs/configuration.md, all generated), reaches the actor's settings
 """
 
 
-from dataclasses import Field, dataclass, field, fields, replace
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, fields, replace
+from typing import Protocol
 
 import torch
 
 from grpo_dist.core.losses import AggSpec, agg_loss, masked_mean, ppo_clip_policy_loss
-from grpo_dist.core.registry import add_spec, check_name, find_spec
+from grpo_dist.core.policy_loss_registry import (
+    _REGISTRY,
+    BUILTIN_POLICY_LOSSES,
+    POLICY_LOSS_KEY,
+    PolicyLossParams,
+    PolicyLossSpec,
+    get_policy_loss,
+    list_policy_losses,
+    policy_loss_keys,
+    register_policy_loss,
+)
+from grpo_dist.core.registry import bind_builtins
 from grpo_dist.core.rollout_correction import (
-    RolloutCorrectionParams,
     importance_weights,
     mismatch_metrics,
     rejection_mask,
@@ -155,83 +167,6 @@ class PolicyLossInputs:
         return self.logp_BT, self.old_logp_BT, self.advantages_BT, self.mask_BT, self.rollout_is_weights_BT
 
 
-POLICY_LOSS_KEY = "policy_loss"
-"""``metadata["key"]`` of a :class:`PolicyLossParams` field whose config key is
-``actor_rollout_ref.actor.policy_loss.<field name>``: the schema's ``PolicyLossConfig`` is generated
-from these fields (:func:`policy_loss_keys`), and the trainer reads them by name."""
-
-
-def _param(default: Any, help: str, key: str = POLICY_LOSS_KEY) -> Any:  # noqa: A002
-    """A :class:`PolicyLossParams` field: its default, its one-line help (the config key's
-    documentation) and where its config key lives (``metadata["key"]``): :data:`POLICY_LOSS_KEY`, or
-    another section whose code maps it (``"actor"``: ``actor_rollout_ref.actor.<name>``)."""
-    return field(default=default, metadata={"help": help, "key": key})
-
-
-@dataclass(frozen=True)
-class PolicyLossParams:
-    """The numbers policy losses use; a mode reads the fields it needs. The one declaration of each
-    loss parameter: its default, its help text and its config key are the field's (``_param``).
-
-    Fields with the key :data:`POLICY_LOSS_KEY` are ``actor_rollout_ref.actor.policy_loss.<name>``
-    (verl's defaults), generated into the configuration from here. The clip ratios are verl's
-    ``actor_rollout_ref.actor.clip_ratio_*`` (declared in the schema with the ``clip_ratio``
-    fallback); ``rollout_correction`` is built from ``algorithm.rollout_correction.*``.
-    """
-
-    clip_ratio_low: float = _param(0.2, "lower clip range: the ratio is clipped below at 1 - clip_ratio_low", "actor")
-    clip_ratio_high: float = _param(0.2, "upper clip range (clip-higher): clipped above at 1 + clip_ratio_high", "actor")
-    clip_ratio_c: float = _param(3.0, "dual-clip constant (> 1) bounding the loss of negative-advantage tokens", "actor")
-    clip_cov_ratio: float = _param(0.0002, "clip_cov: fraction of response tokens whose gradient may be cut")
-    clip_cov_lb: float = _param(1.0, "clip_cov: lower bound of the covariance of the tokens that may be cut")
-    clip_cov_ub: float = _param(5.0, "clip_cov: upper bound of the covariance of the tokens that may be cut")
-    kl_cov_ratio: float = _param(0.0002, "kl_cov: fraction of response tokens (largest covariance) that get the KL penalty")
-    ppo_kl_coef: float = _param(0.1, "kl_cov: coefficient of that KL penalty")
-    dro_beta: float | None = _param(
-        None, "dro: beta of the quadratic log-ratio penalty (beta / 2) (logp - old_logp)^2; must be > 0 with loss_mode=dro")
-    tau_pos: float = _param(1.0, "sapo: temperature of the soft gate on tokens with a positive advantage", "actor")
-    tau_neg: float = _param(1.05, "sapo: temperature of the soft gate on tokens with a zero or negative advantage",
-                            "actor")
-    rollout_correction: RolloutCorrectionParams | None = _param(
-        None, "the rollout-correction settings bypass_mode reads; None when none are configured",
-        "algorithm.rollout_correction")
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.clip_cov_ratio <= 1.0:
-            raise ValueError(f"clip_cov_ratio must be in (0, 1], got {self.clip_cov_ratio}")
-        if not self.clip_cov_lb < self.clip_cov_ub:
-            raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got {self.clip_cov_lb} and {self.clip_cov_ub}")
-        if not 0.0 < self.kl_cov_ratio <= 1.0:
-            raise ValueError(f"kl_cov_ratio must be in (0, 1], got {self.kl_cov_ratio}")
-        if not self.ppo_kl_coef >= 0.0:
-            raise ValueError(f"ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}")
-        if not 0.0 <= self.clip_ratio_low <= 1.0:
-            raise ValueError(f"clip_ratio_low must be in [0, 1], got {self.clip_ratio_low}")
-        if not self.clip_ratio_high >= 0.0:
-            raise ValueError(f"clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
-        if not self.clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c (dual-clip lower bound) must be > 1, got {self.clip_ratio_c}")
-        if self.dro_beta is not None and not self.dro_beta > 0.0:
-            raise ValueError(f"dro_beta must be > 0 (or None when the loss is not dro), got {self.dro_beta}")
-        for name in ("tau_pos", "tau_neg"):
-            if not getattr(self, name) > 0.0:
-                raise ValueError(f"{name} must be > 0 (a gate temperature), got {getattr(self, name)}")
-
-    @classmethod
-    def from_section(cls, section: Any, **others: Any) -> "PolicyLossParams":
-        """The params with every :func:`policy_loss_keys` field read by name from ``section`` (the
-        configuration's ``actor_rollout_ref.actor.policy_loss``, or any object with those
-        attributes) and the other fields from ``others`` (absent: their defaults)."""
-        return cls(**{f.name: getattr(section, f.name) for f in policy_loss_keys()}, **others)
-
-
-def policy_loss_keys() -> tuple[Field, ...]:
-    """The fields of :class:`PolicyLossParams` that are ``actor_rollout_ref.actor.policy_loss.<name>``
-    keys (``metadata["key"] == POLICY_LOSS_KEY``), in declaration order, each with its default and
-    ``metadata["help"]``."""
-    return tuple(f for f in fields(PolicyLossParams) if f.metadata.get("key") == POLICY_LOSS_KEY)
-
-
 PolicyLossOutput = tuple[torch.Tensor, dict[str, torch.Tensor]]
 """What a policy loss returns: ``(0-dim loss, {metric name: 0-dim tensor})`` (the module docstring)."""
 
@@ -242,73 +177,11 @@ class PolicyLossFn(Protocol):
     def __call__(self, inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput: ...
 
 
-@dataclass(frozen=True)
-class PolicyLossSpec:
-    """A registered policy-loss mode.
-
-    Attributes:
-        name: the registry name (``actor_rollout_ref.actor.policy_loss.loss_mode``).
-        fn: the loss, called as described in the module docstring.
-        accepts_rollout_is_weights: ``fn`` uses ``inputs.rollout_is_weights_BT``; the caller fills it
-            in only for such a mode.
-    """
-
-    name: str
-    fn: PolicyLossFn
-    accepts_rollout_is_weights: bool = False
-    check: Callable[[PolicyLossParams], None] | None = None
-
-    def check_params(self, params: PolicyLossParams) -> None:
-        """``ValueError`` when ``params`` lack what this mode needs (its ``check``, from
-        :func:`register_policy_loss`), naming the field; the configuration, the actor's settings and the
-        in-process API call it before anything runs."""
-        if self.check is not None:
-            self.check(params)
-
-
-_REGISTRY: dict[str, PolicyLossSpec] = {}
-
-
-def register_policy_loss(
-    name: str, *, rollout_is_weights: bool = False, check: Callable[[PolicyLossParams], None] | None = None,
-) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register ``fn`` as the policy-loss mode called ``name``; ``rollout_is_weights``:
-    ``fn`` uses the rollout importance weights ``inputs.rollout_is_weights_BT`` (see the module
-    docstring); ``check``: raises ``ValueError`` (starting with the field's name) when the params lack
-    what the mode needs beyond :class:`PolicyLossParams`' own checks (:meth:`PolicyLossSpec.check_params`).
-
-    Registering the same function again under its name is a no-op (a module imported twice);
-    registering a different function under a name already taken raises ``ValueError``.
-    Returns the function unchanged.
-    """
-    check_name(name, "policy loss")
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if not callable(fn):
-            raise ValueError(f"policy loss {name!r} must be a function, got {type(fn).__name__}")
-        add_spec(_REGISTRY, name, PolicyLossSpec(name=name, fn=fn, accepts_rollout_is_weights=rollout_is_weights,
-                                                 check=check), "policy loss")
-        return fn
-
-    return decorator
-
-
-def get_policy_loss(name: str) -> PolicyLossSpec:
-    """The registered mode ``name``; ``ValueError`` naming the valid modes if there is none."""
-    return find_spec(_REGISTRY, name, "policy loss mode", "actor_rollout_ref.actor.policy_loss.loss_mode", "modes")
-
-
-def list_policy_losses() -> list[str]:
-    """Sorted names of all registered policy-loss modes."""
-    return sorted(_REGISTRY)
-
-
 # --------------------------------------------------------------------------------------------------
 # modes
 # --------------------------------------------------------------------------------------------------
 
 
-@register_policy_loss("vanilla", rollout_is_weights=True)
 def vanilla_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """verl's ``vanilla``: the PPO clipped surrogate with clip-higher and dual clip.
 
@@ -355,7 +228,6 @@ def _masked_covariance(advantages_BT: torch.Tensor, logp_BT: torch.Tensor, mask_
 # --------------------------------------------------------------------------------------------------
 
 
-@register_policy_loss("gspo", rollout_is_weights=True)
 def gspo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GSPO, Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071): one
     importance ratio per sequence, the length-normalised sequence likelihood ratio::
@@ -394,7 +266,6 @@ def gspo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLo
     return loss, metrics
 
 
-@register_policy_loss("gpg", rollout_is_weights=True)
 def gpg_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GPG, Group Policy Gradient (Chu et al. 2025, arXiv:2504.02546): plain policy gradient, no
     ratio, no clipping, no old policy::
@@ -408,7 +279,6 @@ def gpg_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLos
     return agg_loss(_weighted(-advantages_BT * logp_BT, w_BT), mask_BT, agg), {}
 
 
-@register_policy_loss("cispo", rollout_is_weights=True)
 def cispo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv:2506.13585): clip the
     importance weight, not the update; every token keeps a gradient::
@@ -435,7 +305,6 @@ def cispo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyL
     return loss, metrics
 
 
-@register_policy_loss("clip_cov", rollout_is_weights=True)
 def clip_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs",
     arXiv:2505.22617): the PPO clip, plus the gradient of a few high-covariance tokens cut::
@@ -480,7 +349,6 @@ def clip_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: Poli
     return loss, metrics
 
 
-@register_policy_loss("kl_cov", rollout_is_weights=True)
 def kl_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no clipping; a KL penalty on the few tokens with
     the largest covariance between advantage and log-prob::
@@ -514,7 +382,6 @@ def kl_cov_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: Policy
     return loss, metrics
 
 
-@register_policy_loss("geo_mean", rollout_is_weights=True)
 def geo_mean_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv:2507.20673): the geometric
     mean of the token ratios, clipped per token in log space::
@@ -561,7 +428,6 @@ def geo_mean_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: Poli
     return loss, metrics
 
 
-@register_policy_loss("sapo", rollout_is_weights=True)
 def sapo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """SAPO, Soft Adaptive Policy Optimization (arXiv:2511.20347): a smooth gate on
     the token ratio instead of a hard clip::
@@ -592,13 +458,6 @@ def sapo_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLo
     return loss, metrics
 
 
-def _needs_dro_beta(params: PolicyLossParams) -> None:
-    if params.dro_beta is None:
-        raise ValueError("dro_beta must be set (a number > 0, the weight of DRO's quadratic penalty) with "
-                         "loss_mode=dro; it has no default, as in verl")
-
-
-@register_policy_loss("dro", rollout_is_weights=True, check=_needs_dro_beta)
 def dro_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """DRO, Direct Reward Optimization (verl's ``dro``): the policy gradient with a quadratic proximal
     penalty on the log-ratio instead of a clip::
@@ -610,7 +469,7 @@ def dro_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLos
     The penalty's gradient ``beta * d`` pulls each token back toward the policy that sampled it. Invariant
     under any aggregation mode. Metrics: ``ppo_kl`` (mean of -d). Shapes: [B, T] each -> (loss, dict).
     """
-    _needs_dro_beta(params)
+    get_policy_loss("dro").check_params(params)
     logp_BT, old_logp_BT, advantages_BT, mask_BT, w_BT = inputs.unpack()
     d_BT = logp_BT - old_logp_BT
     per_token_BT = -(logp_BT * advantages_BT - 0.5 * params.dro_beta * d_BT.square())
@@ -638,7 +497,6 @@ def _dppo(inputs: PolicyLossInputs, agg: AggSpec, params: PolicyLossParams, vali
     return loss, metrics
 
 
-@register_policy_loss("dppo_tv", rollout_is_weights=True)
 def dppo_tv_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """DPPO-Binary-TV (arXiv:2602.04879): the trust region is a bound on how far each sampled token's
     probability moved (its total variation), not on the ratio; inside it, a policy gradient weighted by
@@ -662,7 +520,6 @@ def dppo_tv_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: Polic
     return _dppo(inputs, agg, params, valid_BT)
 
 
-@register_policy_loss("dppo_kl", rollout_is_weights=True)
 def dppo_kl_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """DPPO-Binary-KL (arXiv:2602.04879): as ``dppo_tv`` with the binary KL of the token's probability
     as the divergence, and a token moving back toward the old policy always inside the region::
@@ -683,7 +540,6 @@ def dppo_kl_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: Polic
     return _dppo(inputs, agg, params, valid_BT)
 
 
-@register_policy_loss("bypass_mode")
 def bypass_mode_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: PolicyLossParams) -> PolicyLossOutput:
     """Rollout correction in bypass mode (verl's ``bypass_mode``; set by
     ``algorithm.rollout_correction.bypass_mode=true``, not chosen directly).
@@ -749,6 +605,4 @@ def bypass_mode_policy_loss(inputs: PolicyLossInputs, *, agg: AggSpec, params: P
     return loss, metrics
 
 
-# The modes this package registers itself; registrations by user modules (or tests) come later and are
-# not part of generated documentation.
-BUILTIN_POLICY_LOSSES: tuple[str, ...] = tuple(list_policy_losses())
+bind_builtins(_REGISTRY, __name__)  # the registry's built-in rows name the <mode>_policy_loss functions above

@@ -11,7 +11,6 @@ import logging
 from typing import Any, Literal, Sequence, get_args
 
 import numpy as np
-import torch
 
 from grpo_dist.data.readers import DataError
 from grpo_dist.data.rows import Rows, load_rows, normalize_row
@@ -226,6 +225,8 @@ def collate_prompts(items: Sequence[dict], pad_id: int, max_prompt_length: int) 
         positions start at 0 on the first real token), and python lists of length B for every other
         field of the items (``prompt_ids`` unpadded, ``data_source``, ``ground_truth``, ...).
     """
+    import torch  # here, not at the top: the configuration reads this package's names without torch
+
     if not items:
         raise ValueError("collate_prompts got an empty batch")
     B, P = len(items), max_prompt_length

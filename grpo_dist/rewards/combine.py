@@ -19,8 +19,10 @@ verl's keys name the weights of the run with one reward model (``reward_model.co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the configuration reads this module's rule without torch
+    import torch
 
 __all__ = ["COMBINE_MODES", "RewardCombine", "weighted_sum"]
 
@@ -56,7 +58,7 @@ class RewardCombine:
 
 def weighted_sum(parts: list[tuple[float, torch.Tensor]]) -> torch.Tensor:
     """``sum_s w_s * X_s`` over ``parts = [(w_s, X_s), ...]`` (all the same shape, [B] or [B, R]), in float32,
-    leaving out the terms with ``w_s == 0``; zeros when every weight is 0. ``ValueError`` when the shapes
+    leaving out the terms with ``w_s == 0``; zeros (on the scores' device) when every weight is 0. ``ValueError`` when the shapes
     differ or ``parts`` is empty."""
     if not parts:
         raise ValueError("no scores to combine")
@@ -70,4 +72,4 @@ def weighted_sum(parts: list[tuple[float, torch.Tensor]]) -> torch.Tensor:
             continue
         term = x.float() if w == 1 else w * x.float()
         out = term.clone() if out is None else out + term
-    return out if out is not None else torch.zeros(shape)
+    return out if out is not None else parts[0][1].float().new_zeros(shape)

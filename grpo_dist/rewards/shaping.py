@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from grpo_dist.rewards.tokens import place_scores_on_last_token
+if TYPE_CHECKING:  # the configuration builds an OverlongBuffer without torch; the functions import it
+    import torch
 
 __all__ = ["OverlongBuffer", "overlong_penalty", "apply_overlong_penalty"]
 
@@ -49,6 +49,8 @@ def overlong_penalty(response_length_B: torch.Tensor, *, max_resp_len: int, buff
     ``max_resp_len`` is the generation limit). ``L`` counts the response tokens, EOS included.
     Shapes: response_length_B [B] -> penalty_B [B] float32 (<= 0).
     """
+    import torch
+
     if response_length_B.dim() != 1:
         raise ValueError(f"response_length_B must be 1-D [B], got shape {tuple(response_length_B.shape)}")
     exceed_B = response_length_B.to(torch.float32) - float(max_resp_len - buffer_len)
@@ -63,6 +65,10 @@ def apply_overlong_penalty(token_level_scores_BR: torch.Tensor, response_mask_BR
     ``reward/overlong_reward/mean``, ``reward/overlong_reward/min`` (the penalties) and
     ``reward/overlong/mean`` (the fraction of responses penalised); ``{}`` otherwise.
     """
+    import torch
+
+    from grpo_dist.rewards.tokens import place_scores_on_last_token
+
     length_B = response_mask_BR.to(torch.float32).sum(-1)
     penalty_B = overlong_penalty(length_B, max_resp_len=buffer.max_resp_len, buffer_len=buffer.buffer_len,
                                  penalty_factor=buffer.penalty_factor)

@@ -1,7 +1,8 @@
 """Rollout engines: prompts (token ids) in, sampled responses and their log-probs out.
 
 The only package that imports vLLM, and only inside :mod:`grpo_dist.rollout.vllm_engine` (loaded on
-first use), so importing this package is cheap.
+first use); the engine classes' base (:mod:`grpo_dist.rollout.base`, torch) is exported lazily too, so
+importing this package is cheap and torch-free (the configuration reads the engine table).
 
 The engine table
 ----------------
@@ -12,11 +13,24 @@ implementing :class:`~grpo_dist.rollout.base.RolloutEngine` plus one row below.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from grpo_dist.rollout.base import RolloutEngine, RolloutOutput, SamplingSettings, pad_responses
+if TYPE_CHECKING:
+    from grpo_dist.rollout.base import RolloutEngine
+
+_FROM_BASE = ("RolloutEngine", "RolloutOutput", "SamplingSettings", "pad_responses")
+
+
+def __getattr__(name: str) -> Any:
+    """The engines' base names, imported from :mod:`grpo_dist.rollout.base` on first use."""
+    if name in _FROM_BASE:
+        value = getattr(importlib.import_module("grpo_dist.rollout.base"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)

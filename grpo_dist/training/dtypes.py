@@ -1,36 +1,43 @@
 """Names of the floating-point dtypes the training settings accept, and their torch dtypes.
 
-Light on purpose (torch only): the settings dataclasses check dtype names with it in the driver
-process, which never imports the FSDP modules.
+The names need no torch (the configuration checks them before anything heavy is imported); torch is
+imported when a name is turned into a torch dtype.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["DTYPES", "to_dtype", "dtype_name"]
+if TYPE_CHECKING:
+    import torch
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+__all__ = ["DTYPE_NAMES", "to_dtype", "dtype_name"]
+
+DTYPE_NAMES: dict[str, str] = {
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
 }
-"""Accepted dtype names (with their short aliases) -> torch dtype."""
+"""Accepted dtype names (with verl's short aliases) -> the long name (torch's attribute)."""
+
+
+def dtype_name(name: Any) -> str:
+    """The long name of a dtype name: ``fp32`` -> ``float32``, ``bf16`` -> ``bfloat16``, ``fp16`` ->
+    ``float16`` (long names unchanged; a torch dtype gives its name); ``ValueError`` for unknown names."""
+    if not isinstance(name, str) and type(name).__name__ == "dtype":  # a torch.dtype, without importing torch
+        return str(name).removeprefix("torch.")
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {name!r}; valid: float32 | bfloat16 | float16")
+    return DTYPE_NAMES[name]
 
 
 def to_dtype(name: str | torch.dtype) -> torch.dtype:
     """``"float32" | "bfloat16" | "float16"`` (or fp32/bf16/fp16, or a torch.dtype) -> torch.dtype."""
+    import torch
+
     if isinstance(name, torch.dtype):
         return name
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; valid: float32 | bfloat16 | float16")
-    return DTYPES[name]
-
-
-def dtype_name(name: str) -> str:
-    """The long name of a dtype name: ``fp32`` -> ``float32``, ``bf16`` -> ``bfloat16``, ``fp16`` ->
-    ``float16`` (long names unchanged); ``ValueError`` for unknown names."""
-    return str(to_dtype(name)).removeprefix("torch.")
+    return getattr(torch, dtype_name(name))

@@ -18,10 +18,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from grpo_dist.training.dtypes import DTYPES, to_dtype
+from grpo_dist.training.dtypes import to_dtype
 
 __all__ = [
-    "DTYPES",
     "to_dtype",
     "decoder_layers",
     "apply_fsdp2",

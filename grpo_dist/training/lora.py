@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 from torch import nn
 
 from grpo_dist.core.lora import merge_lora
-from grpo_dist.training.settings import LoraSettings
+from grpo_dist.training.settings import LoraSettings, module_matches
 
 __all__ = ["ADAPTER_NAME", "add_adapters", "peft_lora_config", "module_matches", "is_adapter_folder",
            "linear_module_names", "unmatched_targets",
@@ -111,14 +110,6 @@ def linear_module_names(config, *, trust_remote_code: bool = False) -> list[str]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     return [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-
-
-def module_matches(name: str, pattern: str | Iterable[str]) -> bool:
-    """peft's rule: a string is a regular expression over the full name; a list entry matches a module
-    whose name is the entry or ends with ``.<entry>``."""
-    if isinstance(pattern, str):
-        return re.fullmatch(pattern, name) is not None
-    return any(name == key or name.endswith("." + key) for key in pattern)
 
 
 def unmatched_targets(module_names: list[str], settings: LoraSettings) -> list[str]:

@@ -52,11 +52,12 @@ not even one longest sequence fits is checkpointing turned on (``auto``). Explic
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from grpo_dist.training.settings import module_matches
 
-from grpo_dist.training.lora import module_matches
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ModelShape",
@@ -197,6 +198,8 @@ def model_state_bytes(shape: ModelShape, b: int, world_size: int, *, trainable: 
 
 def available_bytes(device: torch.device | str, ranks_on_node: int = 1) -> tuple[float, str]:
     """``(bytes, how)``: the memory one rank may plan with (module docstring), and where it came from."""
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
@@ -306,6 +309,7 @@ def ranks_on_this_node() -> int:
 
 
 def _min_over_ranks(value: float, device: torch.device) -> float:
+    import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -322,6 +326,8 @@ def resolve_auto_settings(settings: Any, config: Any, *, device: torch.device, w
     gradient checkpointing and micro-batch size resolved by :func:`choose_update_plan`, and the line that
     says what was chosen and why (None when nothing was auto). Collective under a process group (every
     rank plans with the smallest budget, so all ranks choose the same)."""
+    import torch
+
     from dataclasses import replace
 
     s = settings
@@ -390,6 +396,8 @@ def forward_token_budget(config: Any, *, device: torch.device, world_size: int, 
     layer) and, on the logits path, the response positions' logits (``b V`` each). The budget is the
     rank's memory (:func:`available_bytes`) less the model's state; at least one longest sequence.
     Collective under a process group (the smallest budget over the ranks is used)."""
+    import torch
+
     shape = ModelShape.from_config(config)
     b = torch.empty((), dtype=compute_dtype).element_size()
     avail, how = available_bytes(device, ranks_on_this_node())

@@ -1,17 +1,18 @@
 """Which optimizer a trained model gets (verl's ``optim.optimizer_impl``, ``optim.optimizer`` and
 ``optim.override_optimizer_config``), and with which arguments.
 
-Light on purpose (torch and importlib only): the driver checks a configuration's optimizer with it
-before any worker starts; :func:`grpo_dist.training.optim.make_optimizer` builds it in the workers.
+Light on purpose (importlib, and torch when an optimizer class is looked up): the driver checks a
+configuration's optimizer with it before any worker starts; :func:`grpo_dist.training.optim.make_optimizer` builds it in the workers.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["optimizer_class", "optimizer_arguments"]
 
@@ -21,6 +22,8 @@ def optimizer_class(impl: str, name: str) -> type[torch.optim.Optimizer]:
     ``impl`` (``torch.optim``, or an installed package such as ``torchao.optim`` or ``bitsandbytes.optim``).
     ``ValueError`` naming what is wrong and what is there when the module does not import or holds no such
     optimizer class."""
+    import torch
+
     try:
         module = importlib.import_module(impl)
     except ImportError as e:

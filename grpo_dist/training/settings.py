@@ -7,12 +7,13 @@ transformers nor :mod:`grpo_dist.training.actor`, so the driver process can buil
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_dist.core.kl import canonical_kl_kind
-from grpo_dist.core.losses import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES
-from grpo_dist.core.policy_loss import PolicyLossParams, get_policy_loss, list_policy_losses
+from grpo_dist.core.names import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES, canonical_kl_kind
+from grpo_dist.core.policy_loss_registry import PolicyLossParams, get_policy_loss, list_policy_losses
 from grpo_dist.core.schedules import check_schedule, resolve_warmup_steps
 from grpo_dist.training.dtypes import to_dtype
 from grpo_dist.training.optimizer_choice import optimizer_class
@@ -301,6 +302,14 @@ class LoraSettings:
             self.target_modules = tuple(self.target_modules)
         if isinstance(self.exclude_modules, list):
             self.exclude_modules = tuple(self.exclude_modules)
+
+
+def module_matches(name: str, pattern: str | Iterable[str]) -> bool:
+    """peft's rule: a string is a regular expression over the full name; a list entry matches a module
+    whose name is the entry or ends with ``.<entry>``."""
+    if isinstance(pattern, str):
+        return re.fullmatch(pattern, name) is not None
+    return any(name == key or name.endswith("." + key) for key in pattern)
 
 
 @dataclass

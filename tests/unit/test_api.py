@@ -21,7 +21,7 @@ from torch import nn
 
 from grpo_dist.core.advantages import get_adv_estimator, list_adv_estimators
 from grpo_dist.core.losses import agg_loss, masked_mean
-from grpo_dist.core.policy_loss import _REGISTRY, PolicyLossSpec, list_policy_losses
+from grpo_dist.core.policy_loss_registry import _REGISTRY, PolicyLossSpec, list_policy_losses
 
 ROOT = Path(__file__).resolve().parents[2]
 V, H, TARGET = 8, 256, 3

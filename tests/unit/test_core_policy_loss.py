@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from grpo_dist.core import policy_loss
+from grpo_dist.core import policy_loss, policy_loss_registry
 from grpo_dist.core.losses import LOSS_AGG_MODES, AggSpec, agg_loss, ppo_clip_policy_loss
 from grpo_dist.core.policy_loss import (
     PolicyLossInputs,
@@ -25,7 +25,7 @@ from grpo_dist.training.settings import ActorSettings
 @pytest.fixture
 def registry(monkeypatch):
     """A copy of the registry for the test, so toy modes do not leak into other tests."""
-    monkeypatch.setattr(policy_loss, "_REGISTRY", dict(policy_loss._REGISTRY))
+    monkeypatch.setattr(policy_loss_registry, "_REGISTRY", dict(policy_loss_registry._REGISTRY))
 
 
 def toy_loss(inputs, *, agg, params):

@@ -75,12 +75,12 @@ def test_each_parameter_is_a_documented_config_key_with_its_default(f):
 
 @pytest.mark.parametrize("f", KEYS, ids=lambda f: f.name)
 def test_an_override_reaches_the_actor_settings_and_the_loss(f, monkeypatch):
-    from grpo_dist.core import policy_loss
+    from grpo_dist.core import policy_loss, policy_loss_registry
     from grpo_dist.config.role_settings import actor_settings
     from grpo_dist.training.objective import PolicyObjective
 
     value = another_value(f)
-    monkeypatch.setattr(policy_loss, "_REGISTRY", dict(policy_loss._REGISTRY))
+    monkeypatch.setattr(policy_loss_registry, "_REGISTRY", dict(policy_loss_registry._REGISTRY))
     seen = []
 
     @policy_loss.register_policy_loss("params_probe")

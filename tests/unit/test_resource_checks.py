@@ -153,7 +153,7 @@ def test_check_and_run_count_the_cores_of_the_cpu_affinity(monkeypatch):
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(preflight, "cuda_available", lambda: False)
     too_many = cfg("trainer.device=cpu", "trainer.n_gpus_per_node=4")
     assert preflight.usable_cores(too_many) == 2
     with pytest.raises(ValueError, match=r"= 4 CPU ranks, but this machine has 2 cores this process may use"):
@@ -178,7 +178,7 @@ def test_check_on_a_machine_without_gpus_validates_a_gpu_config_for_its_cluster(
     from grpo_dist.config import preflight
     import grpo_dist.trainer.run as run_module
 
-    monkeypatch.setattr(preflight.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(preflight, "cuda_available", lambda: False)
     monkeypatch.setattr(preflight, "machine_cores", lambda: 2)
     gpu = ["--check", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", "data.train_batch_size=64"]
     assert main(gpu + ["trainer.device=cuda"]) == 0

@@ -27,8 +27,8 @@ from grpo_dist.config.sections.engine import (
     router_replay_section,
 )
 from grpo_dist.config.sections.profiler import ProfilerConfig, profiler_section
-from grpo_dist.core.losses import ALL_LOSS_AGG_MODES
-from grpo_dist.core.policy_loss import BUILTIN_POLICY_LOSSES, PolicyLossParams, policy_loss_keys
+from grpo_dist.core.names import ALL_LOSS_AGG_MODES
+from grpo_dist.core.policy_loss_registry import BUILTIN_POLICY_LOSSES, PolicyLossParams, policy_loss_keys
 from grpo_dist.core.schedules import LR_SCHEDULER_TYPES
 
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from grpo_dist.config.fields import F, S
 from grpo_dist.config.sections.engine import off_feature
-from grpo_dist.core.advantages import list_adv_estimators
+from grpo_dist.core.advantage_registry import list_adv_estimators
 
 
 @dataclass

@@ -21,7 +21,7 @@ from grpo_dist.config.sections.engine import (
     megatron_section,
 )
 from grpo_dist.config.sections.profiler import ProfilerConfig, profiler_section
-from grpo_dist.core.losses import LOSS_AGG_MODES
+from grpo_dist.core.names import LOSS_AGG_MODES
 
 
 CRITIC_READS_ACTOR_IDS = NoOp("the critic reads the actor's token ids (its prompts are never templated on their own)")
