@@ -89,8 +89,9 @@ class Role:
     Attributes:
         spec: the row (name, ``enabled``, ``per_rank``, ``process``, ``device_share``, ``pool``,
             ``checkpoint``), read through the properties below.
-        worker: returns the Ray actor class (imported lazily: the driver imports no worker code
-            until it starts them); for a role in a shared ``process``, the plain shell class.
+        worker: ``"module:QualName"`` of the Ray actor class (imported when its workers are created); for
+            a role in a shared ``process``, of the plain shell class, which only that process imports (the
+            driver never imports the model shells, nor torch through them).
         init_kwargs: the constructor's keyword arguments for rank ``r`` (``ctx.world_size`` is the
             role's pool's).
         model: ``init_model``'s keyword arguments (besides the process-group address and backend);
@@ -104,7 +105,7 @@ class Role:
     """
 
     spec: RoleSpec
-    worker: Callable[[], Any]
+    worker: str
     init_kwargs: Callable[[RoleContext, int], dict]
     model: Callable[[RoleContext], dict] | None = None
     hf_export: str | None = None
@@ -139,49 +140,6 @@ def startup_lines(compute: str, warning: str | None, device: str, world: int, pl
              f"{compute} compute, weight sync {transport}"]
     lines += [f"{role}: {note}" for role, note in (model_notes or {}).items()]
     return lines + ([f"warning: {warning}"] if warning else [])
-
-
-# ---- the workers (lazy imports) ----------------------------------------------------------------
-def _actor_worker():
-    from grpo_dist.workers.actor import ActorWorker
-
-    return ActorWorker
-
-
-def _reference_worker():
-    from grpo_dist.workers.reference import ReferenceWorker
-
-    return ReferenceWorker
-
-
-def _rollout_worker():
-    from grpo_dist.workers.rollout import RolloutWorker
-
-    return RolloutWorker
-
-
-def _critic_worker():
-    from grpo_dist.workers.critic import CriticWorker
-
-    return CriticWorker
-
-
-def _reward_model_worker():
-    from grpo_dist.workers.reward_model import RewardModelWorker
-
-    return RewardModelWorker
-
-
-def _reward_worker():
-    from grpo_dist.workers.reward import RewardWorker
-
-    return RewardWorker
-
-
-def _class_name(cls: type) -> str:
-    """``"module:QualName"`` of a model role's shell: its process imports it in the constructor, where
-    the start-up split can see it (:func:`grpo_dist.workers.models.shell_class`)."""
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 # ---- their arguments ---------------------------------------------------------------------------
@@ -238,12 +196,12 @@ def _reward_setup(ctx: RoleContext, group: WorkerGroup) -> list:
 
 
 _PARTS: dict[str, dict[str, Any]] = {
-    "actor": dict(worker=_actor_worker, init_kwargs=_rank_kwargs, model=_actor_model, hf_export="huggingface"),
-    "reference": dict(worker=_reference_worker, init_kwargs=_rank_kwargs, model=_reference_model),
-    "critic": dict(worker=_critic_worker, init_kwargs=_rank_kwargs, model=_critic_model),
-    "reward_model": dict(worker=_reward_model_worker, init_kwargs=_rank_kwargs, model=_reward_model_model),
-    "rollout": dict(worker=_rollout_worker, init_kwargs=_rollout_kwargs, setup=_rollout_setup),
-    "reward": dict(worker=_reward_worker, init_kwargs=_reward_kwargs, setup=_reward_setup),
+    "actor": dict(worker="grpo_dist.workers.actor:ActorWorker", init_kwargs=_rank_kwargs, model=_actor_model, hf_export="huggingface"),
+    "reference": dict(worker="grpo_dist.workers.reference:ReferenceWorker", init_kwargs=_rank_kwargs, model=_reference_model),
+    "critic": dict(worker="grpo_dist.workers.critic:CriticWorker", init_kwargs=_rank_kwargs, model=_critic_model),
+    "reward_model": dict(worker="grpo_dist.workers.reward_model:RewardModelWorker", init_kwargs=_rank_kwargs, model=_reward_model_model),
+    "rollout": dict(worker="grpo_dist.workers.rollout:RolloutWorker", init_kwargs=_rollout_kwargs, setup=_rollout_setup),
+    "reward": dict(worker="grpo_dist.workers.reward:RewardWorker", init_kwargs=_reward_kwargs, setup=_reward_setup),
 }
 """How each row's workers are built, by the row's name."""
 
@@ -353,6 +311,8 @@ class Workers:
         """Place every active role and create its workers. Ray runs their constructors (the heavy imports:
         torch, vLLM, transformers) in their own processes while the caller goes on; nothing here needs the
         data or the number of steps (:meth:`start` hands it to ``init_model``)."""
+        from grpo_dist.workers.models import RemoteModelWorker, shell_class
+
         ctx = self.ctx
         if ctx.device == "cpu" and ctx.spec.rollout_engine == "vllm":  # one KV-cache size for every engine, said at start-up
             gib, why = ctx.spec.kv_cache_gib(ctx.model_path)
@@ -378,19 +338,17 @@ class Workers:
                 resources = dict(num_cpus=share, num_gpus=0.0 if cpu else share, env=env)
                 if process is None:  # a role in a process of its own
                     role = members[0]
-                    group = WorkerGroup(role.name, role.worker(), plan, pgs[pool.name],
+                    group = WorkerGroup(role.name, shell_class(role.worker), plan, pgs[pool.name],
                                         init_kwargs=lambda r, role=role, pctx=pctx: role.init_kwargs(pctx, r),
                                         deadlines=self._deadlines(), **resources)
                     self.groups[role.name] = group
                     self.process_groups.append(group)
                     continue
-                from grpo_dist.workers.models import RemoteModelWorker
-
                 shared = WorkerGroup(  # named by its pool too: messages and startup.json tell the processes apart
                     process if pool.name == GLOBAL else f"{process} ({pool.name} pool)", RemoteModelWorker, plan,
                     pgs[pool.name],
                     init_kwargs=lambda r, members=members, pctx=pctx: {
-                        "parts": {m.name: (_class_name(m.worker()), m.init_kwargs(pctx, r)) for m in members}},
+                        "parts": {m.name: (m.worker, m.init_kwargs(pctx, r)) for m in members}},
                     **resources)
                 self.process_groups.append(shared)
                 for m in members:
@@ -398,7 +356,7 @@ class Workers:
                                                       deadlines=self._deadlines())
         for role in self.roles:
             if not role.per_rank:
-                self.groups[role.name] = WorkerGroup(role.name, role.worker(), None, None,
+                self.groups[role.name] = WorkerGroup(role.name, shell_class(role.worker), None, None,
                                                      init_kwargs=role.init_kwargs(ctx, 0), num_cpus=0.0,
                                                      deadlines=self._deadlines())
                 self.process_groups.append(self.groups[role.name])

@@ -32,10 +32,10 @@ if TYPE_CHECKING:
 def choose_device(name: str, cluster_gpus: float) -> str:
     """The workers' device kind, ``"cuda"`` or ``"cpu"``, from ``trainer.device`` and what the Ray
     cluster offers (the driver itself may have no GPU)."""
-    import torch
+    from grpo_dist.utils.devices import cuda_available
 
     if name == "auto":
-        return "cuda" if cluster_gpus > 0 or torch.cuda.is_available() else "cpu"
+        return "cuda" if cluster_gpus > 0 or cuda_available() else "cpu"
     if name == "cuda" and cluster_gpus <= 0:
         raise ValueError("trainer.device = 'cuda' is not valid here: the Ray cluster has no GPUs; run it where the GPUs "
                          "are (`--check` validates it for them on any machine), or use trainer.device=cpu")
