@@ -134,7 +134,6 @@ def _needs_dro_beta(params: PolicyLossParams) -> None:
                          "loss_mode=dro; it has no default, as in verl")
 
 
-
 def _builtin(name: str, rollout_is_weights: bool = True, check: Callable[[PolicyLossParams], None] | None = None
              ) -> PolicyLossSpec:
     fn = BuiltinFn("grpo_dist.core.policy_loss", f"{name}_policy_loss")
