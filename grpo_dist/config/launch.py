@@ -15,6 +15,7 @@ from grpo_dist.config.roles import bundles
 from grpo_dist.config.schema import GRPOConfig
 from grpo_dist.config.schema.trainer import DUMP_DIR_FIELDS
 from grpo_dist.config.states import setting
+from grpo_dist.config.validate import external_libs
 
 __all__ = ["LaunchPlan", "ResumeSettings", "launch_plan"]
 
@@ -71,6 +72,9 @@ class LaunchPlan:
     """``trainer.log_level``, or ``GRPO_DIST_LOG_LEVEL`` when set (:mod:`grpo_dist.utils.run_log`)."""
     noop_notes: tuple[str, ...] = field(default=())
     """Keys given a value with no effect here, with the reason (printed once at start-up)."""
+    external_libs: tuple[str, ...] = ()
+    """The modules verl's ``external_lib`` keys name (:func:`grpo_dist.config.validate.external_libs`): imported by
+    the driver before it reads the model, and by the model and rollout workers before they build theirs."""
 
 
 def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
@@ -110,4 +114,5 @@ def launch_plan(cfg: GRPOConfig) -> LaunchPlan:
         loggers=t.logger,
         log_level=log_level(t.log_level),
         noop_notes=tuple(noop_notes(cfg)),
+        external_libs=external_libs(cfg),
     )

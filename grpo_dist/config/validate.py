@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 from dataclasses import fields
 from typing import Any, Iterator
 
@@ -28,7 +29,7 @@ from grpo_dist.config.checks import choice as _choice
 from grpo_dist.config.checks import one_of_two as _one_of_two
 from grpo_dist.config.checks import positive as _positive
 from grpo_dist.config.fully_async import async_training_given, chunk_prompts, fully_async_on, v1_separate_async
-from grpo_dist.config.reward_sources import validate_reward_sources
+from grpo_dist.config.reward_sources import model_sources, validate_reward_sources
 from grpo_dist.config.states import check_states, default_of, get, raw_get, setting
 from grpo_dist.core.advantage_registry import get_adv_estimator, list_adv_estimators
 from grpo_dist.core.names import ALL_LOSS_AGG_MODES, LOSS_AGG_MODES, PF_PPO_METHODS, canonical_kl_kind
@@ -358,6 +359,58 @@ def lora_settings(cfg: GRPOConfig, model: str = POLICY_MODEL) -> LoraSettings:
         merge=bool(cfg.actor_rollout_ref.model.lora.merge) if model == POLICY_MODEL else False)
 
 
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def _external_lib_keys(cfg: GRPOConfig) -> list[str]:
+    """verl's ``external_lib`` keys of this run's models: the policy's, the critic's when it trains one, the
+    reward model's when it has one (verl imports each where that model's configuration is built)."""
+    keys = ["actor_rollout_ref.model.external_lib"]
+    if critic_enabled(cfg):
+        keys.append("critic.model.external_lib")
+    if model_sources(cfg):
+        keys.append("reward_model.model.external_lib")
+    return keys
+
+
+def _module_names(key: str, value: Any) -> list[str]:
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    names = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and _MODULE_NAME.fullmatch(n) for n in names):
+        raise _bad(key, value, "expected null, a module name (e.g. my_models.register) or a list of module names")
+    return names
+
+
+def external_libs(cfg: GRPOConfig) -> tuple[str, ...]:
+    """The modules the ``external_lib`` keys of this run's models name, each once, in key order: the driver
+    and every worker process that builds a model or a rollout engine import them before doing so."""
+    out: list[str] = []
+    for key in _external_lib_keys(cfg):
+        out += [n for n in _module_names(key, get(cfg, key)) if n not in out]
+    return tuple(out)
+
+
+def _check_external_libs(cfg: GRPOConfig, check_paths: bool) -> None:
+    """The ``external_lib`` values are module names; with ``check_paths`` (not ``--check=config``) each is found
+    here, without importing it (the run imports it first thing, before any worker starts)."""
+    import importlib.util
+
+    for key in _external_lib_keys(cfg):
+        for name in _module_names(key, get(cfg, key)):
+            if not check_paths:
+                continue
+            try:
+                found = importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):  # a parent package that is missing or fails to import
+                found = False
+            if not found:
+                raise _bad(key, name, f"no module {name!r} can be imported here; the driver and every model and "
+                           "rollout worker import it, so it must be on PYTHONPATH or installed where they run")
+
+
 def _check_lora(cfg: GRPOConfig, model: str) -> None:
     """The LoRA keys of the model section ``model``, one message each: rank >= 0, alpha > 0, dropout in
     [0, 1), modules named, the adapter path a peft adapter folder, and (the policy's) what LoRA does not
@@ -604,6 +657,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     profile_plan(cfg)  # the profiler's steps, contents and modes (the run reads the same plan)
     for model in LORA_MODELS:
         _check_lora(cfg, model)
+    _check_external_libs(cfg, check_paths)
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
     _positive("trainer.worker_call_timeout_min_s", tr.worker_call_timeout_min_s)

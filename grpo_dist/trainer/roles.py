@@ -128,7 +128,8 @@ class Role:
 
 
 def _rank_kwargs(ctx: RoleContext, rank: int) -> dict:
-    return dict(rank=rank, world_size=ctx.world_size, device=ctx.device, num_threads=ctx.num_threads)
+    return dict(rank=rank, world_size=ctx.world_size, device=ctx.device, num_threads=ctx.num_threads,
+                external_libs=ctx.spec.launch.external_libs)
 
 
 def startup_lines(compute: str, warning: str | None, device: str, world: int, placement: dict, transport: str,
@@ -173,7 +174,8 @@ def _rollout_kwargs(ctx: RoleContext, rank: int) -> dict:
     engine_kwargs = spec.engine_kwargs(ctx.model_path, ctx.device, ctx.kv_cache_gib)
     # every rank of a tensor-parallel engine must sample alike: the seed is the engine's
     return dict(rank=rank, device=ctx.device, num_threads=ctx.num_threads, engine=spec.rollout_engine, tp=tp,
-                engine_kwargs={**engine_kwargs, "seed": spec.rollout_seed + tp_engine_of(rank, tp)})
+                engine_kwargs={**engine_kwargs, "seed": spec.rollout_seed + tp_engine_of(rank, tp)},
+                external_libs=spec.launch.external_libs)
 
 
 def _rollout_setup(ctx: RoleContext, group: WorkerGroup) -> list:

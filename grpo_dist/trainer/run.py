@@ -157,6 +157,7 @@ def _run(spec: RunSpec, lp, stop, on_start: Callable[[], None] | None, logs) -> 
     from grpo_dist.data.readers import DataError, as_path_list
     from grpo_dist.trainer.tracking import missing_backends
     from grpo_dist.utils import startup
+    from grpo_dist.utils.imports import import_modules
     from grpo_dist.utils.run_lock import RunLock, RunLockError
 
     t0 = time.perf_counter()
@@ -164,6 +165,7 @@ def _run(spec: RunSpec, lp, stop, on_start: Callable[[], None] | None, logs) -> 
         print(f"grpo_dist: note: {note}", flush=True)
     # The checks that need no tokenizer, no data and no process: before anything starts.
     try:
+        import_modules(lp.external_libs, where="in the driver")  # verl's external_lib: before any model is read
         model_path = tasks.resolve(lp.model)
         tok_path = tasks.resolve(lp.tokenizer) if lp.tokenizer else model_path
         files = ([tasks.resolve(p) for p in as_path_list(lp.train_files)],

@@ -1,9 +1,10 @@
-"""Importing a user's class or function named ``module.attr`` (tool classes, agent loops), with one message
-that says what is missing."""
+"""Importing a user's class or function named ``module.attr`` (tool classes, agent loops), or a user's modules
+(verl's ``external_lib``), with one message that says what is missing."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -29,3 +30,18 @@ def import_attr(target: str, *, what: str = "name", kind: str = "attribute") -> 
     if value is None:
         raise ValueError(f"module {module_name!r} has no {kind} {attr!r}")
     return value
+
+
+def import_modules(names: Iterable[str], *, where: str) -> None:
+    """Import each module of ``names`` (verl's ``external_lib``: modules that register model classes).
+
+    Raises:
+        ValueError: one does not import; the message names the module, ``where`` it was imported (e.g. "in the
+            driver") and why.
+    """
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ValueError(f"external_lib: module {name!r} does not import {where}: {type(exc).__name__}: {exc}; "
+                             "it must be importable by the driver and every model and rollout worker") from None

@@ -21,8 +21,10 @@ class ActorWorker(ModelShell):
     role = "actor"
     model_class = "grpo_dist.training.actor:FSDPActor"
 
-    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
-        super().__init__(rank=rank, world_size=world_size, device=device, num_threads=num_threads)
+    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int,
+                 external_libs: tuple[str, ...] = ()) -> None:
+        super().__init__(rank=rank, world_size=world_size, device=device, num_threads=num_threads,
+                         external_libs=external_libs)
         self._sync_buckets: list | None = None  # the weight sync in progress (sync_begin .. sync_end)
         self._sync_buffer: torch.Tensor | None = None
         self._sync_group: Any = None  # rank 0's process group with the rollout ranks (the "broadcast" transport)

@@ -48,15 +48,20 @@ def unwrap_timed(results: Sequence[Timed[T]]) -> tuple[list[T], float]:
     return [r.value for r in results], max((r.busy_s for r in results), default=0.0)
 
 
-def setup_process(device: str, num_threads: int) -> None:
-    """Pin the intra-op thread count (ranks share the machine's cores) before heavy imports run."""
+def setup_process(device: str, num_threads: int, external_libs: tuple[str, ...] = ()) -> None:
+    """Pin the intra-op thread count (ranks share the machine's cores) before heavy imports run, then import
+    ``external_libs`` (verl's ``external_lib``: modules that register model classes), before any model or
+    engine is built here."""
     import torch
+
+    from grpo_dist.utils.imports import import_modules
 
     n = max(1, int(num_threads))
     os.environ.setdefault("OMP_NUM_THREADS", str(n))
     torch.set_num_threads(n)
     if device == "cuda" and torch.cuda.is_available():
         torch.cuda.set_device(0)  # Ray gives each worker its own CUDA_VISIBLE_DEVICES
+    import_modules(external_libs, where="in a worker process")
 
 
 def node_ip() -> str:

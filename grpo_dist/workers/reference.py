@@ -19,8 +19,10 @@ class ReferenceWorker(ModelShell):
     role = "reference"
     model_class = "grpo_dist.training.reference:FSDPReference"
 
-    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
-        super().__init__(rank=rank, world_size=world_size, device=device, num_threads=num_threads)
+    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int,
+                 external_libs: tuple[str, ...] = ()) -> None:
+        super().__init__(rank=rank, world_size=world_size, device=device, num_threads=num_threads,
+                         external_libs=external_libs)
         self._pending: dict[str, torch.Tensor] = {}  # a reset in progress: the weights received so far
 
     def build(self, cls: type, model_path: str, *, adapters_off_of: str | None = None, **kwargs) -> object:

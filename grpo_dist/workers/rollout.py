@@ -35,9 +35,9 @@ class RolloutWorker(Profiled):
     """(the label of its calls in a profiled step's trace)"""
 
     def __init__(self, *, rank: int, device: str, num_threads: int, engine: str, engine_kwargs: dict[str, Any],
-                 tp: int = 1) -> None:
+                 tp: int = 1, external_libs: tuple[str, ...] = ()) -> None:
         startup.mark("constructor")
-        setup_process(device, num_threads)
+        setup_process(device, num_threads, external_libs)
         startup.mark("torch imported")
         self.rank = rank
         self._engine_args = (engine, engine_kwargs)

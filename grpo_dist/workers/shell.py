@@ -29,8 +29,9 @@ class ModelShell:
     """``"module:QualName"`` of the training module's class, imported by :meth:`init_model` (the
     driver's processes and the shell's import stay light)."""
 
-    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int) -> None:
-        setup_process(device, num_threads)
+    def __init__(self, *, rank: int, world_size: int, device: str, num_threads: int,
+                 external_libs: tuple[str, ...] = ()) -> None:
+        setup_process(device, num_threads, external_libs)
         self.rank, self.world_size, self.device = rank, world_size, device
         self.model: Any = None
         self.peers: dict[str, Any] = {}

@@ -31,6 +31,9 @@ def shared_ray(tmp_path_factory):
 RESUME_ARGS = [f"custom_reward_function.path={HERE / 'reward_digits.py'}", "trainer.save_freq=2", "trainer.test_freq=2"]
 
 
+#: The file (beside ``full_run``'s run folder) where its external_lib module logs the pid of each process importing it.
+EXTERNAL_LIB_LOG = "external_lib.log"
+
 #: ``full_run``'s profiler: one trace per process of rank 1 for steps 2 and 3 (the rollout follows the actor).
 PROFILED = ["global_profiler.tool=torch", "global_profiler.steps=[2,3]", "global_profiler.profile_continuous_steps=true",
             "actor_rollout_ref.actor.profiler.enable=true", "actor_rollout_ref.actor.profiler.ranks=[1]",
@@ -49,13 +52,22 @@ def full_run(tiny_model_dir, reverse_data, tmp_path_factory):
     reverse_data = epoch_data(reverse_data, out.parent)
     # A secret in the environment (as a wandb key would be) must never reach logs, configs or checkpoints.
     os.environ.setdefault("WANDB_API_KEY", "grpo-dist-test-secret-6f1c2a")
+    # verl's external_lib: a module on the run's PYTHONPATH that logs the pid of each process importing it
+    # (tests/e2e/test_train_e2e.py reads EXTERNAL_LIB_LOG; the resume test's runs, without it, train the same)
+    lib = out.parent / "external_lib"
+    lib.mkdir()
+    (lib / "grpo_dist_probe_lib.py").write_text(
+        "import os\nwith open(os.environ['GRPO_DIST_PROBE_LIB_LOG'], 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n")
+    python_path = os.pathsep.join(p for p in (str(lib), os.environ.get("PYTHONPATH")) if p)
     # its own Ray instance: the workers inherit the driver's environment (with the secret), as in a user's run
     # (their processes forked from the session's warm process, with that environment: tests/warm_workers.py)
     proc = run_main(base_args(tiny_model_dir, reverse_data, out, steps=4) + RESUME_ARGS
                     + ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.log_val_generations=3",
-                       f"trainer.rollout_data_dir={out / 'rollouts'}", f"trainer.validation_data_dir={out.parent / 'val'}"]
+                       f"trainer.rollout_data_dir={out / 'rollouts'}", f"trainer.validation_data_dir={out.parent / 'val'}",
+                       "actor_rollout_ref.model.external_lib=grpo_dist_probe_lib"]
                     + PROFILED + [f"global_profiler.save_path={out.parent / 'profile'}"],
-                    env={**LOCAL_RAY, **warm_env()})
+                    env={**LOCAL_RAY, **warm_env(), "PYTHONPATH": python_path,
+                         "GRPO_DIST_PROBE_LIB_LOG": str(out.parent / EXTERNAL_LIB_LOG)})
     return out, proc
 
 

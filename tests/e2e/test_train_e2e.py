@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.e2e.conftest import RESUME_ARGS, epoch_data
+from tests.e2e.conftest import EXTERNAL_LIB_LOG, RESUME_ARGS, epoch_data
 from tests.e2e.helpers import base_args, read_metrics, run_main
 
 pytestmark = pytest.mark.slow
@@ -119,6 +119,21 @@ def test_startup_json_splits_the_start_up_of_every_process(full_run):
                                                                                           "engine built"]
     assert "actor: model built" in [n for n, _, _ in startup.phases(data["processes"]["models rank 1"])]
     assert step["step"] > 0 and f"| first step | step (all phases) | {step['step']:.2f} |" in startup.table(data, step)
+
+
+def test_verls_external_lib_is_imported_by_the_driver_and_every_model_and_rollout_process(full_run):
+    """``actor_rollout_ref.model.external_lib`` (a module registering model classes, in verl): the driver imports it
+    before it reads the model, and every process that builds a model or an engine before building it (each rank's
+    model process and rollout process); the reward worker builds neither. The module logs its importers' pids."""
+    from grpo_dist.utils import startup
+
+    out, proc = full_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data, _ = startup.read(out)
+    imported = [int(pid) for pid in (out.parent / EXTERNAL_LIB_LOG).read_text().split()]
+    builders = {name: p["pid"] for name, p in data["processes"].items() if not name.startswith("reward")}
+    assert sorted(builders) == ["models rank 0", "models rank 1", "rollout rank 0", "rollout rank 1"]
+    assert sorted(imported) == sorted([data["driver"]["pid"], *builders.values()]), (imported, builders)
 
 
 def generations(out) -> dict[int, list[dict]]:

@@ -59,7 +59,7 @@ def test_every_key_of_verls_generated_trainer_configs_has_a_state(layout):
     ("reward_model.reward_loop_source", "no-op"), ("reward_model.reward_loop_module_path", "refused"),
     ("reward_model.reward_loop_class_name", "refused"), ("reward_model.profiler.enable", "honoured"),
     ("reward_model.profiler.tool", "honoured"), ("reward_model.profiler.finish_hook_cmd", "refused"), ("reward_model.ulysses_sequence_parallel_size", "no-op"),
-    ("reward_model.model.external_lib", "refused"), ("reward_model.model.use_shm", "no-op"),
+    ("reward_model.model.external_lib", "honoured"), ("reward_model.model.use_shm", "no-op"),
     ("reward_model.model.use_fused_kernels", "no-op"),
     ("global_profiler.global_tool_config.nsys.controller_nsight_options.trace", "no-op"),
     ("global_profiler.global_tool_config.nsys.worker_nsight_options.capture-range", "no-op"),
@@ -75,7 +75,6 @@ def test_verls_reward_model_and_profiler_keys_have_the_state_of_their_neighbours
     ("reward_model.reward_loop_module_path=/x.py", ["reward_loop_module_path", "custom_reward_function.path"]),
     ("reward_model.sandbox_fusion.url=http://x", ["reward_model.sandbox_fusion.url", "custom_reward_function"]),
     ("reward_model.profiler.finish_hook_cmd=ls", ["reward_model.profiler.finish_hook_cmd", "save_path"]),
-    ("reward_model.model.external_lib=mylib", ["reward_model.model.external_lib", "trust_remote_code"]),
     ("critic.nccl_timeout=60", ["critic.nccl_timeout", "actor_rollout_ref.nccl_timeout"]),
 ])
 def test_verls_reward_model_keys_refuse_with_what_to_use_instead(override, needles):

@@ -12,7 +12,7 @@ from omegaconf import II
 from grpo_dist.config.fields import F, NoOp, S
 from grpo_dist.config.schema.actor import FSDPConfig, OptimConfig
 from grpo_dist.config.schema.common import COPY_OF_N, FSDP2_ONLY, ONE_TIMEOUT
-from grpo_dist.config.schema.model import CRITIC_LORA_KEYS, engine_model_keys, external_lib_field, hf_config_path_field
+from grpo_dist.config.schema.model import CRITIC_LORA_KEYS, EXTERNAL_LIB_HELP, engine_model_keys, hf_config_path_field
 from grpo_dist.config.sections.engine import (
     SPEED_ONLY,
     ULYSSES,
@@ -60,7 +60,7 @@ class CriticModelConfig:
     )
     custom_chat_template: Optional[str] = F(None, "the critic's chat template", CRITIC_READS_ACTOR_IDS)
     hf_config_path: Optional[str] = hf_config_path_field("the value model", "critic.model.path")
-    external_lib: Optional[str] = external_lib_field("the value model", "critic.model.trust_remote_code")
+    external_lib: Any = F(None, EXTERNAL_LIB_HELP)
     use_fused_kernels: bool = F(False, "verl's fused kernels", SPEED_ONLY)
     fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", SPEED_ONLY)
 

@@ -147,12 +147,9 @@ def hf_config_path_field(model: str, path_key: str) -> Any:
         f"a config from another folder is not built here; put the config.json beside the weights ({path_key})"))
 
 
-def external_lib_field(model: str, trust_key: str) -> Any:
-    """``<section>.external_lib`` of ``model``; ``trust_key``: the section's ``trust_remote_code`` key, what to
-    use instead."""
-    return F(None, f"a Python module imported before {model} is built", Refused(
-        f"importing a module into every worker is not built here; use {trust_key}=true for model code shipped "
-        "with the model folder"))
+EXTERNAL_LIB_HELP = ("a Python module (or a list of modules) imported by the driver and by every worker process that "
+                     "builds a model or a rollout engine, before it does (verl's; e.g. a module that registers a model "
+                     "class with transformers' Auto classes or vLLM's ModelRegistry); it must be importable there")
 
 
 @dataclass
@@ -185,5 +182,5 @@ class ModelConfig:
         {}, "fields set on the policy's Hugging Face config before it is built (e.g. max_position_embeddings): by the "
         "actor, the reference and the rollout engine (vLLM's hf_overrides); the Hugging Face export writes them too")
     hf_config_path: Optional[str] = hf_config_path_field("the model", "model.path")
-    external_lib: Optional[str] = external_lib_field("the model", "trust_remote_code")
+    external_lib: Any = F(None, EXTERNAL_LIB_HELP)
     fused_kernel_options: FusedKernelOptions = S(FusedKernelOptions, "options of verl's fused kernels", ENTROPY_CHUNKED)

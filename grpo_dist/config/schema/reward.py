@@ -12,6 +12,7 @@ from omegaconf import II
 
 from grpo_dist.config.fields import F, Honoured, NoOp, Refused, S
 from grpo_dist.config.schema.common import ONE_TIMEOUT
+from grpo_dist.config.schema.model import EXTERNAL_LIB_HELP
 from grpo_dist.config.sections.engine import (
     FSDP_INTERNAL,
     SPEED_ONLY,
@@ -89,9 +90,7 @@ class RewardModelModelConfig:
         "the reward model's forwards take the padded path, whose scores are the same"))
     override_config: Dict[str, Any] = F({}, "fields set on the reward model's Hugging Face config before it is built")
     fsdp_config: RMFSDPConfig = S(RMFSDPConfig, "FSDP2 settings of the reward model")
-    external_lib: Optional[str] = F(II("actor_rollout_ref.model.external_lib"), "a Python module imported before the reward model is built; default: the policy's", Refused(
-        "importing a module into every worker is not built here; use reward_model.model.trust_remote_code=true for "
-        "model code shipped with the model folder", accept=(None,)))
+    external_lib: Any = F(II("actor_rollout_ref.model.external_lib"), EXTERNAL_LIB_HELP + "; default: the policy's")
     use_shm: bool = F(False, "copy the reward model to shared memory before loading", SPEED_ONLY)
     use_fused_kernels: bool = F(II("actor_rollout_ref.model.use_fused_kernels"), "verl's fused kernels in the reward model; default: the policy's", NoOp(
         "the reward model's forward ends in its one-label score head, not in the vocabulary: there are no "
