@@ -657,7 +657,6 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
     profile_plan(cfg)  # the profiler's steps, contents and modes (the run reads the same plan)
     for model in LORA_MODELS:
         _check_lora(cfg, model)
-    _check_external_libs(cfg, check_paths)
     _positive("trainer.worker_call_timeout_s", tr.worker_call_timeout_s, allow_zero=True)
     _positive("trainer.worker_call_timeout_factor", tr.worker_call_timeout_factor)
     _positive("trainer.worker_call_timeout_min_s", tr.worker_call_timeout_min_s)
@@ -871,6 +870,7 @@ def validate_config(cfg: GRPOConfig, *, check_paths: bool = True) -> None:
 
     if critic_enabled(cfg):
         validate_critic(cfg, check_paths=check_paths)
+    _check_external_libs(cfg, check_paths)  # which models the run has: the estimator and reward sources are valid
 
     # --- paths -------------------------------------------------------------------------------
     if check_paths:

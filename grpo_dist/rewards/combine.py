@@ -58,8 +58,8 @@ class RewardCombine:
 
 def weighted_sum(parts: list[tuple[float, torch.Tensor]]) -> torch.Tensor:
     """``sum_s w_s * X_s`` over ``parts = [(w_s, X_s), ...]`` (all the same shape, [B] or [B, R]), in float32,
-    leaving out the terms with ``w_s == 0``; zeros (on the scores' device) when every weight is 0. ``ValueError`` when the shapes
-    differ or ``parts`` is empty."""
+    leaving out the terms with ``w_s == 0``; zeros (on the scores' device) when every weight is 0.
+    ``ValueError`` when the shapes differ or ``parts`` is empty."""
     if not parts:
         raise ValueError("no scores to combine")
     shape = parts[0][1].shape

@@ -2,7 +2,8 @@
 ``optim.override_optimizer_config``), and with which arguments.
 
 Light on purpose (importlib, and torch when an optimizer class is looked up): the driver checks a
-configuration's optimizer with it before any worker starts; :func:`grpo_dist.training.optim.make_optimizer` builds it in the workers.
+configuration's optimizer with it before any worker starts; :func:`grpo_dist.training.optim.make_optimizer`
+builds it in the workers.
 """
 
 from __future__ import annotations
