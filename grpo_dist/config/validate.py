@@ -399,9 +399,8 @@ def _check_external_libs(cfg: GRPOConfig, check_paths: bool) -> None:
     import importlib.util
 
     for key in _external_lib_keys(cfg):
-        for name in _module_names(key, get(cfg, key)):
-            if not check_paths:
-                continue
+        names = _module_names(key, get(cfg, key))
+        for name in names if check_paths else ():
             try:
                 found = importlib.util.find_spec(name) is not None
             except (ImportError, ValueError):  # a parent package that is missing or fails to import

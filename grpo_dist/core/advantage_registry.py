@@ -109,10 +109,6 @@ _REGISTRY: dict[str, AdvEstimatorSpec] = {spec.name: spec for spec in (
     _builtin("gpg", group_based=True),
 )}
 
-BUILTIN_ADV_ESTIMATORS: tuple[str, ...] = tuple(sorted(_REGISTRY))
-"""The estimators this package registers itself (generated documentation lists these)."""
-
-
 def register_adv_estimator(
     name: str,
     *,

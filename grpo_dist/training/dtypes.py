@@ -6,7 +6,7 @@ imported when a name is turned into a torch dtype.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -24,11 +24,9 @@ DTYPE_NAMES: dict[str, str] = {
 """Accepted dtype names (with verl's short aliases) -> the long name (torch's attribute)."""
 
 
-def dtype_name(name: Any) -> str:
+def dtype_name(name: str) -> str:
     """The long name of a dtype name: ``fp32`` -> ``float32``, ``bf16`` -> ``bfloat16``, ``fp16`` ->
-    ``float16`` (long names unchanged; a torch dtype gives its name); ``ValueError`` for unknown names."""
-    if not isinstance(name, str) and type(name).__name__ == "dtype":  # a torch.dtype, without importing torch
-        return str(name).removeprefix("torch.")
+    ``float16`` (long names unchanged); ``ValueError`` for unknown names."""
     if name not in DTYPE_NAMES:
         raise ValueError(f"unknown dtype {name!r}; valid: float32 | bfloat16 | float16")
     return DTYPE_NAMES[name]
